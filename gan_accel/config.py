@@ -1,0 +1,150 @@
+"""One validated dataclass describing a training run.
+
+Every field is checked when the config is built, so a typo or a bad value fails before any model,
+data or Accelerator is touched, with a message that names the field and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from .losses import LOSSES, GANLoss
+
+MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+LR_SCHEDULE_CHOICES = ("linear", "constant")
+
+
+class ConfigError(ValueError):
+    """Raised when a :class:`TrainConfig` field holds a value the engine cannot train with."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a GAN run.
+
+    Step counting: one *step* is one generator optimizer step. Each step consumes
+    ``n_critic * grad_accum_steps`` batches of ``batch_size`` images per process and makes
+    ``n_critic`` discriminator optimizer steps. Learning-rate schedules, sample and log intervals
+    are all counted in these steps (the discriminator's schedule in its own optimizer steps).
+    """
+
+    max_steps: int = 2000
+    batch_size: int = 128  # per process, per micro-batch
+    grad_accum_steps: int = 1
+    n_critic: int = 1  # discriminator updates per generator update
+    loss: Union[str, GANLoss] = "nonsaturating"
+    z_dim: int = 100
+    lr_G: float = 2e-4
+    lr_D: float = 2e-4
+    betas_G: tuple[float, float] = (0.5, 0.999)
+    betas_D: tuple[float, float] = (0.5, 0.999)
+    lr_schedule: str = "linear"  # linear warmup then linear decay to 0, or warmup then constant
+    warmup_ratio: float = 0.1  # share of each network's optimizer steps spent warming up
+    clip_grad_norm_G: float | None = None
+    clip_grad_norm_D: float | None = None
+    mixed_precision: str = "no"
+    sample_every: int = 500
+    num_samples: int = 64
+    log_every: int = 50
+    output_dir: str = "runs/gan"
+    seed: int = 0
+    progress_bar: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
+
+    def __post_init__(self) -> None:
+        self.betas_G = tuple(self.betas_G)  # JSON round-trips give lists
+        self.betas_D = tuple(self.betas_D)
+        self.validate()
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first invalid field."""
+        for name in ("max_steps", "batch_size", "sample_every", "num_samples", "log_every", "z_dim"):
+            _require_int(name, getattr(self, name), minimum=1)
+        _require_int("grad_accum_steps", self.grad_accum_steps, minimum=1)
+        _require_int("n_critic", self.n_critic, minimum=1)
+        _require_int("seed", self.seed, minimum=0)
+        for name in ("lr_G", "lr_D"):
+            _require_positive_float(name, getattr(self, name))
+        for name in ("betas_G", "betas_D"):
+            betas = getattr(self, name)
+            if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):
+                raise ConfigError(f"{name}={betas!r} is invalid: expected two numbers in [0, 1), e.g. (0.5, 0.999)")
+        for name in ("clip_grad_norm_G", "clip_grad_norm_D"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive_float(name, value, hint="or None to disable clipping")
+        if not (_is_number(self.warmup_ratio) and 0.0 <= self.warmup_ratio < 1.0):
+            raise ConfigError(f"warmup_ratio={self.warmup_ratio!r} is invalid: expected a number in [0, 1)")
+        if self.mixed_precision not in MIXED_PRECISION_CHOICES:
+            raise ConfigError(
+                f"mixed_precision={self.mixed_precision!r} is invalid: choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
+            )
+        if self.lr_schedule not in LR_SCHEDULE_CHOICES:
+            raise ConfigError(
+                f"lr_schedule={self.lr_schedule!r} is invalid: choose one of {', '.join(LR_SCHEDULE_CHOICES)}"
+            )
+        if isinstance(self.loss, str):
+            if self.loss not in LOSSES:
+                raise ConfigError(
+                    f"loss={self.loss!r} is unknown: choose one of {', '.join(sorted(LOSSES))}, or pass a GANLoss"
+                )
+        elif not isinstance(self.loss, GANLoss):
+            raise ConfigError(
+                f"loss={self.loss!r} is invalid: pass a name ({', '.join(sorted(LOSSES))}) or a gan_accel.GANLoss"
+            )
+        if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
+            raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
+
+    # -- derived quantities -------------------------------------------------------------------
+    @property
+    def loss_fn(self) -> GANLoss:
+        """The loss pair this run trains with."""
+        return LOSSES[self.loss] if isinstance(self.loss, str) else self.loss
+
+    @property
+    def d_steps(self) -> int:
+        """Discriminator optimizer steps in the whole run."""
+        return self.max_steps * self.n_critic
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; a custom loss is recorded by its name."""
+        out = dataclasses.asdict(self)
+        out["loss"] = self.loss_fn.name
+        out["output_dir"] = str(self.output_dir)
+        return out
+
+    def to_json(self, path: str | Path) -> None:
+        """Write the resolved config next to the run's outputs."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        """Build a config from :meth:`to_dict` output; unknown keys are an error, not ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}: known fields are {sorted(known)}")
+        return cls(**data)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
+
+
+def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
+    if not _is_number(value) or value <= 0:
+        extra = f" ({hint})" if hint else ""
+        raise ConfigError(f"{name}={value!r} is invalid: expected a finite number > 0{extra}")
+

@@ -1,0 +1,83 @@
+"""Accelerator construction and launch sanity checks."""
+
+from __future__ import annotations
+
+import os
+
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin
+
+from .config import TrainConfig
+
+
+class LaunchError(RuntimeError):
+    """The processes were started in a way that would not train one shared model."""
+
+
+def build_accelerator(config: TrainConfig) -> Accelerator:
+    """The Accelerator the engine builds when the user does not pass one.
+
+    - ``sync_with_dataloader=False``: accumulation windows run across epoch ends, so every
+      optimizer step sees exactly ``grad_accum_steps`` micro-batches (a true larger batch).
+    - ``broadcast_buffers=False``: D is called on real and on fake images before one backward;
+      re-broadcasting BatchNorm buffers between those calls is an in-place change that breaks
+      autograd on CUDA. BatchNorm running statistics are then per process; they matter only in
+      eval mode, where the main process's copy is the one used for samples and saved.
+    - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
+      reproducible and lets a resumed run skip to the same position.
+    """
+    return Accelerator(
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=config.grad_accum_steps, sync_with_dataloader=False
+        ),
+        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+
+
+def launched_world_size() -> int:
+    """Number of processes the launcher (torchrun / accelerate launch / mpirun) says it started."""
+    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def check_launch(accelerator: Accelerator) -> None:
+    """Stop at once when several processes were launched but the Accelerator is not distributed.
+
+    That happens, for example, with ``accelerate launch --multi_gpu`` on a machine without GPUs and
+    without ``ACCELERATE_USE_CPU=1``: every process would silently train its own duplicate copy.
+    """
+    world = launched_world_size()
+    if world > 1 and accelerator.num_processes == 1:
+        raise LaunchError(
+            f"{world} processes were launched but Accelerate sees only one (distributed type "
+            f"{accelerator.distributed_type.value}): each process would train its own duplicate model. "
+            "On a machine without GPUs run `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu "
+            "--num_processes N ...` (gloo backend); on GPUs check `accelerate env` and your config file."
+        )
+
+
+def check_accelerator(accelerator: Accelerator, config: TrainConfig) -> None:
+    """A user-built Accelerator must agree with the config on what the engine relies on."""
+    if accelerator.gradient_accumulation_steps != config.grad_accum_steps:
+        raise ValueError(
+            f"accelerator.gradient_accumulation_steps={accelerator.gradient_accumulation_steps} but "
+            f"config.grad_accum_steps={config.grad_accum_steps}: build the Accelerator with "
+            "GradientAccumulationPlugin(num_steps=config.grad_accum_steps, sync_with_dataloader=False), "
+            "or let the trainer build it"
+        )
+    if accelerator.mixed_precision != config.mixed_precision:
+        raise ValueError(
+            f"accelerator.mixed_precision={accelerator.mixed_precision!r} but config.mixed_precision="
+            f"{config.mixed_precision!r}: make them agree, or let the trainer build the Accelerator"
+        )
+    if accelerator.gradient_state.plugin_kwargs.get("sync_with_dataloader", True) and config.grad_accum_steps > 1:
+        raise ValueError(
+            "the accelerator forces an optimizer step at every epoch end (sync_with_dataloader=True), so "
+            "accumulation windows would be cut short: pass GradientAccumulationPlugin(num_steps=..., "
+            "sync_with_dataloader=False), or let the trainer build the Accelerator"
+        )

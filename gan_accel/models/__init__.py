@@ -1,0 +1,5 @@
+"""Reference networks. Users bring their own ``nn.Module`` pairs; these know nothing of Accelerate."""
+
+from .dcgan import DCGANDiscriminator, DCGANGenerator, dcgan_init
+
+__all__ = ["DCGANGenerator", "DCGANDiscriminator", "dcgan_init"]

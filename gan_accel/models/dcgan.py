@@ -1,0 +1,75 @@
+"""DCGAN (Radford et al., 2016) for 28x28, 32x32 and 64x64 images.
+
+G: latent (N, z_dim) -> images (N, C, S, S) in [-1, 1] (tanh). D: images -> one logit per image
+(no sigmoid: the losses take logits). Width is the channel count of G's last hidden layer and D's
+first; each layer doubles it towards the 4x4 (or 7x7 for 28x28) bottleneck.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+SUPPORTED_SIZES = (28, 32, 64)
+
+
+def _plan(image_size: int) -> tuple[int, int]:
+    """(bottleneck spatial size, number of 2x up/down-sampling stages) for an image size."""
+    if image_size not in SUPPORTED_SIZES:
+        raise ValueError(f"image_size={image_size} is not supported: choose one of {SUPPORTED_SIZES}")
+    return {28: (7, 2), 32: (4, 3), 64: (4, 4)}[image_size]
+
+
+def dcgan_init(module: nn.Module) -> None:
+    """DCGAN initialisation: conv weights N(0, 0.02), BatchNorm weights N(1, 0.02) and zero bias."""
+    if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.BatchNorm2d):
+        nn.init.normal_(module.weight, 1.0, 0.02)
+        nn.init.zeros_(module.bias)
+
+
+class DCGANGenerator(nn.Module):
+    """Transposed-conv generator with BatchNorm and ReLU, tanh output."""
+
+    def __init__(self, z_dim: int = 100, width: int = 64, image_size: int = 28, channels: int = 1) -> None:
+        super().__init__()
+        base, stages = _plan(image_size)
+        self.z_dim, self.image_size, self.channels = z_dim, image_size, channels
+        top = width * 2 ** (stages - 1)
+        layers: list[nn.Module] = [
+            nn.ConvTranspose2d(z_dim, top, base, 1, 0, bias=False),  # (N, z, 1, 1) -> (N, top, base, base)
+            nn.BatchNorm2d(top),
+            nn.ReLU(True),
+        ]
+        ch = top
+        for _ in range(stages - 1):
+            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
+            ch //= 2
+        layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1), nn.Tanh()]
+        self.net = nn.Sequential(*layers)
+        self.apply(dcgan_init)
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.net(z.reshape(z.shape[0], -1, 1, 1))
+
+
+class DCGANDiscriminator(nn.Module):
+    """Strided-conv discriminator with LeakyReLU(0.2), BatchNorm after the first layer, one logit out."""
+
+    def __init__(self, width: int = 64, image_size: int = 28, channels: int = 1) -> None:
+        super().__init__()
+        base, stages = _plan(image_size)
+        self.image_size, self.channels = image_size, channels
+        layers: list[nn.Module] = [nn.Conv2d(channels, width, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True)]
+        ch = width
+        for _ in range(stages - 1):
+            layers += [nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch * 2), nn.LeakyReLU(0.2, True)]
+            ch *= 2
+        layers += [nn.Conv2d(ch, 1, base, 1, 0)]  # (N, ch, base, base) -> (N, 1, 1, 1)
+        self.net = nn.Sequential(*layers)
+        self.apply(dcgan_init)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x).reshape(x.shape[0])

@@ -1,0 +1,60 @@
+"""Learning-rate schedules counted in optimizer steps, whatever the number of processes.
+
+Accelerate steps a prepared scheduler ``num_processes`` times per optimizer step (it assumes the
+schedule was written for the single-process batch size; ``split_batches=True`` or
+``step_scheduler_with_optimizer=False`` turn that off). A warmup written in optimizer steps would
+therefore end twice as early on two processes. We keep the curve fixed in optimizer steps by
+building the ``LambdaLR`` on a *tick* counter and dividing ticks by the number of ticks Accelerate
+makes per optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from torch.optim.lr_scheduler import LambdaLR
+
+LRMultiplier = Callable[[int], float]
+
+
+def warmup_then_decay(total_steps: int, warmup_steps: int, schedule: str = "linear") -> LRMultiplier:
+    """Multiplier of the base learning rate after ``step`` optimizer steps.
+
+    Linear warmup from 0 over ``warmup_steps`` (as ``transformers.get_linear_schedule_with_warmup``),
+    then linear decay to 0 at ``total_steps`` (``schedule="linear"``) or a constant 1
+    (``schedule="constant"``).
+    """
+    if total_steps < 1 or not 0 <= warmup_steps < total_steps + 1:
+        raise ValueError(f"need total_steps >= 1 and 0 <= warmup_steps <= total_steps, got {total_steps}, {warmup_steps}")
+    if schedule not in ("linear", "constant"):
+        raise ValueError(f"schedule={schedule!r}: choose 'linear' or 'constant'")
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        if schedule == "constant":
+            return 1.0
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return multiplier
+
+
+def scheduler_ticks_per_optimizer_step(accelerator: Accelerator) -> int:
+    """How many times Accelerate calls ``scheduler.step()`` for one optimizer step (see module doc)."""
+    if not accelerator.step_scheduler_with_optimizer or accelerator.split_batches:
+        return 1
+    return accelerator.num_processes
+
+
+def lambda_scheduler(optimizer: torch.optim.Optimizer, multiplier: LRMultiplier, ticks_per_step: int) -> LambdaLR:
+    """A ``LambdaLR`` that applies ``multiplier`` to optimizer steps, given Accelerate's ticks per step.
+
+    Accelerate ticks the scheduler ``ticks_per_step`` times in a row for each optimizer step, so the
+    tick count is always a multiple of ``ticks_per_step`` when the optimizer next uses the lr, and
+    integer division recovers the optimizer step exactly.
+    """
+    if ticks_per_step < 1:
+        raise ValueError(f"ticks_per_step must be >= 1, got {ticks_per_step}")
+    return LambdaLR(optimizer, lambda tick: multiplier(tick // ticks_per_step))

@@ -1,0 +1,63 @@
+"""Training metrics without per-step host syncs, written as JSON lines.
+
+Values are summed as detached device tensors every micro-batch and read back (``.tolist()``, the
+only host sync) once per log interval, after averaging across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+
+class RunningMeans:
+    """Sums of scalar tensors per key, reduced to means across steps and processes on demand."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, key: str, value: torch.Tensor) -> None:
+        """Add one detached scalar observation (stays on its device: no sync)."""
+        value = value.detach().float()
+        self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def reduce(self, accelerator: Accelerator) -> dict[str, float]:
+        """Means since the last call, averaged over processes; clears the sums. Collective: call on every rank."""
+        if not self._sums:
+            return {}
+        keys = sorted(self._sums)
+        local = torch.stack([self._sums[k] / self._counts[k] for k in keys])
+        means = accelerator.reduce(local, reduction="mean").tolist()
+        self._sums.clear()
+        self._counts.clear()
+        return dict(zip(keys, means))
+
+
+class MetricsLog:
+    """Append-only JSON-lines file of metric rows; only the main process writes."""
+
+    def __init__(self, path: str | os.PathLike, enabled: bool) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Append one row and flush it, so a crash loses at most the row being written."""
+        if not self.enabled:
+            return
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Load a metrics log written by :class:`MetricsLog`."""
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
