@@ -281,11 +281,15 @@ class GANTrainer:
         collective the other ranks never join.
         """
         G = self.accelerator.unwrap_model(self.G)
+        latents = self.fixed_noise if latents is None else latents
+        param = next(G.parameters(), None)
+        if param is not None and param.is_floating_point():
+            latents = latents.to(param.dtype)  # e.g. a float64 G; autocast still applies on top
         was_training = G.training
         G.eval()
         try:
             with self.accelerator.autocast():
-                return G(self.fixed_noise if latents is None else latents).float()
+                return G(latents).float()
         finally:
             G.train(was_training)
 

@@ -1,0 +1,116 @@
+"""Shared fixtures: Accelerate singletons reset between tests, tiny float64 networks, fixed latents."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+Z_DIM = 4
+IMAGE_SHAPE = (1, 4, 4)
+
+
+def reset_accelerate_state() -> None:
+    """Accelerate keeps process-wide singletons; each in-process test needs a fresh Accelerator."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    reset_accelerate_state()
+    yield
+    reset_accelerate_state()
+
+
+@pytest.fixture(autouse=True)
+def single_process_env(monkeypatch):
+    # A test process may inherit launcher variables (e.g. when pytest itself runs under a launcher).
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+class TinyG(nn.Module):
+    """BatchNorm-free generator: per-sample maths only, so a batch splits exactly into micro-batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+        self.net = nn.Sequential(nn.Linear(Z_DIM, 16), nn.LeakyReLU(0.2), nn.Linear(16, n), nn.Tanh())
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z).reshape(z.shape[0], *IMAGE_SHAPE)
+
+
+class TinyD(nn.Module):
+    """BatchNorm-free discriminator returning one logit per image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(n, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).reshape(x.shape[0])
+
+
+def make_models(seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    return TinyG().to(dtype), TinyD().to(dtype)
+
+
+def make_images(n: int, seed: int = 1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand(n, *IMAGE_SHAPE, generator=generator, dtype=dtype) * 2 - 1)
+
+
+def make_loader(images: torch.Tensor, batch_size: int) -> DataLoader:
+    """Unshuffled, so batch i is images[i*b:(i+1)*b] for any batch size (and any process split)."""
+    return DataLoader(TensorDataset(images), batch_size=batch_size, shuffle=False, drop_last=True)
+
+
+class TableLatents:
+    """Latents read in order from a fixed table: call c on process r of W gets the r-th slice of row c.
+
+    The same table therefore feeds one process with batch W*b and W processes with batch b
+    identically, and k micro-batches of b the same as one batch of k*b (rows are consumed in order).
+    """
+
+    def __init__(self, rows: int, dtype: torch.dtype = torch.float64, seed: int = 7) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.flat = torch.randn(rows, Z_DIM, generator=generator, dtype=dtype)
+        self.cursor = 0
+
+    def __call__(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        from accelerate import PartialState
+
+        state = PartialState()
+        world, rank = state.num_processes, state.process_index
+        chunk = self.flat[self.cursor : self.cursor + batch_size * world]
+        if chunk.shape[0] < batch_size * world:
+            raise RuntimeError("latent table exhausted: make it larger")
+        self.cursor += batch_size * world
+        return chunk[rank * batch_size : (rank + 1) * batch_size].to(device)
+
+
+def params(module: nn.Module) -> dict[str, torch.Tensor]:
+    from accelerate.utils import extract_model_from_parallel
+
+    return {k: v.detach().clone().cpu() for k, v in extract_model_from_parallel(module).state_dict().items()}
+
+
+def assert_close_dicts(a: dict, b: dict, atol: float, rtol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=rtol, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def mnist_dir() -> str | None:
+    """Where real MNIST lives for tests: $GAN_ACCEL_MNIST_DIR, else the shared copy if present."""
+    path = os.environ.get("GAN_ACCEL_MNIST_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+    return path if os.path.isdir(os.path.join(path, "MNIST", "raw")) else None

@@ -1,0 +1,210 @@
+"""The engine's update rules, each checked against an independent computation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TableLatents, assert_close_dicts, make_images, make_loader, make_models, params
+from gan_accel import GANTrainer, TrainConfig
+from gan_accel.losses import LOSSES
+from gan_accel.schedules import warmup_then_decay
+
+
+def make_trainer(tmp_path, *, batch_size=4, images=None, seed=0, latents=None, **overrides) -> GANTrainer:
+    cfg = dict(max_steps=3, batch_size=batch_size, z_dim=4, log_every=1, sample_every=1000, num_samples=4,
+               output_dir=str(tmp_path / "run"), progress_bar=False, warmup_ratio=0.0, lr_G=1e-2, lr_D=1e-2)
+    cfg.update(overrides)
+    config = TrainConfig(**cfg)
+    G, D = make_models(seed)
+    images = make_images(64) if images is None else images
+    return GANTrainer(G, D, make_loader(images, batch_size), config,
+                      latent_sampler=latents or TableLatents(4096))
+
+
+def count_optimizer_steps(trainer: GANTrainer) -> dict[str, int]:
+    """Wrap the *inner* torch optimizers: they only step when Accelerate really steps."""
+    counts = {"G": 0, "D": 0}
+    for name, prepared in (("G", trainer.opt_G), ("D", trainer.opt_D)):
+        inner = prepared.optimizer
+        original = inner.step
+
+        def counting_step(*args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        inner.step = counting_step
+    return counts
+
+
+# -- (a) isolation -----------------------------------------------------------------------------
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_discriminator_update_leaves_generator_unchanged(tmp_path, grad_accum_steps):
+    trainer = make_trainer(tmp_path, n_critic=2, grad_accum_steps=grad_accum_steps)
+    counts = count_optimizer_steps(trainer)
+    G_before, D_before = params(trainer.G), params(trainer.D)
+    batches = iter(trainer.train_dataloader)
+    for _ in range(grad_accum_steps):  # one full D step; with n_critic=2, no G step yet
+        with trainer.accelerator.accumulate(trainer.G, trainer.D):
+            assert trainer.train_on_batch(next(batches)[0]) is False
+    assert counts == {"G": 0, "D": 1}
+    assert_close_dicts(params(trainer.G), G_before, atol=0)
+    assert any(not torch.equal(params(trainer.D)[k], D_before[k]) for k in D_before), "D should have moved"
+    assert all(p.grad is None for p in trainer.G.parameters()), "the D phase must not leave gradients in G"
+
+
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_generator_update_leaves_discriminator_unchanged_and_gradient_free(tmp_path, grad_accum_steps):
+    trainer = make_trainer(tmp_path, grad_accum_steps=grad_accum_steps)
+    seen = {}
+    original_phase = trainer._generator_phase
+
+    def spying_phase(reused_fake):
+        seen["D_before"], seen["G_before"] = params(trainer.D), params(trainer.G)
+        original_phase(reused_fake)
+        seen["D_after"], seen["G_after"] = params(trainer.D), params(trainer.G)
+        seen["D_grads"] = [p.grad for p in trainer.D.parameters()]
+        seen["D_requires_grad"] = all(p.requires_grad for p in trainer.D.parameters())
+
+    trainer._generator_phase = spying_phase
+    batches = iter(trainer.train_dataloader)
+    for _ in range(grad_accum_steps):
+        with trainer.accelerator.accumulate(trainer.G, trainer.D):
+            trainer.train_on_batch(next(batches)[0])
+    assert_close_dicts(seen["D_after"], seen["D_before"], atol=0)
+    assert all(g is None for g in seen["D_grads"]), "G's loss left a gradient in D"
+    assert seen["D_requires_grad"], "D must be unfrozen again after the G phase"
+    assert any(not torch.equal(seen["G_after"][k], seen["G_before"][k]) for k in seen["G_before"])
+
+
+# -- (b) accumulation == larger batch -----------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 4])
+def test_accumulation_equals_larger_batch(tmp_path, k):
+    """k micro-batches of b with accumulation k == one batch of k*b, for G and D, over several steps.
+
+    float64 networks: the two runs differ only by summation order (a sum of k partial means versus
+    one mean), ~1e-16 relative per gradient; over 4 Adam steps (whose eps=1e-8 bounds the
+    amplification of tiny gradients) that stays far below the 1e-10 tolerance, while any real
+    mistake (a wrong scale, a missed or extra step, a stale D in the G phase) moves parameters
+    by ~lr = 1e-2.
+    """
+    b, steps = 4, 4
+    images = make_images(k * b * steps * 2)
+    small = make_trainer(tmp_path / "small", batch_size=b, grad_accum_steps=k, max_steps=steps, images=images)
+    counts = count_optimizer_steps(small)
+    small.fit()
+    assert counts == {"G": steps, "D": steps}
+    assert small.step == steps and small.d_step == steps
+    assert small.images_seen == k * b * steps, "each optimizer step must consume exactly k micro-batches"
+    small_G, small_D = params(small.G), params(small.D)
+
+    from conftest import reset_accelerate_state
+
+    reset_accelerate_state()
+    big = make_trainer(tmp_path / "big", batch_size=k * b, max_steps=steps, images=images)
+    big.fit()
+    assert_close_dicts(small_G, params(big.G), atol=1e-10)
+    assert_close_dicts(small_D, params(big.D), atol=1e-10)
+
+
+def test_accumulation_windows_cross_epoch_ends(tmp_path):
+    """3 batches per epoch with accumulation 2: no optimizer step may be cut short at an epoch end."""
+    trainer = make_trainer(tmp_path, batch_size=4, images=make_images(12), grad_accum_steps=2, max_steps=3)
+    counts = count_optimizer_steps(trainer)
+    trainer.fit()
+    assert counts == {"G": 3, "D": 3}
+    assert trainer.images_seen == 3 * 2 * 4
+    assert trainer.epoch == 1  # 6 batches over 3-batch epochs: zero-based epoch 1 is the second
+
+
+# -- (c) plain PyTorch twin ----------------------------------------------------------------------
+def plain_pytorch_gan(images, batch_size, steps, loss_name, latents, lr=1e-2, warmup_ratio=0.0, clip_D=None, clip_G=None):
+    """The textbook loop, no Accelerate: D step on detached fakes, then G step through a frozen D."""
+    loss = LOSSES[loss_name]
+    G, D = make_models(0)
+    opt_G = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999))
+    opt_D = torch.optim.Adam(D.parameters(), lr=lr, betas=(0.5, 0.999))
+    multiplier = warmup_then_decay(steps, int(warmup_ratio * steps), "linear")
+    sched_G = torch.optim.lr_scheduler.LambdaLR(opt_G, multiplier)
+    sched_D = torch.optim.lr_scheduler.LambdaLR(opt_D, multiplier)
+    for step in range(steps):
+        real = images[step * batch_size : (step + 1) * batch_size]
+        fake = G(latents(batch_size, torch.device("cpu")))
+        opt_D.zero_grad()
+        loss.d_loss(D(real), D(fake.detach())).backward()
+        if clip_D:
+            torch.nn.utils.clip_grad_norm_(D.parameters(), clip_D)
+        opt_D.step()
+        sched_D.step()
+        opt_G.zero_grad()
+        for p in D.parameters():
+            p.requires_grad_(False)
+        loss.g_loss(D(fake)).backward()
+        for p in D.parameters():
+            p.requires_grad_(True)
+        if clip_G:
+            torch.nn.utils.clip_grad_norm_(G.parameters(), clip_G)
+        opt_G.step()
+        sched_G.step()
+    return params(G), params(D)
+
+
+@pytest.mark.parametrize(
+    "loss_name, clip",
+    [("nonsaturating", None), ("hinge", None), ("wasserstein", 0.5), ("least_squares", None)],
+)
+def test_engine_matches_plain_pytorch_loop(tmp_path, loss_name, clip):
+    steps, b = 5, 8
+    images = make_images(steps * b)
+    trainer = make_trainer(tmp_path, batch_size=b, max_steps=steps, images=images, loss=loss_name,
+                           warmup_ratio=0.4, clip_grad_norm_D=clip, clip_grad_norm_G=clip)
+    trainer.fit()
+    twin_G, twin_D = plain_pytorch_gan(images, b, steps, loss_name, TableLatents(4096), warmup_ratio=0.4,
+                                       clip_D=clip, clip_G=clip)
+    # Same ops in the same order on CPU: the only difference allowed is Accelerate's loss / 1.
+    assert_close_dicts(params(trainer.G), twin_G, atol=1e-12)
+    assert_close_dicts(params(trainer.D), twin_D, atol=1e-12)
+
+
+# -- (e) n_critic ---------------------------------------------------------------------------------
+def test_n_critic_five_steps_discriminator_five_times_per_generator_step(tmp_path):
+    steps, n_critic = 3, 5
+    trainer = make_trainer(tmp_path, n_critic=n_critic, max_steps=steps, images=make_images(128),
+                           warmup_ratio=0.2, loss="wasserstein")
+    counts = count_optimizer_steps(trainer)
+    trainer.fit()
+    assert counts == {"G": steps, "D": n_critic * steps}
+    assert (trainer.step, trainer.d_step) == (steps, n_critic * steps)
+    # Each scheduler has advanced once per step of its own optimizer, along its own curve.
+    assert trainer.sched_G.scheduler.last_epoch == steps
+    assert trainer.sched_D.scheduler.last_epoch == n_critic * steps
+    expected_D = warmup_then_decay(n_critic * steps, int(0.2 * n_critic * steps))(n_critic * steps)
+    assert trainer.opt_D.param_groups[0]["lr"] == pytest.approx(1e-2 * expected_D)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["d_step"] for r in rows] == [5, 10, 15]
+    # The lr each D step used: the curve over 15 D steps, sampled at the last D step of each G step.
+    d_curve = warmup_then_decay(15, 3)
+    assert [r["lr/D"] for r in rows] == pytest.approx([1e-2 * d_curve(s - 1) for s in (5, 10, 15)])
+    g_curve = warmup_then_decay(3, 0)
+    assert [r["lr/G"] for r in rows] == pytest.approx([1e-2 * g_curve(s) for s in range(3)])
+
+
+# -- (f) bf16 -----------------------------------------------------------------------------------
+def test_bf16_run_on_cpu_is_autocast_and_finite(tmp_path):
+    from gan_accel.models import DCGANDiscriminator, DCGANGenerator
+
+    torch.manual_seed(0)
+    G, D = DCGANGenerator(z_dim=8, width=8), DCGANDiscriminator(width=8)
+    conv_dtypes = []
+    D.net[0].register_forward_hook(lambda m, i, o: conv_dtypes.append(o.dtype))
+    images = torch.rand(32, 1, 28, 28) * 2 - 1
+    config = TrainConfig(max_steps=3, batch_size=8, z_dim=8, mixed_precision="bf16", log_every=1,
+                         sample_every=3, num_samples=4, output_dir=str(tmp_path / "run"), progress_bar=False)
+    metrics = GANTrainer(G, D, make_loader(images, 8), config).fit()
+    assert torch.bfloat16 in conv_dtypes, "D's convolutions did not run under bf16 autocast"
+    for key in ("loss/D", "loss/G", "D(x)", "D(G(z))"):
+        assert torch.isfinite(torch.tensor(metrics[key])), key
+    assert (tmp_path / "run" / "samples_000003.png").exists()
