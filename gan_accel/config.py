@@ -45,6 +45,7 @@ class TrainConfig:
     betas_D: tuple[float, float] = (0.5, 0.999)
     lr_schedule: str = "linear"  # linear warmup then linear decay to 0, or warmup then constant
     warmup_ratio: float = 0.1  # share of each network's optimizer steps spent warming up
+    ema_decay: float | None = None  # e.g. 0.999: sample and export an EMA of G's weights
     clip_grad_norm_G: float | None = None
     clip_grad_norm_D: float | None = None
     mixed_precision: str = "no"
@@ -79,6 +80,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 _require_positive_float(name, value, hint="or None to disable clipping")
+        if self.ema_decay is not None and not (_is_number(self.ema_decay) and 0.0 < self.ema_decay < 1.0):
+            raise ConfigError(f"ema_decay={self.ema_decay!r} is invalid: expected a number in (0, 1), or None for no EMA")
         if not (_is_number(self.warmup_ratio) and 0.0 <= self.warmup_ratio < 1.0):
             raise ConfigError(f"warmup_ratio={self.warmup_ratio!r} is invalid: expected a number in [0, 1)")
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:

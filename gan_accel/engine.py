@@ -30,8 +30,10 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .config import TrainConfig
+from .ema import EMA
+from .export import save_weights
 from .launch import build_accelerator, check_accelerator, check_launch
-from .sampling import LatentSampler, fixed_noise, gaussian_latents, save_grid
+from .sampling import LatentSampler, fixed_noise, gaussian_latents, save_gif, save_grid
 from .schedules import lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
 from .tracking import MetricsLog, RunningMeans
 
@@ -107,6 +109,7 @@ class GANTrainer:
             self.accelerator.prepare(G, D, opt_G, opt_D, sched_G, sched_D, train_dataloader)
         )
         self.loss = config.loss_fn
+        self.ema = EMA(self.accelerator.unwrap_model(self.G), config.ema_decay) if config.ema_decay else None
         self.sample_latents = latent_sampler or gaussian_latents(config.z_dim)
         self.fixed_noise = fixed_noise(config.num_samples, config.z_dim, config.seed).to(self.accelerator.device)
         self.output_dir = Path(config.output_dir)
@@ -163,8 +166,7 @@ class GANTrainer:
                 self.save_samples()
         bar.close()
         acc.wait_for_everyone()
-        if acc.is_main_process:
-            save_grid(self.generate(), self.output_dir / "samples_final.png")
+        self._finish_run()
         return self.last_metrics
 
     def train_on_batch(self, real: torch.Tensor) -> bool:
@@ -230,6 +232,8 @@ class GANTrainer:
         self.sched_G.step()
         self.opt_G.zero_grad(set_to_none=True)
         self.step += 1
+        if self.ema is not None:
+            self.ema.update(self.accelerator.unwrap_model(self.G))
 
     def _clip(self, name: str, model: nn.Module, optimizer, max_norm: float | None) -> None:
         if max_norm is None:
@@ -260,6 +264,21 @@ class GANTrainer:
         if self.accelerator.mixed_precision == "fp16" and self.accelerator.scaler is None:
             acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
 
+    def _finish_run(self) -> None:
+        """Final grid, progress GIF and the generator's weights (the EMA's when enabled)."""
+        if not self.accelerator.is_main_process:
+            return
+        save_grid(self.generate(), self.output_dir / "samples_final.png")
+        frames = sorted(self.output_dir.glob("samples_[0-9]*.png"))
+        if frames:
+            save_gif(frames, self.output_dir / "progress.gif")
+        metadata = {"config": self.config.to_dict(), "step": self.step, "ema": self.ema is not None}
+        save_weights(self.sampling_generator(), self.output_dir / "generator.safetensors", metadata)
+
+    def sampling_generator(self) -> nn.Module:
+        """The generator to sample from: the EMA when enabled, else the unwrapped G."""
+        return self.ema.module if self.ema is not None else self.accelerator.unwrap_model(self.G)
+
     def _log(self) -> None:
         """Collective (every rank reduces), then the main process writes one row."""
         acc = self.accelerator
@@ -275,12 +294,12 @@ class GANTrainer:
 
     @torch.no_grad()
     def generate(self, latents: torch.Tensor | None = None) -> torch.Tensor:
-        """Images from the unwrapped G in eval mode (defaults to the fixed noise).
+        """Images from :meth:`sampling_generator` in eval mode (defaults to the fixed noise).
 
         Uses the unwrapped module: calling the DDP wrapper on the main process alone could start a
         collective the other ranks never join.
         """
-        G = self.accelerator.unwrap_model(self.G)
+        G = self.sampling_generator()
         latents = self.fixed_noise if latents is None else latents
         param = next(G.parameters(), None)
         if param is not None and param.is_floating_point():

@@ -46,3 +46,18 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = 
     save_image(to_grid(images, nrow), tmp, format="png")
     os.replace(tmp, path)
     return path
+
+
+def save_gif(frames: list[str | os.PathLike], path: str | os.PathLike, frame_ms: int = 250, hold_last_ms: int = 1500) -> Path:
+    """An animated GIF of image files (e.g. the fixed-noise grids in step order), written atomically."""
+    from PIL import Image
+
+    if not frames:
+        raise ValueError("no frames to animate")
+    path = Path(path)
+    images = [Image.open(frame).convert("RGB") for frame in frames]
+    durations = [frame_ms] * (len(images) - 1) + [hold_last_ms]
+    tmp = path.with_name(f".{path.name}.tmp")
+    images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+    os.replace(tmp, path)
+    return path

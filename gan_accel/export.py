@@ -1,0 +1,50 @@
+"""Weights in and out as safetensors, with the run's config in the file's metadata."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``module``'s state dict atomically; ``metadata`` (JSON-able) travels inside the file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, str(tmp), metadata={"gan_accel": json.dumps(metadata or {})})
+    os.replace(tmp, path)
+    return path
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The metadata dict stored by :func:`save_weights` (empty for foreign files)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return json.loads((handle.metadata() or {}).get("gan_accel", "{}"))
+
+
+def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load weights saved by :func:`save_weights` into ``module`` (strict), with a clear error on mismatch."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights file at {path}")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{path} does not fit {type(module).__name__}: was it saved from a model of another shape or width? "
+            f"{str(error).splitlines()[0]}"
+        ) from error
+    return module
