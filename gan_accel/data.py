@@ -306,7 +306,7 @@ def synthetic_digits(n: int, seed: int = 0, size: int = 28) -> tuple[Tensor, Ten
             grid = grid.reshape(1, k * hi, hi, 2)
             # All k samples of one template in a single call: their grids are stacked along the height
             # axis, so the template is read in place instead of being copied once per sample.
-            warped = F.grid_sample(templates[t : t + 1], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+            warped = F.grid_sample(templates[t : t + 1], grid, mode="bilinear", align_corners=False)
             x[sel] = F.avg_pool2d(warped.view(k, 1, hi, hi), 2)
         x = _random_blur(x, blur_mix[start:stop])
         # Multiplicative noise only touches ink, so the background stays exactly 0 like MNIST.
@@ -399,7 +399,7 @@ def resolve_dataset(
         # The error is caught *inside* main_process_first: letting it escape would skip the barrier
         # at the end of that block on the main process and leave the other processes waiting forever.
         try:
-            with contextlib.nullcontext():
+            with timeout:
                 images, labels = load_mnist_uint8(data_dir, train=train, download=download)
         except (RuntimeError, OSError, EOFError, ValueError) as exc:
             # RuntimeError: torchvision's "not found" / all mirrors failed; OSError covers URLError,
