@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from gan_accel import GANTrainer, TrainConfig, build_accelerator
+from gan_accel import ConfigError, GANTrainer, LaunchError, TrainConfig, build_accelerator
 from gan_accel.data import DatasetUnavailableError, make_dataloader, resolve_dataset
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator
 
@@ -38,12 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default="runs/dcgan_mnist", help="run folder for samples, logs and weights")
     length = run.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, default=None, help="generator optimizer steps (default 1500)")
+    length.add_argument("--steps", type=int, default=None, help="generator optimizer steps (default 5000)")
     length.add_argument("--epochs", type=float, default=None, help="train for this many passes over the data instead")
     run.add_argument("--batch-size", type=int, default=64, help="images per process per micro-batch")
     run.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
-    run.add_argument("--sample-every", type=int, default=250, help="save a fixed-noise grid every N steps")
+    run.add_argument("--sample-every", type=int, default=500, help="save a fixed-noise grid every N steps")
     run.add_argument("--log-every", type=int, default=50, help="metrics row every N steps")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--eval", action="store_true", help="after training, score 10k samples with an MNIST classifier")
@@ -67,11 +67,19 @@ def steps_for(args: argparse.Namespace, batches_per_epoch: int) -> int:
         return args.steps
     if args.epochs is not None:
         return max(1, int(args.epochs * batches_per_epoch) // (args.grad_accum * args.n_critic))
-    return 1500
+    return 5000
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return train(args)
+    except (ConfigError, LaunchError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def train(args: argparse.Namespace) -> int:
     # The config is validated first, so a bad flag fails before any data or model work.
     config = TrainConfig(
         max_steps=args.steps or 1, batch_size=args.batch_size, grad_accum_steps=args.grad_accum,
@@ -103,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{accelerator.distributed_type.value} on {accelerator.device}; output in {config.output_dir}"
     )
     metrics = trainer.fit()
+    # One line per process, so a multi-process launch shows that every rank trained its share.
+    print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
+          f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)
     accelerator.print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
 
     if args.eval and accelerator.is_main_process:

@@ -53,6 +53,11 @@ class TrainConfig:
     num_samples: int = 64
     log_every: int = 50
     output_dir: str = "runs/gan"
+    overwrite: bool = False  # replace a previous run in output_dir instead of refusing
+    checkpoint_every: int = 1000  # steps between checkpoints (one is always written at the end)
+    keep_checkpoints: int = 2  # the newest K complete checkpoints are kept
+    nan_guard: bool = True  # skip non-finite updates (one host sync per optimizer step)
+    max_bad_updates: int = 10  # stop after this many consecutive skipped updates of one network
     seed: int = 0
     progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
@@ -65,7 +70,8 @@ class TrainConfig:
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid field."""
-        for name in ("max_steps", "batch_size", "sample_every", "num_samples", "log_every", "z_dim"):
+        for name in ("max_steps", "batch_size", "sample_every", "num_samples", "log_every", "z_dim",
+                     "checkpoint_every", "keep_checkpoints", "max_bad_updates"):
             _require_int(name, getattr(self, name), minimum=1)
         _require_int("grad_accum_steps", self.grad_accum_steps, minimum=1)
         _require_int("n_critic", self.n_critic, minimum=1)

@@ -29,13 +29,17 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .config import TrainConfig
 from .ema import EMA
 from .export import save_weights
+from .guard import DivergenceError, DivergenceGuard, grads_and_loss_finite, parameters_finite
 from .launch import build_accelerator, check_accelerator, check_launch
+from .preflight import check_dataloader, check_output_dir, clear_run_files, dry_forward
+from .signals import StopFlag, TrainingInterrupted, stop_on_signals
 from .sampling import LatentSampler, fixed_noise, gaussian_latents, save_gif, save_grid
 from .schedules import lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
-from .tracking import MetricsLog, RunningMeans
+from .tracking import MetricsLog, RunningMeans, truncate_metrics
 
 IMAGE_KEYS = ("image", "images", "pixel_values", "img")
 
@@ -94,6 +98,10 @@ class GANTrainer:
         self.accelerator = accelerator if accelerator is not None else build_accelerator(config)
         check_launch(self.accelerator)
         check_accelerator(self.accelerator, config)
+        self.sample_latents = latent_sampler or gaussian_latents(config.z_dim)
+        # Preflight on the raw modules and loader: a wrong shape or batch form costs seconds, not a run.
+        check_dataloader(train_dataloader, config.batch_size)
+        dry_forward(G, D, train_dataloader, self.sample_latents, extract_images)
         # device_specific: every process draws different noise (same noise would waste the batch).
         set_seed(config.seed, device_specific=True)
 
@@ -110,16 +118,19 @@ class GANTrainer:
         )
         self.loss = config.loss_fn
         self.ema = EMA(self.accelerator.unwrap_model(self.G), config.ema_decay) if config.ema_decay else None
-        self.sample_latents = latent_sampler or gaussian_latents(config.z_dim)
         self.fixed_noise = fixed_noise(config.num_samples, config.z_dim, config.seed).to(self.accelerator.device)
         self.output_dir = Path(config.output_dir)
 
         self.step = 0  # generator optimizer steps
         self.d_step = 0  # discriminator optimizer steps
         self.epoch = 0
+        self.batches_in_epoch = 0  # position in the current epoch, for mid-epoch resume
         self.images_seen = 0  # real images, per process
         self._window_latents: list[torch.Tensor] = []
+        self._window_loss: torch.Tensor | None = None  # the window's summed D loss, for the guard
         self._means = RunningMeans()
+        self.guard = DivergenceGuard(config.max_bad_updates)
+        self._stop = StopFlag()
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
         self.last_metrics: dict[str, float] = {}
         self._lr_used: dict[str, float] = {}
@@ -142,31 +153,59 @@ class GANTrainer:
         return lambda_scheduler(optimizer, multiplier, ticks)
 
     # -- the loop -----------------------------------------------------------------------------
-    def fit(self) -> dict[str, float]:
-        """Train until ``config.max_steps`` generator steps; returns the last logged metrics."""
+    def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None) -> dict[str, float]:
+        """Train until ``config.max_steps`` generator steps; returns the last logged metrics.
+
+        ``resume_from``: ``"latest"`` or a checkpoint folder; the run continues exactly where it was
+        saved (same batches, same noise, same metrics). ``stop_at_step``: checkpoint and return early
+        at that step (the schedules still run to ``max_steps``).
+        SIGINT/SIGTERM: the current step finishes, a checkpoint is written, then
+        :class:`TrainingInterrupted` is raised.
+        """
         cfg, acc = self.config, self.accelerator
-        self._start_run()
+        target = cfg.max_steps if stop_at_step is None else min(stop_at_step, cfg.max_steps)
+        resume_path = resolve_resume(resume_from, cfg.output_dir) if resume_from is not None else None
+        check_output_dir(cfg.output_dir, resuming=resume_path is not None, overwrite=cfg.overwrite)
+        acc.wait_for_everyone()  # every rank has looked at the folder before the main process writes to it
+        if resume_path is not None:
+            self.load_state_dict(load_checkpoint(acc, resume_path, acc.process_index))
+            acc.print(f"gan_accel: resumed from {resume_path} at step {self.step}")
+        self._start_run(resumed=resume_path is not None)
         batches = self._batches()
         bar = tqdm(
             total=cfg.max_steps, initial=self.step, desc="train", dynamic_ncols=True,
             disable=not (acc.is_local_main_process and cfg.progress_bar),
         )
         self._interval_start = (time.perf_counter(), self.images_seen)
-        while self.step < cfg.max_steps:
-            real = extract_images(next(batches))
-            with acc.accumulate(self.G, self.D):
-                stepped_G = self.train_on_batch(real)
-            if not stepped_G:
-                continue
-            bar.update(1)
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                self._log()
-                bar.set_postfix({k: f"{self.last_metrics[k]:.3g}" for k in ("loss/D", "loss/G", "images/s")})
-            if self.step % cfg.sample_every == 0 or self.step == cfg.max_steps:
-                self.save_samples()
+        with stop_on_signals(self._stop):
+            while self.step < target:
+                real = extract_images(next(batches))
+                with acc.accumulate(self.G, self.D):
+                    stepped_G = self.train_on_batch(real)
+                if not stepped_G:
+                    continue
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    self._log()
+                    bar.set_postfix({k: f"{self.last_metrics[k]:.3g}" for k in ("loss/D", "loss/G", "images/s")})
+                if self.step % cfg.sample_every == 0 or self.step == cfg.max_steps:
+                    self.save_samples()
+                if self._stop_requested():
+                    bar.close()
+                    path = self.save_checkpoint()
+                    name = {2: "SIGINT", 15: "SIGTERM"}.get(self._stop.signum, f"signal {self._stop.signum}")
+                    raise TrainingInterrupted(
+                        f"stopped by {name} at step {self.step}; checkpoint saved to {path}. Resume with "
+                        "--resume latest (or fit(resume_from='latest')) and the same output folder",
+                        self._stop.signum or 0,
+                    )
+                if self.step % cfg.checkpoint_every == 0 and self.step < target:
+                    self.save_checkpoint()
         bar.close()
+        self.save_checkpoint()
+        if self.step >= cfg.max_steps:
+            self._finish_run()
         acc.wait_for_everyone()
-        self._finish_run()
         return self.last_metrics
 
     def train_on_batch(self, real: torch.Tensor) -> bool:
@@ -187,6 +226,8 @@ class GANTrainer:
             fake_logits = self.D(fake.detach())
             loss_D = self.loss.d_loss(real_logits, fake_logits)
         acc.backward(loss_D)
+        loss_D = loss_D.detach()
+        self._window_loss = loss_D if self._window_loss is None else self._window_loss + loss_D
         self._means.add("loss/D", loss_D)
         self._means.add("D(x)", real_logits.mean())
         self._means.add("D(G(z))", fake_logits.mean())
@@ -195,10 +236,12 @@ class GANTrainer:
 
         if not acc.sync_gradients:
             return False
-        self._clip("D", self.D, self.opt_D, cfg.clip_grad_norm_D)
-        self._lr_used["lr/D"] = self.opt_D.param_groups[0]["lr"]  # the lr of this step, before the scheduler moves it
-        self.opt_D.step()
-        self.sched_D.step()
+        window_loss, self._window_loss = self._window_loss, None
+        if self._update_is_finite("D", self.D, window_loss):
+            self._clip("D", self.D, self.opt_D, cfg.clip_grad_norm_D)
+            self._lr_used["lr/D"] = self.opt_D.param_groups[0]["lr"]  # this step's lr, before the scheduler moves it
+            self.opt_D.step()
+        self.sched_D.step()  # a skipped update still uses up its step of the schedule
         self.opt_D.zero_grad(set_to_none=True)
         self.d_step += 1
         if not generator_window:
@@ -214,6 +257,7 @@ class GANTrainer:
         # Frozen D: G's loss must not leave gradients in D (under accumulation no zero_grad would
         # clear them before D's next step). no_sync(D): D's DDP reducer has nothing to reduce here.
         self.D.requires_grad_(False)
+        window_loss = None
         try:
             for index, item in enumerate(work):
                 last = index == len(work) - 1
@@ -224,16 +268,34 @@ class GANTrainer:
                     loss_G = self.loss.g_loss(self.D(fake))
                     acc.backward(loss_G)
                 self._means.add("loss/G", loss_G)
+                window_loss = loss_G.detach() if window_loss is None else window_loss + loss_G.detach()
         finally:
             self.D.requires_grad_(True)
-        self._clip("G", self.G, self.opt_G, self.config.clip_grad_norm_G)
-        self._lr_used["lr/G"] = self.opt_G.param_groups[0]["lr"]
-        self.opt_G.step()
+        if self._update_is_finite("G", self.G, window_loss):
+            self._clip("G", self.G, self.opt_G, self.config.clip_grad_norm_G)
+            self._lr_used["lr/G"] = self.opt_G.param_groups[0]["lr"]
+            self.opt_G.step()
         self.sched_G.step()
         self.opt_G.zero_grad(set_to_none=True)
         self.step += 1
         if self.ema is not None:
             self.ema.update(self.accelerator.unwrap_model(self.G))
+
+    def _update_is_finite(self, name: str, model: nn.Module, window_loss: torch.Tensor) -> bool:
+        """The divergence guard's verdict on this optimizer step, agreed by all ranks (one host sync)."""
+        if not self.config.nan_guard:
+            return True
+        acc = self.accelerator
+        # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
+        finite = grads_and_loss_finite(model, window_loss, check_grads=acc.scaler is None)
+        if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
+            finite = acc.reduce(finite.float(), reduction="sum") == acc.num_processes
+        ok = bool(finite.item())
+        if not ok:
+            acc.print(f"gan_accel: step {self.step}: non-finite {name} loss or gradients; update skipped")
+            model.zero_grad(set_to_none=True)  # the prepared optimizer's zero_grad may follow, but be sure
+        self.guard.record(name, ok, self.step)
+        return ok
 
     def _clip(self, name: str, model: nn.Module, optimizer, max_norm: float | None) -> None:
         if max_norm is None:
@@ -249,20 +311,30 @@ class GANTrainer:
         if len(self.train_dataloader) == 0:
             raise ValueError("the training dataloader yields no batches: check the dataset size and drop_last")
         while True:
-            if hasattr(self.train_dataloader, "set_epoch"):
-                self.train_dataloader.set_epoch(self.epoch)
-            yield from self.train_dataloader
+            loader = self.train_dataloader
+            loader.set_epoch(self.epoch)  # the seedable sampler's order is a function of (seed, epoch)
+            if self.batches_in_epoch:  # resumed mid-epoch: the same order, minus what was consumed
+                loader = self.accelerator.skip_first_batches(loader, self.batches_in_epoch)
+            for batch in loader:
+                self.batches_in_epoch += 1
+                yield batch
             self.epoch += 1
+            self.batches_in_epoch = 0
 
     # -- hooks hanging off the loop -----------------------------------------------------------
-    def _start_run(self) -> None:
+    def _start_run(self, resumed: bool) -> None:
         acc = self.accelerator
         if acc.is_main_process:
+            if self.config.overwrite and not resumed:
+                clear_run_files(self.output_dir)
+            if resumed:  # rows past the checkpoint came from the lost part of the run: they will be redone
+                truncate_metrics(self.metrics.path, self.step)
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self.config.to_json(self.output_dir / "config.json")
             torch.save(self.fixed_noise.cpu(), self.output_dir / "fixed_noise.pt")
         if self.accelerator.mixed_precision == "fp16" and self.accelerator.scaler is None:
             acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
+        acc.wait_for_everyone()
 
     def _finish_run(self) -> None:
         """Final grid, progress GIF and the generator's weights (the EMA's when enabled)."""
@@ -288,6 +360,7 @@ class GANTrainer:
         row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.epoch}
         row.update(self._means.reduce(acc))
         row.update(self._lr_used)
+        row.update({f"skipped/{k}": v for k, v in self.guard.skipped.items()})
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
         self.last_metrics = row
         self.metrics.write(row)
@@ -317,3 +390,52 @@ class GANTrainer:
         if not self.accelerator.is_main_process:
             return None
         return save_grid(self.generate(), self.output_dir / f"samples_{self.step:06d}.png")
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's own state (Accelerate's is saved by ``save_state``); per process."""
+        return {
+            "step": self.step, "d_step": self.d_step, "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch, "images_seen": self.images_seen,
+            "means": self._means.state_dict(), "lr_used": dict(self._lr_used),
+            "guard": self.guard.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
+            "fixed_noise": self.fixed_noise.cpu(), "config": self.config.to_dict(),
+            "num_processes": self.accelerator.num_processes,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["num_processes"] != self.accelerator.num_processes:
+            self.accelerator.print(
+                f"gan_accel: warning: checkpoint written by {state['num_processes']} processes, resuming on "
+                f"{self.accelerator.num_processes}: the data order and noise will differ from an uninterrupted run"
+            )
+        if (state["ema"] is None) != (self.ema is None):
+            raise ValueError("the checkpoint and the config disagree on ema_decay: use the run's original config")
+        for key in ("step", "d_step", "epoch", "batches_in_epoch", "images_seen"):
+            setattr(self, key, int(state[key]))
+        self._means.load_state_dict(state["means"], self.accelerator.device)
+        self._lr_used = dict(state["lr_used"])
+        self.guard.load_state_dict(state["guard"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.fixed_noise = state["fixed_noise"].to(self.accelerator.device)
+
+    def save_checkpoint(self) -> Path:
+        """Collective: a complete checkpoint of this step, or an error if the weights are not finite."""
+        if not parameters_finite(self.G, self.D):
+            raise DivergenceError(
+                f"refusing to write a checkpoint at step {self.step}: G or D holds non-finite weights; "
+                "the last complete checkpoint is kept"
+            )
+        return save_checkpoint(self.accelerator, self.config.output_dir, self.step, self.state_dict(),
+                               self.config.keep_checkpoints)
+
+    def _stop_requested(self) -> bool:
+        """Whether a signal asked to stop, agreed by all ranks so they checkpoint at the same step."""
+        if self.accelerator.num_processes == 1:
+            return bool(self._stop)
+        flag = torch.tensor([1.0 if self._stop else 0.0], device=self.accelerator.device)
+        stop = self.accelerator.reduce(flag, reduction="sum").item() > 0
+        if stop and self._stop.signum is None:
+            self._stop.signum = 15  # another rank got the signal
+        return stop

@@ -26,7 +26,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
     - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
       reproducible and lets a resumed run skip to the same position.
     """
-    return Accelerator(
+    accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=config.grad_accum_steps, sync_with_dataloader=False
@@ -34,6 +34,8 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
         kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    check_launch(accelerator)  # before the caller loads data or builds models
+    return accelerator
 
 
 def launched_world_size() -> int:

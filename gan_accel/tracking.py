@@ -28,6 +28,13 @@ class RunningMeans:
         self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
         self._counts[key] = self._counts.get(key, 0) + 1
 
+    def state_dict(self) -> dict[str, Any]:
+        return {k: (self._sums[k].cpu(), self._counts[k]) for k in self._sums}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        self._sums = {k: total.to(device) for k, (total, _) in state.items()}
+        self._counts = {k: count for k, (_, count) in state.items()}
+
     def reduce(self, accelerator: Accelerator) -> dict[str, float]:
         """Means since the last call, averaged over processes; clears the sums. Collective: call on every rank."""
         if not self._sums:
@@ -61,3 +68,21 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Load a metrics log written by :class:`MetricsLog`."""
     with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def truncate_metrics(path: str | os.PathLike, last_step: int) -> None:
+    """Drop rows after ``last_step`` (written by a run that crashed after its last checkpoint)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a row cut short by the crash
+            continue
+        if row["step"] <= last_step:
+            keep.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)

@@ -86,6 +86,11 @@ class TableLatents:
         self.flat = torch.randn(rows, Z_DIM, generator=generator, dtype=dtype)
         self.cursor = 0
 
+    def rewind(self) -> "TableLatents":
+        """Start again at row 0 (the trainer's preflight dry forward draws once before training)."""
+        self.cursor = 0
+        return self
+
     def __call__(self, batch_size: int, device: torch.device) -> torch.Tensor:
         from accelerate import PartialState
 

@@ -23,13 +23,16 @@ def _train(out_dir: str, batch_size: int, grad_accum_steps: int) -> None:
     from gan_accel import GANTrainer, TrainConfig
 
     G, D = make_models(0)
-    seen_batch_sizes = []
-    D.register_forward_pre_hook(lambda m, args: seen_batch_sizes.append(args[0].shape[0]))
     config = TrainConfig(max_steps=STEPS, batch_size=batch_size, grad_accum_steps=grad_accum_steps, z_dim=4,
                          lr_G=1e-2, lr_D=1e-2, warmup_ratio=0.5, log_every=1, sample_every=STEPS, num_samples=4,
                          output_dir=os.path.join(out_dir, "run"), progress_bar=False)
     images = make_images(2 * B * STEPS * grad_accum_steps)
-    trainer = GANTrainer(G, D, make_loader(images, batch_size), config, latent_sampler=TableLatents(4096))
+    latents = TableLatents(4096)
+    trainer = GANTrainer(G, D, make_loader(images, batch_size), config, latent_sampler=latents)
+    latents.rewind()
+    seen_batch_sizes = []  # registered after the trainer's preflight (a 2-image dry forward)
+    trainer.accelerator.unwrap_model(trainer.D).register_forward_pre_hook(
+        lambda m, args: seen_batch_sizes.append(args[0].shape[0]))
     trainer.fit()
     rank = PartialState().process_index
     torch.save(

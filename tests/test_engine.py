@@ -21,8 +21,10 @@ def make_trainer(tmp_path, *, batch_size=4, images=None, seed=0, latents=None, *
     config = TrainConfig(**cfg)
     G, D = make_models(seed)
     images = make_images(64) if images is None else images
-    return GANTrainer(G, D, make_loader(images, batch_size), config,
-                      latent_sampler=latents or TableLatents(4096))
+    latents = latents or TableLatents(4096)
+    trainer = GANTrainer(G, D, make_loader(images, batch_size), config, latent_sampler=latents)
+    latents.rewind()
+    return trainer
 
 
 def count_optimizer_steps(trainer: GANTrainer) -> dict[str, int]:

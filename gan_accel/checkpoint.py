@@ -1,0 +1,156 @@
+"""Crash-safe checkpoints on top of ``accelerator.save_state`` / ``load_state``.
+
+A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint_<step>``:
+
+* Accelerate's state: both models, both optimizers, both schedulers, the seedable sampler, the
+  fp16 scaler and one ``random_states_<rank>.pkl`` per process (so ``save_state`` runs on every rank).
+* ``gan_accel_state_<rank>.pt``: the engine's own counters, its position in the epoch, the running metric
+  sums, the EMA, the fixed noise and the config.
+* ``COMPLETE``: written last.
+
+Everything is first written to ``.tmp-checkpoint_<step>``. After a barrier (``save_state`` has none
+of its own, and other ranks may still be writing their RNG files) the main process writes
+``COMPLETE`` and renames the folder, an atomic step on one filesystem. A crash while saving leaves at
+most a ``.tmp-`` folder, which resume never picks and the next save clears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+PREFIX = "checkpoint_"
+TMP_PREFIX = ".tmp-"
+ENGINE_STATE = "gan_accel_state_{rank}.pt"  # per process: metric sums differ between ranks
+COMPLETE = "COMPLETE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used to resume: missing, partial, corrupt, or from another model."""
+
+
+def checkpoint_root(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and path.name.startswith(PREFIX) and (path / COMPLETE).is_file()
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints, oldest first (partial ``.tmp-`` folders are ignored)."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if is_complete(p)), key=lambda p: p.name)
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
+    """``"latest"`` or a path to a checkpoint folder, checked to be complete."""
+    if str(resume) == "latest":
+        path = latest_checkpoint(output_dir)
+        if path is None:
+            raise CheckpointError(
+                f"--resume latest: no complete checkpoint under {checkpoint_root(output_dir)}; "
+                "start without --resume, or point --output-dir at the run to continue"
+            )
+        return path
+    path = Path(resume)
+    if not path.exists():
+        raise CheckpointError(f"resume path {path} does not exist: pass a checkpoint folder or 'latest'")
+    if not is_complete(path):
+        raise CheckpointError(
+            f"{path} is not a complete gan_accel checkpoint (no {COMPLETE} marker: partial or foreign); "
+            f"complete ones in this run: {[p.name for p in list_checkpoints(path.parent.parent)] or 'none'}"
+        )
+    return path
+
+
+def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int,
+                    engine_state: dict[str, Any], keep_last: int) -> Path:
+    """Collective: call on every rank. Returns the final folder."""
+    root = checkpoint_root(output_dir)
+    final = root / f"{PREFIX}{step:08d}"
+    tmp = root / f"{TMP_PREFIX}{final.name}"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f"{TMP_PREFIX}*"):  # left by a crash during an earlier save
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    torch.save(engine_state, tmp / ENGINE_STATE.format(rank=accelerator.process_index))
+    accelerator.wait_for_everyone()  # every rank's RNG and engine files are on disk
+    if accelerator.is_main_process:
+        _write_synced(tmp / COMPLETE, json.dumps({"step": step, "num_processes": accelerator.num_processes}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str, Any]:
+    """Collective: restores Accelerate's state on every rank and returns this rank's engine state.
+
+    Raises :class:`CheckpointError` with the reason when the checkpoint does not fit.
+    """
+    state_file = path / ENGINE_STATE.format(rank=rank)
+    if not state_file.is_file():
+        raise CheckpointError(
+            f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
+            "resume with the number of processes that wrote it"
+        )
+    try:
+        engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
+    except Exception as error:  # truncated pickle, ...
+        raise CheckpointError(f"cannot read {state_file} (truncated or corrupt?): {error}") from error
+    try:
+        accelerator.load_state(str(path))
+    except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        hint = " (a model of another shape or width?)" if "size mismatch" in str(error) or "Missing key" in str(error) else ""
+        raise CheckpointError(f"cannot restore {path}{hint}: {first}") from error
+    check_rng_restored(accelerator, path)
+    return engine_state
+
+
+def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
+    """Accelerate only logs (at INFO) when it cannot restore RNG states: verify it ourselves."""
+    rng_file = path / f"random_states_{accelerator.process_index}.pkl"
+    if not rng_file.is_file():
+        raise CheckpointError(
+            f"{path} has no RNG state for process {accelerator.process_index}: it was saved with fewer "
+            "processes; resume with the same number of processes for an exact continuation"
+        )
+    saved = torch.load(rng_file, weights_only=False)
+    if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
+        raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,63 @@
+"""Divergence guard: skip updates whose loss or gradients are not finite, stop after too many.
+
+The check costs one device-to-host sync per optimizer step (never per micro-batch): the decision
+to skip must be made before ``optimizer.step()``. Under fp16 the GradScaler already makes that
+sync and skips steps with inf/NaN gradients, so there the guard checks only the loss (scaled
+gradients overflow routinely while the scaler searches for its scale).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class DivergenceError(RuntimeError):
+    """Too many consecutive non-finite updates: the run has diverged."""
+
+
+def grads_and_loss_finite(model: nn.Module, loss_sum: torch.Tensor, check_grads: bool) -> torch.Tensor:
+    """A 0-dim bool tensor (on the device, no sync): ``loss_sum`` and, if asked, every gradient are finite."""
+    flags = [torch.isfinite(loss_sum).all()]
+    if check_grads:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if grads:
+            # A sum of squared norms is non-finite iff some element is: one reduction, one sync.
+            flags.append(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
+    return torch.stack(flags).all()
+
+
+def parameters_finite(*models: nn.Module) -> bool:
+    """Whether every parameter and buffer of the models is finite (used before writing a checkpoint)."""
+    tensors = [t for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+class DivergenceGuard:
+    """Counts consecutive skipped updates per network and raises past ``max_consecutive``."""
+
+    def __init__(self, max_consecutive: int) -> None:
+        self.max_consecutive = max_consecutive
+        self.consecutive = {"G": 0, "D": 0}
+        self.skipped = {"G": 0, "D": 0}
+
+    def record(self, name: str, finite: bool, step: int) -> None:
+        if finite:
+            self.consecutive[name] = 0
+            return
+        self.consecutive[name] += 1
+        self.skipped[name] += 1
+        if self.consecutive[name] >= self.max_consecutive:
+            raise DivergenceError(
+                f"{name}'s loss or gradients were non-finite for {self.consecutive[name]} consecutive updates "
+                f"(at step {step}); every one was skipped and no checkpoint holds non-finite weights. Lower "
+                f"lr_{name}, enable clip_grad_norm_{name}, or try bf16 instead of fp16, then resume from the "
+                "last checkpoint (resume='latest')"
+            )
+
+    def state_dict(self) -> dict:
+        return {"consecutive": dict(self.consecutive), "skipped": dict(self.skipped)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.consecutive = dict(state["consecutive"])
+        self.skipped = dict(state["skipped"])

@@ -1,0 +1,150 @@
+"""examples/dcgan_mnist.py end to end: one process, two gloo processes, two "machines", bad launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from conftest import mnist_dir
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples" / "dcgan_mnist.py")
+TINY = ["--steps", "4", "--batch-size", "8", "--width", "8", "--sample-every", "2", "--log-every", "2",
+        "--no-progress", "--ema-decay", "0.9"]
+
+
+def env(**extra) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    base.update(OMP_NUM_THREADS="1", **extra)
+    return base
+
+
+def run(cmd: list[str], timeout: int = 300, **env_extra) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**env_extra), cwd=ROOT)
+
+
+def check_run_folder(out: Path, steps: int, dataset: str) -> None:
+    """Every output file is valid: images open, the weights load back and sample."""
+    from gan_accel.export import load_weights, read_metadata
+    from gan_accel.models import DCGANGenerator
+
+    grids = sorted(out.glob("samples_0*.png"))
+    assert [p.name for p in grids] == [f"samples_{s:06d}.png" for s in range(2, steps + 1, 2)]
+    for png in [*grids, out / "samples_final.png"]:
+        with Image.open(png) as image:
+            assert image.format == "PNG" and image.size[0] > 28
+    with Image.open(out / "progress.gif") as gif:
+        assert gif.format == "GIF" and gif.n_frames == len(grids)
+    config = json.loads((out / "config.json").read_text())
+    assert config["extra"]["dataset"] == dataset and config["max_steps"] == steps
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(2, steps + 1, 2))
+    model = config["extra"]["model"]
+    G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "generator.safetensors")
+    assert read_metadata(out / "generator.safetensors")["step"] == steps
+    with torch.no_grad():
+        images = G.eval()(torch.randn(3, model["z_dim"]))
+    assert images.shape == (3, 1, 28, 28) and images.abs().max() <= 1
+
+
+def test_help_documents_the_flags():
+    result = run([sys.executable, EXAMPLE, "--help"], timeout=120)
+    assert result.returncode == 0
+    for flag in ("--data-dir", "--output-dir", "--steps", "--epochs", "--batch-size", "--lr-g", "--lr-d",
+                 "--grad-accum", "--mixed-precision", "--sample-every", "--seed", "--width"):
+        assert flag in result.stdout, flag
+
+
+@pytest.mark.skipif(mnist_dir() is None, reason="real MNIST not found: set GAN_ACCEL_MNIST_DIR")
+def test_trains_on_real_mnist_and_writes_valid_outputs(tmp_path):
+    out = tmp_path / "run"
+    result = run([sys.executable, EXAMPLE, "--data-dir", mnist_dir(), "--dataset", "mnist",
+                  "--output-dir", str(out), *TINY])
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_run_folder(out, 4, "mnist")
+
+
+def test_trains_on_offline_digits_and_writes_valid_outputs(tmp_path):
+    out = tmp_path / "run"
+    result = run([sys.executable, EXAMPLE, "--data-dir", str(tmp_path / "nodata"), "--dataset", "digits",
+                  "--output-dir", str(out), *TINY])
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_run_folder(out, 4, "offline-digits")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_train_one_model(tmp_path):
+    out = tmp_path / "run"
+    result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                  *TINY], ACCELERATE_USE_CPU="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Both ranks trained, each on batches of the configured per-process size (4 steps x 8 images).
+    for rank in (0, 1):
+        assert f"process {rank}/2: 4 steps, 32 images in batches of 8" in result.stdout
+    assert result.stdout.count("gan_accel: offline-digits") == 1, "banner only from the main process"
+    check_run_folder(out, 4, "offline-digits")  # one set of outputs
+    assert json.loads((out / "config.json").read_text())["extra"]["num_processes"] == 2
+
+
+def test_two_single_process_machines_on_localhost(tmp_path):
+    out, port = tmp_path / "run", str(_free_port())
+    procs = []
+    for machine_rank in (0, 1):
+        cmd = ["accelerate", "launch", "--multi_gpu", "--num_machines", "2", "--machine_rank", str(machine_rank),
+               "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+               "--mixed_precision", "no", "--dynamo_backend", "no", EXAMPLE, "--dataset", "digits",
+               "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out), *TINY]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env(ACCELERATE_USE_CPU="1"), cwd=ROOT))
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for proc, (stdout, stderr) in zip(procs, outputs):
+        assert proc.returncode == 0, stderr[-3000:]
+    assert "process 0/2: 4 steps, 32 images in batches of 8" in outputs[0][0]
+    assert "process 1/2: 4 steps, 32 images in batches of 8" in outputs[1][0]
+    check_run_folder(out, 4, "offline-digits")
+
+
+def test_multi_gpu_launch_without_gpus_stops_with_a_clear_message(tmp_path):
+    """No ACCELERATE_USE_CPU: each process would silently train a duplicate; the example must refuse."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs: the launch would be genuinely distributed")
+    out = tmp_path / "run"
+    result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                  *TINY])
+    assert result.returncode != 0
+    assert "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in result.stderr
+    assert not (out / "metrics.jsonl").exists(), "nothing may train"
+
+
+def test_bad_flag_fails_before_any_work(tmp_path):
+    out = tmp_path / "run"
+    result = run([sys.executable, EXAMPLE, "--dataset", "digits", "--output-dir", str(out), "--lr-g", "-1"],
+                 timeout=120)
+    assert result.returncode != 0 and "lr_G=-1.0 is invalid" in result.stderr
+    assert not out.exists()
+
+
+def test_two_gpu_config_file_is_valid_for_accelerate():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "examples" / "accelerate_2gpu.yaml"))
+    assert config.distributed_type.value == "MULTI_GPU" and config.num_processes == 2 and config.num_machines == 1
