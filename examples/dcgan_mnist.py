@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from gan_accel import ConfigError, GANTrainer, LaunchError, TrainConfig, build_accelerator
+from gan_accel import (CheckpointError, ConfigError, DivergenceError, GANTrainer, LaunchError, PreflightError,
+                       TrainConfig, TrainingInterrupted, build_accelerator)
 from gan_accel.data import DatasetUnavailableError, make_dataloader, resolve_dataset
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator
 
@@ -46,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--sample-every", type=int, default=500, help="save a fixed-noise grid every N steps")
     run.add_argument("--log-every", type=int, default=50, help="metrics row every N steps")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--resume", default=None, metavar="latest|PATH",
+                     help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
+    run.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
+    run.add_argument("--checkpoint-every", type=int, default=1000, help="checkpoint every N steps (and at the end)")
+    run.add_argument("--keep-checkpoints", type=int, default=2, help="how many recent checkpoints to keep")
     run.add_argument("--eval", action="store_true", help="after training, score 10k samples with an MNIST classifier")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     model = parser.add_argument_group("model and optimisation")
@@ -74,9 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return train(args)
-    except (ConfigError, LaunchError) as error:
+    except (ConfigError, LaunchError, PreflightError, CheckpointError, DivergenceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as stop:
+        print(f"gan_accel: {stop}", file=sys.stderr)
+        return stop.exit_code
 
 
 def train(args: argparse.Namespace) -> int:
@@ -87,7 +96,8 @@ def train(args: argparse.Namespace) -> int:
         betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule=args.lr_schedule,
         warmup_ratio=args.warmup_ratio, ema_decay=args.ema_decay or None, mixed_precision=args.mixed_precision,
         sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
-        progress_bar=not args.no_progress,
+        progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
     )
     accelerator = build_accelerator(config)
     try:
@@ -110,7 +120,7 @@ def train(args: argparse.Namespace) -> int:
         f"{args.batch_size} x {args.grad_accum} x {accelerator.num_processes} process(es); "
         f"{accelerator.distributed_type.value} on {accelerator.device}; output in {config.output_dir}"
     )
-    metrics = trainer.fit()
+    metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
           f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)

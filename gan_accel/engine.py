@@ -102,9 +102,6 @@ class GANTrainer:
         # Preflight on the raw modules and loader: a wrong shape or batch form costs seconds, not a run.
         check_dataloader(train_dataloader, config.batch_size)
         dry_forward(G, D, train_dataloader, self.sample_latents, extract_images)
-        # device_specific: every process draws different noise (same noise would waste the batch).
-        set_seed(config.seed, device_specific=True)
-
         opt_G = opt_G or torch.optim.Adam(G.parameters(), lr=config.lr_G, betas=config.betas_G)
         opt_D = opt_D or torch.optim.Adam(D.parameters(), lr=config.lr_D, betas=config.betas_D)
         ticks = scheduler_ticks_per_optimizer_step(self.accelerator)
@@ -116,6 +113,9 @@ class GANTrainer:
         (self.G, self.D, self.opt_G, self.opt_D, self.sched_G, self.sched_D, self.train_dataloader) = (
             self.accelerator.prepare(G, D, opt_G, opt_D, sched_G, sched_D, train_dataloader)
         )
+        # Seeded after prepare: the data order must be the same on every process (see build_accelerator),
+        # the noise different on each (the same noise everywhere would waste the larger batch).
+        set_seed(config.seed, device_specific=True)
         self.loss = config.loss_fn
         self.ema = EMA(self.accelerator.unwrap_model(self.G), config.ema_decay) if config.ema_decay else None
         self.fixed_noise = fixed_noise(config.num_samples, config.z_dim, config.seed).to(self.accelerator.device)
@@ -315,9 +315,15 @@ class GANTrainer:
             loader.set_epoch(self.epoch)  # the seedable sampler's order is a function of (seed, epoch)
             if self.batches_in_epoch:  # resumed mid-epoch: the same order, minus what was consumed
                 loader = self.accelerator.skip_first_batches(loader, self.batches_in_epoch)
-            for batch in loader:
+            iterator = iter(loader)
+            # Starting a DataLoader iterator draws a base seed from the global RNG. Keep that draw out
+            # of the noise stream, so a run resumed mid-epoch draws the same noise as an uninterrupted one.
+            with torch.random.fork_rng(devices=[]):
+                batch = next(iterator, None)
+            while batch is not None:
                 self.batches_in_epoch += 1
                 yield batch
+                batch = next(iterator, None)
             self.epoch += 1
             self.batches_in_epoch = 0
 
@@ -401,6 +407,9 @@ class GANTrainer:
             "guard": self.guard.state_dict(), "ema": self.ema.state_dict() if self.ema else None,
             "fixed_noise": self.fixed_noise.cpu(), "config": self.config.to_dict(),
             "num_processes": self.accelerator.num_processes,
+            # Accelerate saves the main process's model only; BatchNorm statistics are per process
+            # (broadcast_buffers=False), so each rank keeps its own for an exact continuation.
+            "buffers": {name: self._buffers(model) for name, model in (("G", self.G), ("D", self.D))},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -419,6 +428,12 @@ class GANTrainer:
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.fixed_noise = state["fixed_noise"].to(self.accelerator.device)
+        for name, model in (("G", self.G), ("D", self.D)):
+            for key, buffer in self.accelerator.unwrap_model(model).named_buffers():
+                buffer.copy_(state["buffers"][name][key])
+
+    def _buffers(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return {k: b.detach().cpu().clone() for k, b in self.accelerator.unwrap_model(model).named_buffers()}
 
     def save_checkpoint(self) -> Path:
         """Collective: a complete checkpoint of this step, or an error if the weights are not finite."""

@@ -32,7 +32,9 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
             num_steps=config.grad_accum_steps, sync_with_dataloader=False
         ),
         kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # data_seed: without it the sampler seeds itself from torch's initial seed, which differs per
+        # process once noise is seeded per process, and the ranks would shard different permutations.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
     return accelerator

@@ -119,3 +119,26 @@ def mnist_dir() -> str | None:
     """Where real MNIST lives for tests: $GAN_ACCEL_MNIST_DIR, else the shared copy if present."""
     path = os.environ.get("GAN_ACCEL_MNIST_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
     return path if os.path.isdir(os.path.join(path, "MNIST", "raw")) else None
+
+
+def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
+    """Like ``accelerate.debug_launcher`` (real gloo DDP on CPU processes), but with *spawned* processes.
+
+    debug_launcher forks, and a fork taken after the test process has run torch ops in its OpenMP
+    thread pool can deadlock the children: a suite-order-dependent hang. Spawned processes start clean.
+    ``function`` must be a module-level function of a test module (it is imported by name).
+    """
+    import socket
+    import tempfile
+
+    from accelerate.utils import PrepareForLaunch, patch_environment
+    from torch.multiprocessing import start_processes
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.NamedTemporaryFile() as rendezvous, patch_environment(
+        world_size=num_processes, master_addr="127.0.0.1", master_port=str(port), accelerate_mixed_precision="no",
+        accelerate_debug_rdv_file=rendezvous.name, accelerate_use_cpu="yes", omp_num_threads="1",
+    ):
+        start_processes(PrepareForLaunch(function, debug=True), args=args, nprocs=num_processes, start_method="spawn")

@@ -1,15 +1,15 @@
-"""Two real processes over gloo (accelerate.debug_launcher): what multi-GPU users depend on."""
+"""Two real processes over gloo (spawned, as accelerate.debug_launcher but without fork): what multi-GPU users depend on."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
 
-from conftest import TableLatents, assert_close_dicts, make_images, make_loader, make_models, params, reset_accelerate_state
+from conftest import (TableLatents, assert_close_dicts, launch_two_processes, make_images, make_loader, make_models, params,
+                      reset_accelerate_state)
 
 pytestmark = pytest.mark.slow
 
@@ -48,14 +48,11 @@ def _lr_curve(run_dir):
     return [(r["step"], r["lr/G"], r["lr/D"]) for r in rows]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="debug_launcher forks")
 @pytest.mark.parametrize("grad_accum_steps", [1, 2])
 def test_two_processes_equal_one_process_with_double_batch(tmp_path, grad_accum_steps):
-    from accelerate import debug_launcher
-
     two = tmp_path / "two"
     two.mkdir()
-    debug_launcher(_train, args=(str(two), B, grad_accum_steps), num_processes=2)
+    launch_two_processes(_train, args=(str(two), B, grad_accum_steps), num_processes=2)
     rank0, rank1 = (torch.load(two / f"rank{r}.pt") for r in (0, 1))
     assert rank0["world"] == rank1["world"] == 2 and rank0["distributed"] == "MULTI_CPU"
     assert rank0["batch_sizes"] == rank1["batch_sizes"] == [B], "per-process batch must be the configured one"
