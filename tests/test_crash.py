@@ -1,0 +1,89 @@
+"""Never lose a run: SIGKILL mid-training or mid-save, SIGTERM and SIGINT, then resume and finish."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = str(ROOT / "tests" / "crash_driver.py")
+EXAMPLE = str(ROOT / "examples" / "dcgan_mnist.py")
+FLAGS = ["--dataset", "digits", "--steps", "12", "--batch-size", "8", "--width", "8", "--log-every", "1",
+         "--sample-every", "4", "--checkpoint-every", "4", "--keep-checkpoints", "3", "--no-progress"]
+
+
+def run(cmd, out: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    args = [*cmd, "--data-dir", str(out.parent / "nodata"), "--output-dir", str(out), *FLAGS]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+
+
+def checkpoints(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").iterdir())
+
+
+def logged_steps(out: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode, step, survivors", [
+    ("kill-train", 6, ["checkpoint_00000004"]),  # killed between checkpoints 4 and 8
+    ("kill-save", 8, [".tmp-checkpoint_00000008", "checkpoint_00000004"]),  # killed while writing 8
+])
+def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, mode, step, survivors):
+    out = tmp_path / "run"
+    crashed = run([sys.executable, DRIVER, mode, str(step), "--"], out)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert checkpoints(out) == survivors
+    resumed = run([sys.executable, EXAMPLE, "--resume", "latest"], out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "checkpoint_00000004" in resumed.stdout
+    assert logged_steps(out) == list(range(1, 13)), "no duplicated or missing steps after resume"
+    # The partial folder is gone; every remaining checkpoint is complete.
+    assert checkpoints(out) == ["checkpoint_00000004", "checkpoint_00000008", "checkpoint_00000012"]
+    assert all((out / "checkpoints" / name / "COMPLETE").is_file() for name in checkpoints(out))
+    assert (out / "generator.safetensors").is_file() and (out / "progress.gif").is_file()
+
+
+def test_sigterm_checkpoints_and_exits_nonzero_with_resume_instructions(tmp_path):
+    out = tmp_path / "run"
+    stopped = run([sys.executable, DRIVER, "sigterm", "6", "--"], out)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    assert "stopped by SIGTERM at step 6" in stopped.stderr and "--resume latest" in stopped.stderr
+    assert checkpoints(out) == ["checkpoint_00000004", "checkpoint_00000006"]
+    resumed = run([sys.executable, EXAMPLE, "--resume", "latest"], out)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged_steps(out) == list(range(1, 13))
+
+
+def test_sigint_in_process_raises_training_interrupted_after_a_checkpoint(tmp_path):
+    """The API path: fit() turns Ctrl-C into a checkpoint and TrainingInterrupted (exit code 130)."""
+    from conftest import make_images, make_loader, make_models, TableLatents
+    from gan_accel import GANTrainer, TrainConfig, TrainingInterrupted, list_checkpoints
+
+    G, D = make_models()
+    config = TrainConfig(max_steps=10, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4,
+                         checkpoint_every=100, output_dir=str(tmp_path / "run"), progress_bar=False)
+    trainer = GANTrainer(G, D, make_loader(make_images(64), 4), config, latent_sampler=TableLatents(4096))
+    original = trainer._log
+
+    def log_then_interrupt():
+        original()
+        if trainer.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    trainer._log = log_then_interrupt
+    with pytest.raises(TrainingInterrupted, match="stopped by SIGINT at step 3") as info:
+        trainer.fit()
+    assert info.value.exit_code == 130
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["checkpoint_00000003"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "handlers must be restored"
