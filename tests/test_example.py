@@ -148,3 +148,15 @@ def test_two_gpu_config_file_is_valid_for_accelerate():
 
     config = load_config_from_file(str(ROOT / "examples" / "accelerate_2gpu.yaml"))
     assert config.distributed_type.value == "MULTI_GPU" and config.num_processes == 2 and config.num_machines == 1
+
+
+def test_cli_samples_from_a_finished_run(tmp_path):
+    out = tmp_path / "run"
+    assert run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"),
+                "--output-dir", str(out), *TINY]).returncode == 0
+    result = run([sys.executable, "-m", "gan_accel.cli", "sample", str(out), "--num", "9", "--out", str(tmp_path / "g.png")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    with Image.open(tmp_path / "g.png") as grid:
+        assert grid.size == (3 * 30 + 2, 3 * 30 + 2)  # 3x3 grid of 28px images with 2px padding
+    missing = run([sys.executable, "-m", "gan_accel.cli", "sample", str(tmp_path / "nowhere")])
+    assert missing.returncode == 2 and "is " in missing.stderr and "finished gan_accel run folder" in missing.stderr

@@ -1,0 +1,75 @@
+"""The ``gan-accel`` command: sample from or evaluate a trained DCGAN run.
+
+    gan-accel sample runs/dcgan_mnist --num 64 --out grid.png
+    gan-accel eval runs/dcgan_mnist --data-dir ./data
+
+Training itself is ``python examples/dcgan_mnist.py`` (or ``accelerate launch`` of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .export import load_weights, read_metadata
+from .models import DCGANGenerator
+
+
+def load_run_generator(run_dir: str | Path) -> tuple[DCGANGenerator, dict]:
+    """The generator saved in ``run_dir/generator.safetensors``, rebuilt from the config in its metadata."""
+    path = Path(run_dir) / "generator.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a finished gan_accel run folder?")
+    metadata = read_metadata(path)
+    model = metadata.get("config", {}).get("extra", {}).get("model")
+    if not model:
+        raise ValueError(f"{path} does not record its model sizes (config.extra.model): load it with "
+                         "gan_accel.export.load_weights and your own generator class")
+    G = DCGANGenerator(z_dim=model["z_dim"], width=model["width"], image_size=model["image_size"],
+                       channels=model["channels"])
+    return load_weights(G, path).eval(), metadata
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gan-accel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    sample = commands.add_parser("sample", help="write a grid of samples from a run's generator")
+    sample.add_argument("run_dir")
+    sample.add_argument("--num", type=int, default=64)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--out", default=None, help="PNG path (default: <run_dir>/samples_cli.png)")
+    evaluate = commands.add_parser("eval", help="score 10k samples with the MNIST classifier")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--data-dir", default="./data")
+    evaluate.add_argument("--num", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    try:
+        G, metadata = load_run_generator(args.run_dir)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    z_dim = G.z_dim
+    if args.command == "sample":
+        from .sampling import save_grid
+
+        noise = torch.randn(args.num, z_dim, generator=torch.Generator().manual_seed(args.seed))
+        with torch.no_grad():
+            images = G(noise)
+        out = save_grid(images, args.out or Path(args.run_dir) / "samples_cli.png")
+        print(f"wrote {out} ({args.num} samples, step {metadata.get('step')})")
+        return 0
+    from .mnist_eval import evaluate_generator
+
+    result = evaluate_generator(G, args.data_dir, z_dim=z_dim, num_samples=args.num)
+    print(result.pop("summary"))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
