@@ -117,42 +117,6 @@ def collate_uint8_batch(batch: Any) -> tuple[Tensor, Tensor]:
     return uint8_to_float(images), labels.to(torch.int64)
 
 
-class InMemoryImageLoader(DataLoader):
-    """A ``DataLoader`` over in-memory uint8 images yielding ``(images (B,C,H,W) in [-1,1], labels (B,))``.
-
-    Being a genuine ``DataLoader`` is the point: ``accelerator.prepare`` only shards DataLoaders, and it
-    rebuilds them from ``dataset``/``collate_fn``/sampler, which is where all of this class's state is.
-    """
-
-    def __init__(
-        self,
-        images: Tensor,
-        labels: Tensor,
-        batch_size: int,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        num_workers: int = 0,
-        *,
-        generator: torch.Generator | None = None,
-        pin_memory: bool = False,
-    ) -> None:
-        super().__init__(
-            UInt8ImageDataset(images, labels),
-            batch_size=batch_size,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            collate_fn=collate_uint8_batch,
-            generator=generator,
-            pin_memory=pin_memory,
-            # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
-            persistent_workers=num_workers > 0,
-        )
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:  # narrowed type for readers and checkers
-        return super().__iter__()
-
-
 def make_dataloader(
     images_uint8: Tensor,
     labels: Tensor,
@@ -166,18 +130,22 @@ def make_dataloader(
 ) -> DataLoader:
     """Fast loader over uint8 images: batches of ``(float32 (B,C,H,W) in [-1, 1], int64 (B,))``.
 
+    A genuine ``DataLoader`` on purpose: ``accelerator.prepare`` only shards DataLoaders, and it
+    rebuilds them from ``dataset``/``collate_fn``/sampler, which is where all the state is.
     ``drop_last=True`` by default because GAN steps with BatchNorm dislike a tiny final batch.
     Pass a seeded ``generator`` for a reproducible shuffle.
     """
-    return InMemoryImageLoader(
-        images_uint8,
-        labels,
-        batch_size,
+    return DataLoader(
+        UInt8ImageDataset(images_uint8, labels),
+        batch_size=batch_size,
         shuffle=shuffle,
         drop_last=drop_last,
         num_workers=num_workers,
+        collate_fn=collate_uint8_batch,
         generator=generator,
         pin_memory=pin_memory,
+        # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
+        persistent_workers=num_workers > 0,
     )
 
 
