@@ -57,14 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model = parser.add_argument_group("model and optimisation")
     model.add_argument("--width", type=int, default=32, help="DCGAN channel width (64 is the paper's)")
     model.add_argument("--z-dim", type=int, default=100)
-    model.add_argument("--lr-g", type=float, default=2e-4)
-    model.add_argument("--lr-d", type=float, default=2e-4)
+    model.add_argument("--lr-g", type=float, default=1e-3)
+    model.add_argument("--lr-d", type=float, default=1e-3)
     model.add_argument("--beta1", type=float, default=0.5)
     model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
     model.add_argument("--n-critic", type=int, default=1, help="D updates per G update")
-    model.add_argument("--ema-decay", type=float, default=0.999, help="EMA of G for samples; 0 disables")
+    model.add_argument("--ema-decay", type=float, default=0.99, help="EMA of G for samples; 0 disables")
     model.add_argument("--warmup-ratio", type=float, default=0.05)
-    model.add_argument("--lr-schedule", choices=("linear", "constant"), default="linear")
+    model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
     return parser.parse_args(argv)
 
 
