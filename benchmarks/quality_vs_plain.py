@@ -27,6 +27,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ablation import TrainModeG  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 
 def run_example(data_dir: str, out: Path, extra: list[str]) -> float:
     cmd = [sys.executable, str(ROOT / "examples" / "dcgan_mnist.py"), "--data-dir", data_dir, "--dataset", "mnist",
@@ -65,18 +67,6 @@ def plain_dcgan(data_dir: str, seconds: float, seed: int = 0):
             steps += 1
             if time.perf_counter() - start >= seconds:
                 return G, steps
-
-
-class TrainModeG(torch.nn.Module):
-    """Scores G with BatchNorm in training mode, as pytorch/examples draws its samples."""
-
-    def __init__(self, G):
-        super().__init__()
-        self.G = G
-
-    def forward(self, z):
-        self.G.train()
-        return self.G(z)
 
 
 def main() -> None:

@@ -225,7 +225,7 @@ class GANTrainer:
             real_logits = self.D(real)
             fake_logits = self.D(fake.detach())
             loss_D = self.loss.d_loss(real_logits, fake_logits)
-        acc.backward(loss_D)
+        self.accelerator.backward(loss_D)
         loss_D = loss_D.detach()
         self._window_loss = loss_D if self._window_loss is None else self._window_loss + loss_D
         self._means.add("loss/D", loss_D)
@@ -266,7 +266,7 @@ class GANTrainer:
                 with sync_context, acc.no_sync(self.D), acc.autocast():
                     fake = item if reused_fake is not None else self.G(item)
                     loss_G = self.loss.g_loss(self.D(fake))
-                    acc.backward(loss_G)
+                    self.accelerator.backward(loss_G)
                 self._means.add("loss/G", loss_G)
                 window_loss = loss_G.detach() if window_loss is None else window_loss + loss_G.detach()
         finally:

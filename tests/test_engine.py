@@ -13,6 +13,9 @@ from gan_accel import GANTrainer, TrainConfig
 from gan_accel.losses import LOSSES
 from gan_accel.schedules import warmup_then_decay
 
+# count_optimizer_steps wraps the inner optimizers' step, which torch's scheduler notices and warns about.
+pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+
 
 def make_trainer(tmp_path, *, batch_size=4, images=None, seed=0, latents=None, **overrides) -> GANTrainer:
     cfg = dict(max_steps=3, batch_size=batch_size, z_dim=4, log_every=1, sample_every=1000, num_samples=4,
