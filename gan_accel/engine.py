@@ -38,7 +38,7 @@ from .launch import build_accelerator, check_accelerator, check_launch
 from .preflight import check_dataloader, check_output_dir, clear_run_files, dry_forward
 from .signals import StopFlag, TrainingInterrupted, stop_on_signals
 from .sampling import LatentSampler, fixed_noise, gaussian_latents, save_gif, save_grid
-from .schedules import lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
+from .schedules import LRMultiplier, lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
 from .tracking import MetricsLog, RunningMeans, truncate_metrics
 
 IMAGE_KEYS = ("image", "images", "pixel_values", "img")
@@ -89,15 +89,18 @@ class GANTrainer:
         opt_D: torch.optim.Optimizer | None = None,
         sched_G: torch.optim.lr_scheduler.LRScheduler | None = None,
         sched_D: torch.optim.lr_scheduler.LRScheduler | None = None,
-        lr_multiplier_G=None,
-        lr_multiplier_D=None,
+        lr_multiplier_G: LRMultiplier | None = None,
+        lr_multiplier_D: LRMultiplier | None = None,
         latent_sampler: LatentSampler | None = None,
     ) -> None:
         config.validate()
         self.config = config
-        self.accelerator = accelerator if accelerator is not None else build_accelerator(config)
-        check_launch(self.accelerator)
-        check_accelerator(self.accelerator, config)
+        if accelerator is None:
+            accelerator = build_accelerator(config)  # checks the launch itself
+        else:
+            check_launch(accelerator)
+            check_accelerator(accelerator, config)
+        self.accelerator = accelerator
         self.sample_latents = latent_sampler or gaussian_latents(config.z_dim)
         # Preflight on the raw modules and loader: a wrong shape or batch form costs seconds, not a run.
         check_dataloader(train_dataloader, config.batch_size)
