@@ -27,7 +27,6 @@ from torch.utils.data import DataLoader, Dataset
 __all__ = [
     "DatasetInfo",
     "DatasetUnavailableError",
-    "InMemoryImageLoader",
     "UInt8ImageDataset",
     "collate_uint8_batch",
     "load_mnist_uint8",

@@ -11,16 +11,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .files import atomic_path
+
 
 def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
     """Write ``module``'s state dict atomically; ``metadata`` (JSON-able) travels inside the file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    save_file(state, str(tmp), metadata={"gan_accel": json.dumps(metadata or {})})
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={"gan_accel": json.dumps(metadata or {})})
+    return Path(path)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:

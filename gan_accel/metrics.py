@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .data import uint8_to_float
+from .files import atomic_path
 from .engine import extract_images
 
 
@@ -139,11 +141,6 @@ def compute_features(
 # ----------------------------------------------------------------------------- MNIST classifier
 
 
-def uint8_to_signed(images: Tensor) -> Tensor:
-    """uint8 images in [0, 255] -> float32 in [-1, 1], the range generators produce."""
-    return images.float() / 127.5 - 1.0
-
-
 class MnistClassifier(nn.Module):
     """A compact CNN for 1x28x28 digits in [-1, 1]: two conv blocks (16, 32 channels), a 128-unit
     layer, 10 logits. Small enough to train to ~98.7% test accuracy in two CPU epochs (~30 s, 2 cores).
@@ -195,7 +192,7 @@ def train_mnist_classifier(
         raise ValueError(f"images must have shape (N, 1, 28, 28), got {tuple(images.shape)}")
     if labels.shape != (images.shape[0],):
         raise ValueError(f"labels must have shape ({images.shape[0]},), got {tuple(labels.shape)}")
-    x_all = uint8_to_signed(images) if images.dtype == torch.uint8 else images.float()
+    x_all = uint8_to_float(images) if images.dtype == torch.uint8 else images.float()
     y_all = labels.long()
     steps_per_epoch = math.ceil(len(x_all) / batch_size)
     with torch.random.fork_rng(devices=[]):
@@ -219,7 +216,7 @@ def train_mnist_classifier(
 
 def classifier_accuracy(classifier: nn.Module, images: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
     """Top-1 accuracy of a classifier on uint8 (or [-1, 1] float) images (N, 1, 28, 28)."""
-    x = uint8_to_signed(images) if images.dtype == torch.uint8 else images
+    x = uint8_to_float(images) if images.dtype == torch.uint8 else images
     logits = compute_features(classifier, x, batch_size=batch_size)
     return float((logits.argmax(1) == labels.cpu()).float().mean())
 
@@ -262,22 +259,9 @@ def load_or_train_classifier(
         return model.eval()
 
     model = train_mnist_classifier(images, labels, **train_kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per-process name: no clash between writers
-    try:
+    with atomic_path(path) as tmp:  # per-process temporary name: concurrent runs never clash
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return model
-
-
-def load_mnist_tensors(root: str | os.PathLike, train: bool = True) -> tuple[Tensor, Tensor]:
-    """MNIST from a torchvision root (no download) as uint8 images (N, 1, 28, 28) and int64 labels (N,)."""
-    from torchvision.datasets import MNIST
-
-    ds = MNIST(str(root), train=train, download=False)
-    return ds.data.unsqueeze(1), ds.targets
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -309,7 +293,7 @@ def evaluate_mnist_samples(
         if t.ndim != 4 or t.shape[1:] != (1, 28, 28):
             raise ValueError(f"{name} must have shape (N, 1, 28, 28), got {tuple(t.shape)}")
     if real_images.dtype == torch.uint8:
-        real_images = uint8_to_signed(real_images)
+        real_images = uint8_to_float(real_images)
     classifier.eval()
     sample_feats = compute_features(classifier.features, samples.float(), batch_size)
     real_feats = compute_features(classifier.features, real_images, batch_size)

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .metrics import evaluate_mnist_samples, format_evaluation, load_mnist_tensors, load_or_train_classifier
+from .data import load_mnist_uint8
+from .metrics import evaluate_mnist_samples, format_evaluation, load_or_train_classifier
 
 
 def cache_dir() -> Path:
@@ -42,7 +43,8 @@ def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | 
 def reference_digits(data_dir: str | os.PathLike, fallback=None) -> tuple[str, tuple, tuple]:
     """(name, (train images, labels), (held-out images, labels)): real MNIST, else the fallback set."""
     try:
-        return "mnist", load_mnist_tensors(data_dir, train=True), load_mnist_tensors(data_dir, train=False)
+        return ("mnist", load_mnist_uint8(data_dir, train=True, download=False),
+                load_mnist_uint8(data_dir, train=False, download=False))
     except (RuntimeError, OSError):
         if fallback is None:
             raise

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torchvision.utils import make_grid, save_image
 
+from .files import atomic_path
+
 LatentSampler = Callable[[int, torch.device], torch.Tensor]
 
 
@@ -40,12 +42,9 @@ def to_grid(images: torch.Tensor, nrow: int | None = None) -> torch.Tensor:
 
 def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None) -> Path:
     """Write a PNG grid atomically (temporary file then rename), so a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_image(to_grid(images, nrow), tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        save_image(to_grid(images, nrow), tmp, format="png")
+    return Path(path)
 
 
 def save_gif(frames: list[str | os.PathLike], path: str | os.PathLike, frame_ms: int = 250, hold_last_ms: int = 1500) -> Path:
@@ -54,10 +53,8 @@ def save_gif(frames: list[str | os.PathLike], path: str | os.PathLike, frame_ms:
 
     if not frames:
         raise ValueError("no frames to animate")
-    path = Path(path)
     images = [Image.open(frame).convert("RGB") for frame in frames]
     durations = [frame_ms] * (len(images) - 1) + [hold_last_ms]
-    tmp = path.with_name(f".{path.name}.tmp")
-    images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+    return Path(path)

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from .files import atomic_path
+
 
 class RunningMeans:
     """Sums of scalar tensors per key, reduced to means across steps and processes on demand."""
@@ -83,6 +85,5 @@ def truncate_metrics(path: str | os.PathLike, last_step: int) -> None:
             continue
         if row["step"] <= last_step:
             keep.append(line)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in keep))

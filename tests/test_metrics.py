@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gan_accel import metrics
+from gan_accel.data import load_mnist_uint8, uint8_to_float
 from gan_accel.metrics import (
     ClassifierCacheError,
     MnistClassifier,
@@ -204,8 +205,8 @@ def mnist_root() -> Path:
 @pytest.fixture(scope="module")
 def mnist():
     root = mnist_root()
-    train_x, train_y = metrics.load_mnist_tensors(root, train=True)
-    test_x, test_y = metrics.load_mnist_tensors(root, train=False)
+    train_x, train_y = load_mnist_uint8(root, train=True, download=False)
+    test_x, test_y = load_mnist_uint8(root, train=False, download=False)
     # A briefly trained classifier (5k images, 2 epochs, ~2 s, ~93% accurate) is enough to test the metric.
     classifier = train_mnist_classifier(train_x[:5000], train_y[:5000], epochs=2, batch_size=64)
     return {"train": (train_x, train_y), "test": (test_x, test_y), "classifier": classifier}
@@ -220,8 +221,8 @@ def test_evaluate_real_vs_noise_vs_collapsed(mnist):
     train_x, _ = mnist["train"]
     test_x, test_y = mnist["test"]
     classifier = mnist["classifier"]
-    real = metrics.uint8_to_signed(train_x[10000:13000])
-    samples = metrics.uint8_to_signed(test_x[:2000])
+    real = uint8_to_float(train_x[10000:13000])
+    samples = uint8_to_float(test_x[:2000])
 
     good = evaluate_mnist_samples(samples, real, classifier)
     true_share = torch.bincount(test_y[:2000], minlength=10).double() / 2000
@@ -240,7 +241,7 @@ def test_evaluate_real_vs_noise_vs_collapsed(mnist):
     assert bad["fd"] > 20 * good["fd"]
 
     # Mode collapse: only ones. Most classes vanish and the distance grows.
-    ones = metrics.uint8_to_signed(test_x[:2000][test_y[:2000] == 1])
+    ones = uint8_to_float(test_x[:2000][test_y[:2000] == 1])
     collapsed = evaluate_mnist_samples(ones, real, classifier)
     assert collapsed["class_share"][1] > 0.95
     assert collapsed["min_class_share"] == 0.0
