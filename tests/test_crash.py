@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -10,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from gan_accel.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def checkpoints(out: Path) -> list[str]:
 
 
 def logged_steps(out: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [row["step"] for row in read_metrics(out / "metrics.jsonl")]
 
 
 @pytest.mark.parametrize("mode, step, survivors", [

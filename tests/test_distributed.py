@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 from conftest import (TableLatents, assert_close_dicts, launch_two_processes, make_images, make_loader, make_models, params,
                       reset_accelerate_state)
+from gan_accel.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def _train(out_dir: str, batch_size: int, grad_accum_steps: int) -> None:
 
 
 def _lr_curve(run_dir):
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     return [(r["step"], r["lr/G"], r["lr/D"]) for r in rows]
 
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import TableLatents, assert_close_dicts, make_images, make_loader, make_models, params
 from gan_accel import GANTrainer, TrainConfig
 from gan_accel.losses import LOSSES
 from gan_accel.schedules import warmup_then_decay
+from gan_accel.tracking import read_metrics
 
 # count_optimizer_steps wraps the inner optimizers' step, which torch's scheduler notices and warns about.
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
@@ -188,7 +186,7 @@ def test_n_critic_five_steps_discriminator_five_times_per_generator_step(tmp_pat
     assert trainer.sched_D.scheduler.last_epoch == n_critic * steps
     expected_D = warmup_then_decay(n_critic * steps, int(0.2 * n_critic * steps))(n_critic * steps)
     assert trainer.opt_D.param_groups[0]["lr"] == pytest.approx(1e-2 * expected_D)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["d_step"] for r in rows] == [5, 10, 15]
     # The lr each D step used: the curve over 15 D steps, sampled at the last D step of each G step.
     d_curve = warmup_then_decay(15, 3)

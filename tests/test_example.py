@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from conftest import mnist_dir
+from gan_accel.tracking import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def check_run_folder(out: Path, steps: int, dataset: str) -> None:
         assert gif.format == "GIF" and gif.n_frames == len(grids)
     config = json.loads((out / "config.json").read_text())
     assert config["extra"]["dataset"] == dataset and config["max_steps"] == steps
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(2, steps + 1, 2))
     model = config["extra"]["model"]
     G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "generator.safetensors")

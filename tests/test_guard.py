@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from conftest import TableLatents, make_images, make_loader, make_models, params
 from gan_accel import DivergenceError, GANTrainer, TrainConfig, list_checkpoints
+from gan_accel.tracking import read_metrics
 
 
 def trainer_on(images, tmp_path, **overrides) -> GANTrainer:
@@ -40,7 +39,7 @@ def test_one_nan_batch_skips_that_d_update_and_is_logged(tmp_path):
     assert all(torch.equal(snapshots[1][k], snapshots[0][k]) for k in D_initial)
     assert not all(torch.equal(snapshots[0][k], D_initial[k]) for k in D_initial)
     assert not all(torch.equal(snapshots[2][k], snapshots[1][k]) for k in D_initial)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["skipped/D"] for r in rows] == [0, 1, 1, 1] and all(r["skipped/G"] == 0 for r in rows)
     assert all(torch.isfinite(p).all() for p in trainer.D.parameters())
     assert all(torch.isfinite(p).all() for p in trainer.G.parameters())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import launch_two_processes, reset_accelerate_state
+from gan_accel.tracking import read_metrics
 
 N_STEPS, STOP_AT = 8, 3
 
@@ -57,7 +57,7 @@ def assert_identical(a, b, path="") -> None:
 
 
 def metric_rows(run_dir) -> list[dict]:
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     for row in rows:
         row.pop("images/s")  # wall-clock, the only thing allowed to differ
     return rows
