@@ -18,7 +18,7 @@ import torch
 
 from gan_accel import GANTrainer, TrainConfig
 from gan_accel.data import load_mnist_uint8, make_dataloader
-from gan_accel.mnist_eval import evaluate_generator
+from gan_accel.eval.mnist import evaluate_generator
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator
 
 

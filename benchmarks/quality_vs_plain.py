@@ -77,8 +77,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
 
-    from gan_accel.export import load_weights
-    from gan_accel.mnist_eval import evaluate_generator
+    from gan_accel.state.weights import load_weights
+    from gan_accel.eval.mnist import evaluate_generator
     from gan_accel.models import DCGANGenerator
 
     out = Path(args.out)

@@ -127,7 +127,7 @@ def train(args: argparse.Namespace) -> int:
     accelerator.print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
 
     if args.eval and accelerator.is_main_process:
-        from gan_accel.mnist_eval import evaluate_generator
+        from gan_accel.eval.mnist import evaluate_generator
 
         result = evaluate_generator(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim,
                                     device=accelerator.device, fallback=dataset)

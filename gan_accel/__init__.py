@@ -1,32 +1,30 @@
-"""gan_accel: train GANs with custom loops on Hugging Face Accelerate."""
+"""gan_accel: train GANs with custom loops on Hugging Face Accelerate.
 
-from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints
-from .config import ConfigError, TrainConfig
-from .engine import GANTrainer, extract_images
-from .guard import DivergenceError
-from .launch import LaunchError, build_accelerator
-from .preflight import PreflightError
-from .signals import TrainingInterrupted
-from .losses import LOSSES, GANLoss, get_loss
-from .schedules import lambda_scheduler, warmup_then_decay
+The public API, by job: the trainer and its config; phases and phase losses (the step as data);
+callbacks (side concerns); regularisers; errors. Data, models, evaluation and checkpoint helpers
+live in their sub-packages (``gan_accel.data``, ``gan_accel.models``, ``gan_accel.eval``,
+``gan_accel.state``).
+"""
+
+from .callbacks import Callback
+from .config import TrainConfig
+from .engine import GANTrainer, Phase, StepContext, build_accelerator, default_phases, extract_images, r1_phase
+from .engine.schedules import lambda_scheduler, warmup_then_decay
+from .errors import (CallbackError, CheckpointError, ConfigError, DivergenceError, GanAccelError, LaunchError,
+                     PhaseError, PreflightError, PreflightWarning, TrainingInterrupted)
+from .objectives import (LOSSES, GANLoss, discriminator_loss, generator_loss, get_loss, gradient_penalty, r1_penalty,
+                         sum_losses)
+from .state.checkpoint import latest_checkpoint, list_checkpoints
 
 __all__ = [
-    "GANTrainer",
-    "TrainConfig",
-    "ConfigError",
-    "CheckpointError",
-    "DivergenceError",
-    "PreflightError",
-    "TrainingInterrupted",
-    "latest_checkpoint",
-    "list_checkpoints",
-    "LaunchError",
-    "GANLoss",
-    "LOSSES",
-    "get_loss",
-    "build_accelerator",
-    "extract_images",
-    "lambda_scheduler",
-    "warmup_then_decay",
+    "GANTrainer", "TrainConfig",
+    "Phase", "StepContext", "default_phases", "r1_phase",
+    "GANLoss", "LOSSES", "get_loss", "discriminator_loss", "generator_loss", "sum_losses",
+    "r1_penalty", "gradient_penalty",
+    "Callback",
+    "GanAccelError", "ConfigError", "PreflightError", "PreflightWarning", "PhaseError", "LaunchError",
+    "CheckpointError", "DivergenceError", "CallbackError", "TrainingInterrupted",
+    "latest_checkpoint", "list_checkpoints",
+    "build_accelerator", "extract_images", "lambda_scheduler", "warmup_then_decay",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .export import load_weights, read_metadata
+from .state.weights import load_weights, read_metadata
 from .models import DCGANGenerator
 
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     z_dim = G.z_dim
     if args.command == "sample":
-        from .sampling import save_grid
+        from .visuals import save_grid
 
         noise = torch.randn(args.num, z_dim, generator=torch.Generator().manual_seed(args.seed))
         with torch.no_grad():
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         out = save_grid(images, args.out or Path(args.run_dir) / "samples_cli.png")
         print(f"wrote {out} ({args.num} samples, step {metadata.get('step')})")
         return 0
-    from .mnist_eval import evaluate_generator
+    from .eval.mnist import evaluate_generator
 
     result = evaluate_generator(G, args.data_dir, z_dim=z_dim, num_samples=args.num)
     print(result.pop("summary"))

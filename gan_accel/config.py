@@ -13,24 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from .losses import LOSSES, GANLoss
+from .errors import ConfigError
+from .objectives.losses import LOSSES, GANLoss
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 LR_SCHEDULE_CHOICES = ("linear", "constant")
-
-
-class ConfigError(ValueError):
-    """Raised when a :class:`TrainConfig` field holds a value the engine cannot train with."""
 
 
 @dataclass
 class TrainConfig:
     """Everything that defines a GAN run.
 
-    Step counting: one *step* is one generator optimizer step. Each step consumes
-    ``n_critic * grad_accum_steps`` batches of ``batch_size`` images per process and makes
-    ``n_critic`` discriminator optimizer steps. Learning-rate schedules, sample and log intervals
-    are all counted in these steps (the discriminator's schedule in its own optimizer steps).
+    Step counting: one *step* is one pass over the phase list (see :mod:`gan_accel.engine.phases`).
+    With the default list (D ``n_critic`` times, then G) a step is one generator optimizer step; it
+    consumes ``n_critic * grad_accum_steps`` batches of ``batch_size`` images per process and makes
+    ``n_critic`` discriminator optimizer steps. Sample, log and checkpoint intervals count steps;
+    each network's learning-rate schedule counts that network's scheduler-ticking optimizer steps.
     """
 
     max_steps: int = 2000
@@ -48,6 +46,9 @@ class TrainConfig:
     ema_decay: float | None = None  # e.g. 0.999: sample and export an EMA of G's weights
     clip_grad_norm_G: float | None = None
     clip_grad_norm_D: float | None = None
+    r1_gamma: float | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
+    r1_every: int = 16  # R1 runs every N-th D step, with its loss multiplied by N (StyleGAN2's lazy R1)
+    gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
     mixed_precision: str = "no"
     sample_every: int = 500
     num_samples: int = 64
@@ -71,7 +72,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid field."""
         for name in ("max_steps", "batch_size", "sample_every", "num_samples", "log_every", "z_dim",
-                     "checkpoint_every", "keep_checkpoints", "max_bad_updates"):
+                     "checkpoint_every", "keep_checkpoints", "max_bad_updates", "r1_every"):
             _require_int(name, getattr(self, name), minimum=1)
         _require_int("grad_accum_steps", self.grad_accum_steps, minimum=1)
         _require_int("n_critic", self.n_critic, minimum=1)
@@ -86,6 +87,10 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 _require_positive_float(name, value, hint="or None to disable clipping")
+        for name in ("r1_gamma", "gp_weight"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_positive_float(name, value, hint="or None to disable the penalty")
         if self.ema_decay is not None and not (_is_number(self.ema_decay) and 0.0 < self.ema_decay < 1.0):
             raise ConfigError(f"ema_decay={self.ema_decay!r} is invalid: expected a number in (0, 1), or None for no EMA")
         if not (_is_number(self.warmup_ratio) and 0.0 <= self.warmup_ratio < 1.0):
@@ -115,11 +120,6 @@ class TrainConfig:
     def loss_fn(self) -> GANLoss:
         """The loss pair this run trains with."""
         return LOSSES[self.loss] if isinstance(self.loss, str) else self.loss
-
-    @property
-    def d_steps(self) -> int:
-        """Discriminator optimizer steps in the whole run."""
-        return self.max_steps * self.n_critic
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

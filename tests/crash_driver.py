@@ -4,7 +4,7 @@
 
 MODE: kill-train   SIGKILL right after the metrics row of STEP is written (a crash mid-training)
       kill-save    SIGKILL while the checkpoint of STEP is being written (state on disk, not yet complete)
-      sigterm      send SIGTERM to itself after STEP (graceful stop expected)
+      sigterm      send SIGTERM to itself during STEP (graceful stop at the end of STEP expected)
 """
 
 import os
@@ -13,21 +13,32 @@ import signal
 import sys
 from pathlib import Path
 
-import gan_accel.checkpoint as checkpoint
-import gan_accel.engine as engine
+import gan_accel.callbacks.signals as signals
+import gan_accel.engine.trainer as engine
+import gan_accel.state.checkpoint as checkpoint
 
 mode, step = sys.argv[1], int(sys.argv[2])
 example_args = sys.argv[sys.argv.index("--") + 1 :]
 
-if mode in ("kill-train", "sigterm"):
-    original_log = engine.GANTrainer._log
+if mode == "kill-train":
+    original_log = engine.GANTrainer.log_metrics
 
     def faulty_log(self):
-        original_log(self)
+        row = original_log(self)
         if self.step == step:
-            os.kill(os.getpid(), signal.SIGKILL if mode == "kill-train" else signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return row
 
-    engine.GANTrainer._log = faulty_log
+    engine.GANTrainer.log_metrics = faulty_log
+elif mode == "sigterm":
+    original_check = signals.SignalHandler.on_step_end
+
+    def signal_then_check(self, trainer):
+        if trainer.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives during step STEP; noticed at its end
+        original_check(self, trainer)
+
+    signals.SignalHandler.on_step_end = signal_then_check
 elif mode == "kill-save":
     original_write = checkpoint._write_synced
 

@@ -9,8 +9,8 @@ from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin
 
 from gan_accel import ConfigError, GANLoss, GANTrainer, LaunchError, TrainConfig
-from gan_accel.launch import check_launch
-from gan_accel.losses import nonsaturating_d, nonsaturating_g
+from gan_accel.engine.launch import check_launch
+from gan_accel.objectives.losses import nonsaturating_d, nonsaturating_g
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gan_accel.tracking import read_metrics
+from gan_accel.callbacks.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -75,14 +75,14 @@ def test_sigint_in_process_raises_training_interrupted_after_a_checkpoint(tmp_pa
     config = TrainConfig(max_steps=10, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4,
                          checkpoint_every=100, output_dir=str(tmp_path / "run"), progress_bar=False)
     trainer = GANTrainer(G, D, make_loader(make_images(64), 4), config, latent_sampler=TableLatents(4096))
-    original = trainer._log
+    from gan_accel import Callback
 
-    def log_then_interrupt():
-        original()
-        if trainer.step == 3:
-            os.kill(os.getpid(), signal.SIGINT)
+    class InterruptAtStep3(Callback):
+        def on_step_end(self, trainer):
+            if trainer.step == 3:
+                os.kill(os.getpid(), signal.SIGINT)
 
-    trainer._log = log_then_interrupt
+    trainer.callbacks.add(InterruptAtStep3(), before="signals")
     with pytest.raises(TrainingInterrupted, match="stopped by SIGINT at step 3") as info:
         trainer.fit()
     assert info.value.exit_code == 130

@@ -9,7 +9,7 @@ import torch
 
 from conftest import (TableLatents, assert_close_dicts, launch_two_processes, make_images, make_loader, make_models, params,
                       reset_accelerate_state)
-from gan_accel.tracking import read_metrics
+from gan_accel.callbacks.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 

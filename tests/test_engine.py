@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import TableLatents, assert_close_dicts, make_images, make_loader, make_models, params
-from gan_accel import GANTrainer, TrainConfig
-from gan_accel.losses import LOSSES
-from gan_accel.schedules import warmup_then_decay
-from gan_accel.tracking import read_metrics
+from gan_accel import Callback, GANTrainer, TrainConfig
+from gan_accel.objectives.losses import LOSSES
+from gan_accel.engine.schedules import warmup_then_decay
+from gan_accel.callbacks.metrics_log import read_metrics
 
 # count_optimizer_steps wraps the inner optimizers' step, which torch's scheduler notices and warns about.
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
@@ -44,43 +44,38 @@ def count_optimizer_steps(trainer: GANTrainer) -> dict[str, int]:
 
 
 # -- (a) isolation -----------------------------------------------------------------------------
+class IsolationSpy(Callback):
+    """Snapshots both networks before the run and after every phase, with the gradients left behind."""
+
+    def __init__(self):
+        self.records = []
+
+    def on_fit_start(self, trainer):
+        self.records.append(("start", params(trainer.G), params(trainer.D), None))
+
+    def on_phase_end(self, trainer, phase):
+        frozen_left = [n for n, net in trainer.networks.items() if not all(p.requires_grad for p in net.parameters())]
+        grads = {n: [p.grad for p in net.parameters()] for n, net in trainer.networks.items()}
+        self.records.append((phase.name, params(trainer.G), params(trainer.D), (grads, frozen_left)))
+
+
 @pytest.mark.parametrize("grad_accum_steps", [1, 2])
-def test_discriminator_update_leaves_generator_unchanged(tmp_path, grad_accum_steps):
-    trainer = make_trainer(tmp_path, n_critic=2, grad_accum_steps=grad_accum_steps)
+def test_each_update_leaves_the_other_network_unchanged_and_gradient_free(tmp_path, grad_accum_steps):
+    trainer = make_trainer(tmp_path, n_critic=2, grad_accum_steps=grad_accum_steps, max_steps=2)
     counts = count_optimizer_steps(trainer)
-    G_before, D_before = params(trainer.G), params(trainer.D)
-    batches = iter(trainer.train_dataloader)
-    for _ in range(grad_accum_steps):  # one full D step; with n_critic=2, no G step yet
-        with trainer.accelerator.accumulate(trainer.G, trainer.D):
-            assert trainer.train_on_batch(next(batches)[0]) is False
-    assert counts == {"G": 0, "D": 1}
-    assert_close_dicts(params(trainer.G), G_before, atol=0)
-    assert any(not torch.equal(params(trainer.D)[k], D_before[k]) for k in D_before), "D should have moved"
-    assert all(p.grad is None for p in trainer.G.parameters()), "the D phase must not leave gradients in G"
-
-
-@pytest.mark.parametrize("grad_accum_steps", [1, 2])
-def test_generator_update_leaves_discriminator_unchanged_and_gradient_free(tmp_path, grad_accum_steps):
-    trainer = make_trainer(tmp_path, grad_accum_steps=grad_accum_steps)
-    seen = {}
-    original_phase = trainer._generator_phase
-
-    def spying_phase(reused_fake):
-        seen["D_before"], seen["G_before"] = params(trainer.D), params(trainer.G)
-        original_phase(reused_fake)
-        seen["D_after"], seen["G_after"] = params(trainer.D), params(trainer.G)
-        seen["D_grads"] = [p.grad for p in trainer.D.parameters()]
-        seen["D_requires_grad"] = all(p.requires_grad for p in trainer.D.parameters())
-
-    trainer._generator_phase = spying_phase
-    batches = iter(trainer.train_dataloader)
-    for _ in range(grad_accum_steps):
-        with trainer.accelerator.accumulate(trainer.G, trainer.D):
-            trainer.train_on_batch(next(batches)[0])
-    assert_close_dicts(seen["D_after"], seen["D_before"], atol=0)
-    assert all(g is None for g in seen["D_grads"]), "G's loss left a gradient in D"
-    assert seen["D_requires_grad"], "D must be unfrozen again after the G phase"
-    assert any(not torch.equal(seen["G_after"][k], seen["G_before"][k]) for k in seen["G_before"])
+    spy = IsolationSpy()
+    trainer.callbacks.add(spy)
+    trainer.fit()
+    assert counts == {"G": 2, "D": 4}
+    assert [r[0] for r in spy.records] == ["start", "D", "D", "G", "D", "D", "G"]
+    for (_, G_before, D_before, _), (name, G_after, D_after, (grads, frozen_left)) in zip(spy.records, spy.records[1:]):
+        other = "G" if name == "D" else "D"
+        before, after = {"G": G_before, "D": D_before}, {"G": G_after, "D": D_after}
+        assert_close_dicts(after[other], before[other], atol=0)  # the other network did not move
+        assert any(not torch.equal(after[name][k], before[name][k]) for k in before[name]), f"{name} did not move"
+        assert all(g is None for g in grads[other]), f"phase {name} left gradients in {other}"
+        assert all(g is None for g in grads[name]), "zero_grad(set_to_none) must follow every step"
+        assert frozen_left == [], "every network must be trainable again after a phase"
 
 
 # -- (b) accumulation == larger batch -----------------------------------------------------------

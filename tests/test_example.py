@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from conftest import mnist_dir
-from gan_accel.tracking import read_metrics
+from gan_accel.callbacks.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def run(cmd: list[str], timeout: int = 300, **env_extra) -> subprocess.Completed
 
 def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     """Every output file is valid: images open, the weights load back and sample."""
-    from gan_accel.export import load_weights, read_metadata
+    from gan_accel.state.weights import load_weights, read_metadata
     from gan_accel.models import DCGANGenerator
 
     grids = sorted(out.glob("samples_0*.png"))

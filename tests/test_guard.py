@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import TableLatents, make_images, make_loader, make_models, params
-from gan_accel import DivergenceError, GANTrainer, TrainConfig, list_checkpoints
-from gan_accel.tracking import read_metrics
+from gan_accel import Callback, DivergenceError, GANTrainer, TrainConfig, list_checkpoints
+from gan_accel.callbacks.metrics_log import read_metrics
 
 
 def trainer_on(images, tmp_path, **overrides) -> GANTrainer:
@@ -26,13 +26,13 @@ def test_one_nan_batch_skips_that_d_update_and_is_logged(tmp_path):
     images[4:8] = float("nan")  # the second batch: D's loss on it is NaN
     trainer = trainer_on(images, tmp_path)
     snapshots = []
-    original = trainer._generator_phase
 
-    def record(reused):
-        snapshots.append(params(trainer.D))  # D right after its (possibly skipped) update
-        original(reused)
+    class RecordD(Callback):
+        def on_phase_end(self, trainer, phase):
+            if phase.net == "D":
+                snapshots.append(params(trainer.D))  # D right after its (possibly skipped) update
 
-    trainer._generator_phase = record
+    trainer.callbacks.add(RecordD())
     D_initial = params(trainer.D)
     trainer.fit()
     # Step 2's D update was skipped: D after step 2 equals D after step 1; steps 1, 3, 4 moved D.

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gan_accel.losses import LOSSES, get_loss
+from gan_accel.objectives.losses import LOSSES, get_loss
 
 
 @pytest.fixture

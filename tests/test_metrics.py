@@ -1,4 +1,4 @@
-"""Tests for gan_accel.metrics: Fréchet distance against independent references, feature batching,
+"""Tests for gan_accel.eval: Fréchet distance against independent references, feature batching,
 classifier caching, and the MNIST evaluation on real data (skipped when MNIST is not available)."""
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from gan_accel import metrics
 from gan_accel.data import load_mnist_uint8, uint8_to_float
-from gan_accel.metrics import (
+from gan_accel.eval import mnist as metrics
+from gan_accel.eval import compute_features, feature_statistics, frechet_distance, frechet_distance_from_features
+from gan_accel.eval.mnist import (
     ClassifierCacheError,
     MnistClassifier,
-    compute_features,
     evaluate_mnist_samples,
-    feature_statistics,
     format_evaluation,
-    frechet_distance,
-    frechet_distance_from_features,
     load_or_train_classifier,
     train_mnist_classifier,
 )

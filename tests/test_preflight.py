@@ -15,7 +15,7 @@ from gan_accel import GANTrainer as _GANTrainer
 def GANTrainer(G, D, loader, cfg):
     """The fixtures are float64: feed them float64 latents."""
     return _GANTrainer(G, D, loader, cfg, latent_sampler=TableLatents(4096))
-from gan_accel.checkpoint import ENGINE_STATE
+from gan_accel.state.checkpoint import ENGINE_STATE
 
 
 def config(tmp_path, **overrides) -> TrainConfig:
@@ -34,7 +34,7 @@ def test_generator_output_that_the_data_does_not_match(tmp_path):
         def forward(self, z):
             return self.fc(z).reshape(-1, 2, 4, 4)  # 2 channels; the data has 1
 
-    with pytest.raises(PreflightError, match=r"G produces images of shape \(2, 4, 4\) but the data has \(1, 4, 4\)"):
+    with pytest.raises(PreflightError, match=r"G produces samples of shape \(2, 4, 4\) but the data has \(1, 4, 4\)"):
         GANTrainer(WideG().double(), TinyD().double(), make_loader(make_images(16), 4), config(tmp_path))
 
 
@@ -47,7 +47,7 @@ def test_generator_output_the_discriminator_cannot_take(tmp_path):
         def forward(self, x):
             return self.fc(x.flatten(1)).squeeze(1)
 
-    with pytest.raises(PreflightError, match=r"D failed on real images of shape \(2, 1, 4, 4\)"):
+    with pytest.raises(PreflightError, match=r"D failed on real samples of shape \(2, 1, 4, 4\)"):
         GANTrainer(TinyG().double(), D28().double(), make_loader(make_images(16), 4), config(tmp_path))
 
 
@@ -57,7 +57,7 @@ def test_discriminator_must_return_one_logit_per_image(tmp_path):
             return self.net(x).repeat(1, 2)  # (N, 2)
 
     G, _ = make_models()
-    with pytest.raises(PreflightError, match=r"D must return one logit per image.*returned \(2, 2\)"):
+    with pytest.raises(PreflightError, match=r"D must return one logit per sample.*returned \(2, 2\)"):
         GANTrainer(G, TwoLogitD().double(), make_loader(make_images(16), 4), config(tmp_path))
 
 
@@ -106,12 +106,14 @@ def test_preflight_leaves_rng_and_batchnorm_statistics_untouched(tmp_path):
     G, D = DCGANGenerator(z_dim=4, width=4), DCGANDiscriminator(width=4)
     buffers = [b.clone() for m in (G, D) for b in m.buffers()]
     loader = DataLoader(TensorDataset(torch.rand(8, 1, 28, 28) * 2 - 1), batch_size=4, shuffle=True)
-    from gan_accel.preflight import dry_forward
-    from gan_accel.engine import extract_images
-    from gan_accel.sampling import gaussian_latents
+    from gan_accel import TrainConfig, default_phases
+    from gan_accel.engine.latents import gaussian_latents
+    from gan_accel.engine.phases import PhasePlan
+    from gan_accel.engine.preflight import dry_run
 
     state = torch.get_rng_state()
-    dry_forward(G, D, loader, gaussian_latents(4), extract_images)
+    plan = PhasePlan(default_phases(TrainConfig(z_dim=4, r1_gamma=1.0, r1_every=2)), ["G", "D"])
+    dry_run({"G": G, "D": D}, plan, loader, gaussian_latents(4))
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(a, b) for a, b in zip(buffers, [b for m in (G, D) for b in m.buffers()]))
 
@@ -189,7 +191,7 @@ def test_partial_checkpoint_folder_is_never_picked(tmp_path):
     partial.mkdir()
     assert latest_checkpoint(tmp_path / "run") == checkpoint
     with pytest.raises(CheckpointError, match="not a complete gan_accel checkpoint"):
-        from gan_accel.checkpoint import resolve_resume
+        from gan_accel.state.checkpoint import resolve_resume
 
         resolve_resume(partial, tmp_path / "run")
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import launch_two_processes, reset_accelerate_state
-from gan_accel.tracking import read_metrics
+from gan_accel.callbacks.metrics_log import read_metrics
 
 N_STEPS, STOP_AT = 8, 3
 

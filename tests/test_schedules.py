@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gan_accel.schedules import lambda_scheduler, warmup_then_decay
+from gan_accel.engine.schedules import lambda_scheduler, warmup_then_decay
 
 
 def test_linear_warmup_then_decay_matches_hand_computed_values():

@@ -1,5 +1,6 @@
 """Reference networks. Users bring their own ``nn.Module`` pairs; these know nothing of Accelerate."""
 
 from .dcgan import DCGANDiscriminator, DCGANGenerator, dcgan_init
+from .mlp import MLPDiscriminator, MLPGenerator
 
-__all__ = ["DCGANGenerator", "DCGANDiscriminator", "dcgan_init"]
+__all__ = ["DCGANGenerator", "DCGANDiscriminator", "dcgan_init", "MLPGenerator", "MLPDiscriminator"]

@@ -7,11 +7,8 @@ import os
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin
 
-from .config import TrainConfig
-
-
-class LaunchError(RuntimeError):
-    """The processes were started in a way that would not train one shared model."""
+from ..config import TrainConfig
+from ..errors import ConfigError, LaunchError
 
 
 def build_accelerator(config: TrainConfig) -> Accelerator:
@@ -68,19 +65,19 @@ def check_launch(accelerator: Accelerator) -> None:
 def check_accelerator(accelerator: Accelerator, config: TrainConfig) -> None:
     """A user-built Accelerator must agree with the config on what the engine relies on."""
     if accelerator.gradient_accumulation_steps != config.grad_accum_steps:
-        raise ValueError(
+        raise ConfigError(
             f"accelerator.gradient_accumulation_steps={accelerator.gradient_accumulation_steps} but "
             f"config.grad_accum_steps={config.grad_accum_steps}: build the Accelerator with "
             "GradientAccumulationPlugin(num_steps=config.grad_accum_steps, sync_with_dataloader=False), "
             "or let the trainer build it"
         )
     if accelerator.mixed_precision != config.mixed_precision:
-        raise ValueError(
+        raise ConfigError(
             f"accelerator.mixed_precision={accelerator.mixed_precision!r} but config.mixed_precision="
             f"{config.mixed_precision!r}: make them agree, or let the trainer build the Accelerator"
         )
     if accelerator.gradient_state.plugin_kwargs.get("sync_with_dataloader", True) and config.grad_accum_steps > 1:
-        raise ValueError(
+        raise ConfigError(
             "the accelerator forces an optimizer step at every epoch end (sync_with_dataloader=True), so "
             "accumulation windows would be cut short: pass GradientAccumulationPlugin(num_steps=..., "
             "sync_with_dataloader=False), or let the trainer build the Accelerator"

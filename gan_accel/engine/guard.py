@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
-class DivergenceError(RuntimeError):
-    """Too many consecutive non-finite updates: the run has diverged."""
+from ..errors import DivergenceError
 
 
 def grads_and_loss_finite(model: nn.Module, loss_sum: torch.Tensor, check_grads: bool) -> torch.Tensor:
@@ -27,32 +25,26 @@ def grads_and_loss_finite(model: nn.Module, loss_sum: torch.Tensor, check_grads:
     return torch.stack(flags).all()
 
 
-def parameters_finite(*models: nn.Module) -> bool:
-    """Whether every parameter and buffer of the models is finite (used before writing a checkpoint)."""
-    tensors = [t for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
-
-
 class DivergenceGuard:
     """Counts consecutive skipped updates per network and raises past ``max_consecutive``."""
 
-    def __init__(self, max_consecutive: int) -> None:
+    def __init__(self, max_consecutive: int, networks: tuple[str, ...] = ("G", "D")) -> None:
         self.max_consecutive = max_consecutive
-        self.consecutive = {"G": 0, "D": 0}
-        self.skipped = {"G": 0, "D": 0}
+        self.consecutive = {name: 0 for name in networks}
+        self.skipped = {name: 0 for name in networks}
 
     def record(self, name: str, finite: bool, step: int) -> None:
         if finite:
             self.consecutive[name] = 0
             return
-        self.consecutive[name] += 1
-        self.skipped[name] += 1
+        self.consecutive[name] = self.consecutive.get(name, 0) + 1
+        self.skipped[name] = self.skipped.get(name, 0) + 1
         if self.consecutive[name] >= self.max_consecutive:
             raise DivergenceError(
                 f"{name}'s loss or gradients were non-finite for {self.consecutive[name]} consecutive updates "
                 f"(at step {step}); every one was skipped and no checkpoint holds non-finite weights. Lower "
-                f"lr_{name}, enable clip_grad_norm_{name}, or try bf16 instead of fp16, then resume from the "
-                "last checkpoint (resume='latest')"
+                f"{name}'s learning rate, enable gradient clipping, or try bf16 instead of fp16, then resume from "
+                "the last checkpoint (resume='latest')"
             )
 
     def state_dict(self) -> dict:

@@ -1,4 +1,4 @@
-"""GAN objectives as pure functions of discriminator logits.
+"""Adversarial objectives as pure functions of discriminator logits.
 
 Each loss takes raw logits (never probabilities: ``sigmoid`` + ``BCELoss`` is unstable and unsafe
 under autocast) and returns a scalar mean over the batch, so that summing the means of k
@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import ConfigError
 
 Tensor = torch.Tensor
 
@@ -83,4 +85,4 @@ def get_loss(loss: str | GANLoss) -> GANLoss:
     try:
         return LOSSES[loss]
     except KeyError:
-        raise ValueError(f"unknown loss {loss!r}: choose one of {', '.join(sorted(LOSSES))}") from None
+        raise ConfigError(f"unknown loss {loss!r}: choose one of {', '.join(sorted(LOSSES))}, or pass a GANLoss") from None

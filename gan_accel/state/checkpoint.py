@@ -4,8 +4,9 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint_<step>``:
 
 * Accelerate's state: both models, both optimizers, both schedulers, the seedable sampler, the
   fp16 scaler and one ``random_states_<rank>.pkl`` per process (so ``save_state`` runs on every rank).
-* ``gan_accel_state_<rank>.pt``: the engine's own counters, its position in the epoch, the running metric
-  sums, the EMA, the fixed noise and the config.
+* ``gan_accel_state_<rank>.pt``: the trainer's own state on that process: counters, the phase
+  counters, its position in the epoch, the running metric sums, the callbacks' state (the EMA), the
+  fixed latents, the config and the BatchNorm buffers.
 * ``COMPLETE``: written last.
 
 Everything is first written to ``.tmp-checkpoint_<step>``. After a barrier (``save_state`` has none
@@ -24,15 +25,14 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from torch import nn
+
+from ..errors import CheckpointError
 
 PREFIX = "checkpoint_"
 TMP_PREFIX = ".tmp-"
 ENGINE_STATE = "gan_accel_state_{rank}.pt"  # per process: metric sums differ between ranks
 COMPLETE = "COMPLETE"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used to resume: missing, partial, corrupt, or from another model."""
 
 
 def checkpoint_root(output_dir: str | os.PathLike) -> Path:
@@ -139,6 +139,12 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
     saved = torch.load(rng_file, weights_only=False)
     if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
         raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
+
+
+def parameters_finite(*models: nn.Module) -> bool:
+    """Whether every parameter and buffer of the models is finite (used before writing a checkpoint)."""
+    tensors = [t for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _write_synced(path: Path, text: str) -> None:

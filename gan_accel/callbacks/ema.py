@@ -8,9 +8,15 @@ holds an identical average without any communication.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from .base import Callback
+
+if TYPE_CHECKING:
+    from ..engine.trainer import GANTrainer
 
 
 class EMA:
@@ -52,3 +58,29 @@ class EMA:
         self.module.load_state_dict(state["module"])
         self.num_updates = int(state["num_updates"])
         self.decay = float(state["decay"])
+
+
+class EMACallback(Callback):
+    """Keeps an :class:`EMA` of G, updated after every step; samples and the exported weights use it."""
+
+    name = "ema"
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.ema: EMA | None = None
+
+    def setup(self, trainer: "GANTrainer") -> None:
+        self.ema = EMA(trainer.accelerator.unwrap_model(trainer.G), self.decay)
+
+    def on_step_end(self, trainer: "GANTrainer") -> None:
+        self.ema.update(trainer.accelerator.unwrap_model(trainer.G))
+
+    @property
+    def module(self) -> nn.Module:
+        return self.ema.module
+
+    def state_dict(self) -> dict:
+        return self.ema.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.load_state_dict(state)

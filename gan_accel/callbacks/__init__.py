@@ -1,0 +1,33 @@
+"""Side concerns that hang off the training loop's events (see :mod:`gan_accel.callbacks.base`).
+
+Built in, in this order: ``ema``, ``metrics_log``, ``progress``, ``samples``, ``checkpoints``,
+``export``, ``signals``. Add your own with ``GANTrainer(callbacks=[...])``; one with the name of a
+built-in replaces it; ``disable_callbacks=("samples",)`` switches built-ins off.
+"""
+
+from .base import EVENTS, Callback, CallbackList
+from .checkpoints import Checkpointer
+from .ema import EMA, EMACallback
+from .export import WeightsExporter
+from .metrics_log import MetricsLog, MetricsLogger, read_metrics
+from .progress import ProgressBar
+from .samples import SampleSaver
+from .signals import SignalHandler
+
+__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "EMACallback", "WeightsExporter",
+           "MetricsLog", "MetricsLogger", "read_metrics", "ProgressBar", "SampleSaver", "SignalHandler",
+           "default_callbacks", "BUILTIN_CALLBACKS"]
+
+BUILTIN_CALLBACKS = ("ema", "metrics_log", "progress", "samples", "checkpoints", "export", "signals")
+
+
+def default_callbacks(config) -> list[Callback]:
+    """The built-in callbacks a :class:`~gan_accel.TrainConfig` asks for, in their fixed order."""
+    callbacks: list[Callback] = []
+    if config.ema_decay:
+        callbacks.append(EMACallback(config.ema_decay))
+    callbacks.append(MetricsLogger())
+    if config.progress_bar:
+        callbacks.append(ProgressBar())
+    callbacks += [SampleSaver(), Checkpointer(config.keep_checkpoints), WeightsExporter(), SignalHandler()]
+    return callbacks

@@ -1,0 +1,191 @@
+"""The callback protocol: side concerns hang off named events of the training loop.
+
+Events, in the order the trainer fires them (see ``GANTrainer.fit``)::
+
+    on_fit_start                      once, after resume, before the first step
+    per step:
+      on_phase_end(phase)             after each phase that ran, in phase-list order
+      on_step_end                     after the last phase of the step
+      on_log(row)                     every log_every steps and at the last step; row = metrics, all processes
+      on_sample                       every sample_every steps and at the last step
+      on_checkpoint                   every checkpoint_every steps, at the end, and on a stop request
+    on_fit_end                        the run reached max_steps (not after stop_at_step)
+    on_close                          always, last, also after an error (release what on_fit_start took)
+
+Within one event, callbacks run in list order: the built-ins first (``ema``, ``metrics_log``,
+``progress``, ``samples``, ``checkpoints``, ``export``, ``signals``), then yours. Events fire on
+every process: write files only where ``trainer.accelerator.is_main_process``, and run a collective
+(``accelerator.reduce``, ``save_state``) on every process or on none.
+
+A callback that raises stops the run with a :class:`~gan_accel.errors.CallbackError` naming it, the
+event and the step; the last complete checkpoint is left as it was.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from ..errors import CallbackError, GanAccelError
+
+if TYPE_CHECKING:
+    from ..engine.phases import Phase
+    from ..engine.trainer import GANTrainer
+
+EVENTS = ("on_fit_start", "on_phase_end", "on_step_end", "on_log", "on_sample", "on_checkpoint", "on_fit_end",
+          "on_close")
+
+
+class Callback:
+    """Base class: override the events you need. ``name`` identifies the callback (snake case of the class).
+
+    ``setup(trainer)`` runs once when the callback joins a trainer (after ``prepare``, before any
+    resume), ``state_dict``/``load_state_dict`` put the callback's state in checkpoints.
+    """
+
+    name: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+    def setup(self, trainer: "GANTrainer") -> None:
+        """Called once when the callback joins ``trainer``."""
+
+    def on_fit_start(self, trainer: "GANTrainer") -> None: ...
+    def on_phase_end(self, trainer: "GANTrainer", phase: "Phase") -> None: ...
+    def on_step_end(self, trainer: "GANTrainer") -> None: ...
+    def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None: ...
+    def on_sample(self, trainer: "GANTrainer") -> None: ...
+    def on_checkpoint(self, trainer: "GANTrainer") -> None: ...
+    def on_fit_end(self, trainer: "GANTrainer") -> None: ...
+    def on_close(self, trainer: "GANTrainer") -> None: ...
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """State to checkpoint (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+def _implements(callback: Any, event: str) -> bool:
+    method = getattr(type(callback), event, None)
+    return method is not None and method is not getattr(Callback, event, None)
+
+
+class CallbackList:
+    """An ordered list of callbacks with unique names, and the dispatcher of events to them."""
+
+    def __init__(self, callbacks: Iterable[Any] = ()) -> None:
+        self._callbacks: list[Any] = []
+        self._trainer: GANTrainer | None = None
+        for callback in callbacks:
+            self.add(callback)
+
+    # -- the list ------------------------------------------------------------------------------
+    def add(self, callback: Any, *, before: str | None = None, after: str | None = None) -> None:
+        """Add a callback (at the end, or before/after a named one). Its name must be new: see :meth:`replace`."""
+        name = _name_of(callback)
+        if name in self.names:
+            raise ValueError(f"a callback named {name!r} is already registered: use replace({name!r}, ...) "
+                             "or give yours another name")
+        if before is not None and after is not None:
+            raise ValueError("pass before= or after=, not both")
+        index = len(self._callbacks)
+        if before is not None:
+            index = self._index(before)
+        elif after is not None:
+            index = self._index(after) + 1
+        self._callbacks.insert(index, callback)
+        self._rebuild()
+        if self._trainer is not None:
+            self._setup(callback)
+
+    def replace(self, name: str, callback: Any) -> None:
+        """Put ``callback`` in the place of the one named ``name``."""
+        index = self._index(name)
+        self._callbacks[index] = callback
+        self._rebuild()
+        if self._trainer is not None:
+            self._setup(callback)
+
+    def remove(self, name: str) -> Any:
+        """Switch a callback off; returns it."""
+        callback = self._callbacks.pop(self._index(name))
+        self._rebuild()
+        return callback
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return next((c for c in self._callbacks if _name_of(c) == name), default)
+
+    @property
+    def names(self) -> list[str]:
+        return [_name_of(c) for c in self._callbacks]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._callbacks))
+
+    def __len__(self) -> int:
+        return len(self._callbacks)
+
+    def _index(self, name: str) -> int:
+        for index, callback in enumerate(self._callbacks):
+            if _name_of(callback) == name:
+                return index
+        raise KeyError(f"no callback named {name!r}: registered are {self.names}")
+
+    def _rebuild(self) -> None:
+        # One list per event of the callbacks that implement it: firing an event nobody handles costs nothing.
+        self._handlers = {event: [c for c in self._callbacks if _implements(c, event)] for event in EVENTS}
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def bind(self, trainer: "GANTrainer") -> None:
+        """Attach to a trainer and run every callback's ``setup``."""
+        self._trainer = trainer
+        for callback in self._callbacks:
+            self._setup(callback)
+
+    def _setup(self, callback: Any) -> None:
+        setup = getattr(callback, "setup", None)
+        if setup is not None:
+            self._call(callback, "setup", setup, ())
+
+    def fire(self, event: str, *args: Any) -> None:
+        """Call ``event`` on every callback implementing it, in order, with the trainer first."""
+        for callback in self._handlers[event]:
+            self._call(callback, event, getattr(callback, event), args)
+
+    def _call(self, callback: Any, event: str, method: Any, args: tuple) -> None:
+        trainer = self._trainer
+        try:
+            method(trainer, *args)
+        except (GanAccelError, KeyboardInterrupt):
+            raise  # already says what happened and what to do
+        except Exception as error:
+            step = getattr(trainer, "step", "?")
+            note = trainer.checkpoint_note() if trainer is not None else ""
+            raise CallbackError(
+                f"callback {_name_of(callback)!r} ({type(callback).__name__}) failed in {event} at step {step}: "
+                f"{type(error).__name__}: {error}. {note}".strip()
+            ) from error
+
+    def state_dict(self) -> dict[str, Any]:
+        states = {}
+        for callback in self._callbacks:
+            state = callback.state_dict() if hasattr(callback, "state_dict") else None
+            if state is not None:
+                states[_name_of(callback)] = state
+        return states
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        for name, state in states.items():
+            callback = self.get(name)
+            if callback is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(state)
+
+
+def _name_of(callback: Any) -> str:
+    name = getattr(callback, "name", "") or type(callback).__name__
+    return str(name)

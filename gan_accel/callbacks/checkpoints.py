@@ -1,0 +1,32 @@
+"""Checkpoints on the ``on_checkpoint`` event: every ``checkpoint_every`` steps, at the end, on a stop request."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import DivergenceError
+from ..state.checkpoint import parameters_finite, save_checkpoint
+from .base import Callback
+
+if TYPE_CHECKING:
+    from ..engine.trainer import GANTrainer
+
+
+class Checkpointer(Callback):
+    """Writes a complete checkpoint (collective: every process) and keeps the newest ``keep``."""
+
+    name = "checkpoints"
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+
+    def on_checkpoint(self, trainer: "GANTrainer") -> None:
+        if trainer.last_checkpoint is not None and trainer.last_checkpoint_step == trainer.step:
+            return  # this step is saved already
+        if not parameters_finite(*trainer.networks.values()):
+            raise DivergenceError(
+                f"refusing to write a checkpoint at step {trainer.step}: a network holds non-finite weights; "
+                "the last complete checkpoint is kept"
+            )
+        path = save_checkpoint(trainer.accelerator, trainer.output_dir, trainer.step, trainer.state_dict(), self.keep)
+        trainer.last_checkpoint, trainer.last_checkpoint_step = path, trainer.step

@@ -1,0 +1,69 @@
+"""Progress samples from the fixed latents, in the form that suits the data.
+
+* image batches (N, C, H, W): ``samples_<step>.png`` grids, and at the end ``samples_final.png`` and
+  ``progress.gif`` (all grids as an animation);
+* 2-D points (N, 2): ``samples_<step>.png`` scatter plots over real points, the same final files;
+* anything else: ``samples_<step>.pt`` (``torch.save`` of the samples).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..visuals import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
+from .base import Callback
+
+if TYPE_CHECKING:
+    from ..engine.trainer import GANTrainer
+
+KINDS = ("auto", "grid", "scatter", "tensor")
+
+
+class SampleSaver(Callback):
+    """Writes samples of the sampling generator (the EMA when enabled) on ``on_sample`` and at the end.
+
+    ``kind``: ``"auto"`` chooses by the samples' shape; ``"grid"``, ``"scatter"`` or ``"tensor"`` force one.
+    """
+
+    name = "samples"
+
+    def __init__(self, kind: str = "auto") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
+        self.kind = kind
+
+    def on_sample(self, trainer: "GANTrainer") -> None:
+        if trainer.accelerator.is_main_process:
+            self.write(trainer, f"samples_{trainer.step:06d}")
+
+    def on_fit_end(self, trainer: "GANTrainer") -> None:
+        if not trainer.accelerator.is_main_process:
+            return
+        final = self.write(trainer, "samples_final")
+        frames = sorted(trainer.output_dir.glob("samples_[0-9]*.png"))
+        if final.suffix == ".png" and frames:
+            save_gif(frames, trainer.output_dir / "progress.gif")
+
+    def write(self, trainer: "GANTrainer", stem: str) -> Path:
+        """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``."""
+        samples = trainer.generate()
+        kind = self.kind if self.kind != "auto" else self.kind_for(samples)
+        if kind == "grid":
+            return save_grid(samples, trainer.output_dir / f"{stem}.png")
+        if kind == "scatter":
+            return save_scatter(samples, trainer.output_dir / f"{stem}.png", reference=trainer.reference_samples,
+                                title=f"step {trainer.step}")
+        path = trainer.output_dir / f"{stem}.pt"
+        torch.save(samples.cpu(), path)
+        return path
+
+    @staticmethod
+    def kind_for(samples: torch.Tensor) -> str:
+        if is_image_batch(samples):
+            return "grid"
+        if is_point_batch(samples):
+            return "scatter"
+        return "tensor"

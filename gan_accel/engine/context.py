@@ -1,0 +1,123 @@
+"""What a phase's loss sees: the current micro-batch, the networks, and a few helpers.
+
+A phase loss is ``loss(ctx) -> scalar``. Through ``ctx`` it reads the real samples and labels,
+the latents, G's samples (``ctx.fake``), and calls the networks (``ctx.generate``,
+``ctx.discriminate``), which pass labels along in a conditional run. The engine decides the
+rest: which network is frozen, autocast, accumulation, DDP synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from ..objectives.regularizers import scaled_input_gradients
+
+if TYPE_CHECKING:
+    from .phases import Phase
+
+
+class MicroBatch:
+    """One micro-batch of a window: real samples, labels, latents and (cached) G samples."""
+
+    __slots__ = ("real", "real_labels", "latents", "fake_labels", "fake", "fake_version", "fake_has_graph")
+
+    def __init__(self, real: Tensor, real_labels: Tensor | None, latents: Any, fake_labels: Tensor | None) -> None:
+        self.real, self.real_labels, self.latents, self.fake_labels = real, real_labels, latents, fake_labels
+        self.fake: Tensor | None = None
+        self.fake_version = -1
+        self.fake_has_graph = False
+
+
+class StepContext:
+    """The step as a phase loss sees it (one object per trainer, pointed at the current micro-batch).
+
+    Attributes:
+        nets: the prepared networks by name (``ctx.nets["G"]``, ``ctx.nets["D"]``, extras).
+        phase: the phase being run.
+        step: steps completed before this one.
+    """
+
+    def __init__(self, nets: Mapping[str, nn.Module], *, conditional: bool = False,
+                 log: Callable[[str, Tensor], None] | None = None, scaler: Any | None = None,
+                 versions: Mapping[str, int] | None = None) -> None:
+        self.nets = nets
+        self.conditional = conditional
+        self.scaler = scaler
+        self._log = log
+        self._versions = versions if versions is not None else {name: 0 for name in nets}
+        self.phase: Phase | None = None
+        self.micro: MicroBatch | None = None
+        self.step = 0
+
+    # -- the micro-batch ------------------------------------------------------------------------
+    @property
+    def real(self) -> Tensor:
+        """Real samples of this micro-batch."""
+        return self.micro.real
+
+    @property
+    def real_labels(self) -> Tensor | None:
+        """Labels of the real samples (None in an unconditional run)."""
+        return self.micro.real_labels
+
+    @property
+    def latents(self) -> Any:
+        """The latents drawn for this micro-batch (what the latent sampler returned)."""
+        return self.micro.latents
+
+    @property
+    def fake_labels(self) -> Tensor | None:
+        """The labels G is asked for (None in an unconditional run)."""
+        return self.micro.fake_labels
+
+    @property
+    def fake(self) -> Tensor:
+        """G's samples for this micro-batch's latents.
+
+        Detached (computed without a graph) unless the current phase trains G, so a loss of D or of
+        another network can never push gradients into G. Computed once per version of G: phases
+        sharing a window share the samples, and G runs forward once per batch when the G phase
+        follows D without accumulation.
+        """
+        micro = self.micro
+        trains_G = self.phase is not None and self.phase.net == "G"
+        version = self._versions["G"]
+        if micro.fake is not None and micro.fake_version == version and (micro.fake_has_graph or not trains_G):
+            return micro.fake if trains_G else micro.fake.detach()
+        if trains_G:
+            fake = self.generate(micro.latents, micro.fake_labels)
+        else:
+            with torch.no_grad():
+                fake = self.generate(micro.latents, micro.fake_labels)
+        micro.fake, micro.fake_version, micro.fake_has_graph = fake, version, trains_G
+        return fake
+
+    # -- the networks ---------------------------------------------------------------------------
+    @property
+    def G(self) -> nn.Module:
+        return self.nets["G"]
+
+    @property
+    def D(self) -> nn.Module:
+        return self.nets["D"]
+
+    def generate(self, latents: Any, labels: Tensor | None = None) -> Tensor:
+        """``G(latents)``, or ``G(latents, labels)`` in a conditional run."""
+        return self.nets["G"](latents, labels) if self.conditional else self.nets["G"](latents)
+
+    def discriminate(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
+        """``D(x)``, or ``D(x, labels)`` in a conditional run: one logit per sample."""
+        return self.nets["D"](x, labels) if self.conditional else self.nets["D"](x)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def log(self, key: str, value: Tensor) -> None:
+        """Add a scalar to the running means logged as ``key`` (stays on the device: no sync)."""
+        if self._log is not None:
+            self._log(key, value)
+
+    def input_gradients(self, output: Tensor, inputs: Tensor) -> Tensor:
+        """``d output / d inputs`` with a graph, correct under fp16 loss scaling (for gradient penalties)."""
+        return scaled_input_gradients(output, inputs, self.scaler)

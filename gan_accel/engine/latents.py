@@ -1,0 +1,65 @@
+"""Latent samplers and the fixed latents of the progress samples.
+
+A latent sampler is ``sampler(batch_size, device) -> latents``: a tensor whose first dimension is
+the batch, or any structure (tuple, dict) of such tensors that G takes as its one argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+LatentSampler = Callable[[int, torch.device], Any]
+
+
+def gaussian_latents(z_dim: int) -> LatentSampler:
+    """The default sampler: standard normal noise of shape ``(batch_size, z_dim)`` on the training device."""
+
+    def sample(batch_size: int, device: torch.device) -> torch.Tensor:
+        return torch.randn(batch_size, z_dim, device=device)
+
+    return sample
+
+
+@contextlib.contextmanager
+def isolated_rng(seed: int) -> Iterator[None]:
+    """Run a block with the global RNG seeded to ``seed``, restoring the training RNG stream afterwards."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def draw_fixed_latents(sampler: LatentSampler, num_samples: int, seed: int) -> Any:
+    """The latents of the progress samples: the sampler's own kind, drawn on CPU from ``seed``.
+
+    Drawn with a seeded, forked RNG, so they are identical on every process and drawing them does
+    not shift the training noise.
+    """
+    with isolated_rng(seed):
+        return map_tensors(sampler(num_samples, torch.device("cpu")), lambda t: t.cpu())
+
+
+def map_tensors(latents: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor of a latent structure (tensor, tuple/list, dict)."""
+    if isinstance(latents, torch.Tensor):
+        return fn(latents)
+    if isinstance(latents, (tuple, list)):
+        return type(latents)(map_tensors(item, fn) for item in latents)
+    if isinstance(latents, dict):
+        return {key: map_tensors(value, fn) for key, value in latents.items()}
+    return latents
+
+
+def leading_size(latents: Any) -> int | None:
+    """The batch size of a latent structure: the first dimension of its first tensor (None if it has none)."""
+    if isinstance(latents, torch.Tensor):
+        return latents.shape[0] if latents.dim() > 0 else None
+    items = latents.values() if isinstance(latents, dict) else latents if isinstance(latents, (tuple, list)) else ()
+    for item in items:
+        size = leading_size(item)
+        if size is not None:
+            return size
+    return None

@@ -1,0 +1,166 @@
+"""The training step as data: a list of phases, and which of them are due at each step.
+
+A :class:`Phase` is one optimizer update of one network: its loss (a function of the step's
+context), how often it runs, a loss gain and whether it ticks its network's scheduler. One *step*
+of the run is one pass over the list. The default list is D ``n_critic`` times, then G; lazy R1 is
+one more phase after each D (every 16th time, gain 16, no scheduler tick), as in StyleGAN2.
+
+Data: a phase with ``new_data=True`` starts a new *window* (``grad_accum_steps`` fresh
+micro-batches of real data and latents); every other phase reuses the current window, so G trains
+on the latents D just saw, and R1 on the real images D just saw.
+
+Counting: ``every`` counts the occurrences of the phase's *name* in the list, so a phase placed
+after each of ``n_critic`` D phases with ``every=16`` runs every 16 D steps. The first occurrence
+runs. The counters are part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from torch import Tensor
+
+from ..errors import PhaseError
+from ..objectives.adversarial import discriminator_loss, generator_loss, sum_losses
+from ..objectives.regularizers import gradient_penalty, r1_penalty
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from .context import StepContext
+
+PhaseLoss = Callable[["StepContext"], Tensor]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One optimizer update of one network.
+
+    Args:
+        name: unique in the list (several list entries may be the *same* phase, e.g. D x n_critic);
+            its loss is logged as ``loss/<name>``.
+        net: the network this phase updates: ``"G"``, ``"D"``, or the name of an extra network.
+        loss: ``loss(ctx) -> scalar``, the mean over the micro-batch (see ``StepContext``).
+        every: run on every ``every``-th occurrence of this phase (1 = always).
+        gain: the loss is multiplied by this before backward (lazy regularisation uses ``every``).
+        tick_scheduler: whether this update advances the network's learning-rate schedule.
+        new_data: this phase draws a fresh window of real batches and latents.
+        double_backward: the loss differentiates through a gradient (R1, gradient penalty): it is
+            run on the eager module even when G and D are compiled.
+    """
+
+    name: str
+    net: str
+    loss: PhaseLoss
+    every: int = 1
+    gain: float = 1.0
+    tick_scheduler: bool = True
+    new_data: bool = False
+    double_backward: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise PhaseError(f"phase name {self.name!r} is invalid: use a non-empty name without '/'")
+        if not isinstance(self.net, str) or not self.net:
+            raise PhaseError(f"phase {self.name!r}: net={self.net!r} must name a network ('G', 'D' or an extra one)")
+        if not callable(self.loss):
+            raise PhaseError(f"phase {self.name!r}: loss must be a function of the step context, got {self.loss!r}")
+        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
+            raise PhaseError(f"phase {self.name!r}: every={self.every!r} must be an integer >= 1")
+        if isinstance(self.gain, bool) or not isinstance(self.gain, (int, float)) or not math.isfinite(self.gain) \
+                or self.gain <= 0:
+            raise PhaseError(f"phase {self.name!r}: gain={self.gain!r} must be a finite number > 0")
+
+
+def r1_phase(gamma: float, every: int = 16, name: str = "R1") -> Phase:
+    """Lazy R1 (StyleGAN2): every ``every``-th D step, loss gain ``every``, no scheduler tick."""
+    return Phase(name=name, net="D", loss=r1_penalty(gamma), every=every, gain=float(every),
+                 tick_scheduler=False, double_backward=True)
+
+
+def default_phases(config: "TrainConfig") -> list[Phase]:
+    """The phase list a :class:`~gan_accel.TrainConfig` describes.
+
+    D (``n_critic`` times, each on new data), with the WGAN-GP penalty and a non-lazy R1
+    (``r1_every=1``) added to its loss; a lazy R1 phase after each D when ``r1_every > 1``; then G.
+    """
+    loss = config.loss_fn
+    d_terms = [discriminator_loss(loss)]
+    if config.gp_weight:
+        d_terms.append(gradient_penalty(config.gp_weight))
+    lazy_r1 = bool(config.r1_gamma) and config.r1_every > 1
+    if config.r1_gamma and not lazy_r1:
+        d_terms.append(r1_penalty(config.r1_gamma))
+    d_phase = Phase("D", "D", sum_losses(*d_terms) if len(d_terms) > 1 else d_terms[0], new_data=True,
+                    double_backward=len(d_terms) > 1)
+    phases: list[Phase] = []
+    for _ in range(config.n_critic):
+        phases.append(d_phase)
+        if lazy_r1:
+            phases.append(r1_phase(config.r1_gamma, config.r1_every))
+    phases.append(Phase("G", "G", generator_loss(loss)))
+    return phases
+
+
+class PhasePlan:
+    """A validated phase list and the counters that decide which phases are due."""
+
+    def __init__(self, phases: Sequence[Phase], networks: Iterable[str]) -> None:
+        phases = list(phases)
+        networks = list(networks)
+        if not phases:
+            raise PhaseError("the phase list is empty: pass at least one phase (see gan_accel.default_phases)")
+        by_name: dict[str, Phase] = {}
+        for phase in phases:
+            if not isinstance(phase, Phase):
+                raise PhaseError(f"phases must be gan_accel.Phase objects, got {type(phase).__name__}")
+            if phase.net not in networks:
+                raise PhaseError(f"phase {phase.name!r} updates network {phase.net!r}, which the trainer does not "
+                                 f"have: networks are {networks} (pass extra ones with extra_networks=)")
+            if by_name.setdefault(phase.name, phase) != phase:
+                raise PhaseError(f"two different phases are named {phase.name!r}: give each its own name")
+        if not phases[0].new_data:
+            raise PhaseError(f"the first phase ({phases[0].name!r}) must draw data (new_data=True): the phases "
+                             "after it reuse its real batch and latents")
+        self.phases = tuple(phases)
+        self.counts = {name: 0 for name in by_name}
+
+    def advance(self) -> list[Phase]:
+        """The phases due in this step, in order; counts every occurrence (call once per step)."""
+        due = []
+        for phase in self.phases:
+            if self.counts[phase.name] % phase.every == 0:
+                due.append(phase)
+            self.counts[phase.name] += 1
+        return due
+
+    def scheduler_steps(self, net: str, max_steps: int) -> int:
+        """How many scheduler-ticking updates ``net`` makes in ``max_steps`` steps (its schedule's length)."""
+        total = 0
+        for name, phase in self._unique().items():
+            if phase.net == net and phase.tick_scheduler:
+                occurrences = sum(p.name == name for p in self.phases) * max_steps
+                total += -(-occurrences // phase.every)  # the first occurrence runs: ceil
+        return total
+
+    def batches_per_step(self) -> float:
+        """Average micro-batch windows drawn per step (multiply by grad_accum_steps for batches)."""
+        return sum(1.0 / p.every for p in self.phases if p.new_data)
+
+    def _unique(self) -> dict[str, Phase]:
+        return {p.name: p for p in self.phases}
+
+    def describe(self) -> str:
+        """One line per list entry, for logs and the README."""
+        return ", ".join(p.name + (f"/{p.every}" if p.every > 1 else "") for p in self.phases)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = set(state["counts"]) - set(self.counts)
+        if unknown:
+            raise PhaseError(f"the checkpoint's phases {sorted(unknown)} are not in this run's phase list "
+                             f"({self.describe()}): resume with the phases that wrote it")
+        self.counts.update(state["counts"])

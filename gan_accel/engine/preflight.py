@@ -1,0 +1,203 @@
+"""Checks that run before training, so a mistake costs seconds, not a failed run.
+
+Each check raises :class:`~gan_accel.errors.PreflightError` naming the problem and the fix, or warns
+(:class:`~gan_accel.errors.PreflightWarning`) about what is usually, but not always, a mistake. The
+dry run uses two samples of the first batch, runs G, D and every phase's loss once (no backward,
+no optimizer step), and puts the global RNG and the BatchNorm buffers back afterwards, so it does
+not change the run it protects.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from ..errors import PreflightError, PreflightWarning
+from ..batch import split_batch
+from .context import MicroBatch, StepContext
+from .latents import LatentSampler, leading_size, map_tensors
+from .phases import PhasePlan
+
+# Autograd nodes that only reshape or copy: looking through them finds a network's last real operation.
+_PASS_THROUGH = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Clone", "ToCopy", "Expand", "Permute",
+                 "Transpose", "Select", "Slice", "AsStrided", "Flatten", "Contiguous", "Alias")
+
+
+def check_dataloader(dataloader: DataLoader, batch_size: int) -> None:
+    """Empty datasets and a batch size larger than the dataset (with drop_last) are refused."""
+    dataset = getattr(dataloader, "dataset", None)
+    try:
+        n_items = len(dataset) if dataset is not None else None
+    except TypeError:
+        n_items = None  # iterable datasets have no length
+    if n_items == 0:
+        raise PreflightError("the training dataset is empty: check the data path and any filtering")
+    try:
+        n_batches = len(dataloader)
+    except TypeError:
+        n_batches = None
+    if n_batches == 0:
+        loader_batch = getattr(dataloader, "batch_size", None) or batch_size
+        raise PreflightError(
+            f"the dataloader yields no batches: batch size {loader_batch} is larger than the dataset "
+            f"({n_items} items) and drop_last=True; use a smaller batch size or more data"
+        )
+    loader_batch = getattr(dataloader, "batch_size", None)
+    if loader_batch is not None and loader_batch != batch_size:
+        raise PreflightError(
+            f"the dataloader's batch_size={loader_batch} differs from config.batch_size={batch_size}: "
+            "build the DataLoader with the config's batch size (it is the per-process batch)"
+        )
+
+
+def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoader, sample_latents: LatentSampler,
+            *, conditional: bool = False, sample_labels: Callable[[int, torch.device], Tensor] | None = None,
+            num_reference: int = 64, warn: bool = True) -> Tensor:
+    """Run G, D and every phase once on two real samples; return up to ``num_reference`` real samples (CPU).
+
+    Leaves the global RNG and every BatchNorm buffer as they were.
+    """
+    buffers = {id(b): b.detach().clone() for net in nets.values() for b in net.buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            reference, micro = _first_micro_batch(nets, dataloader, sample_latents, sample_labels, conditional)
+            fake = _check_networks(nets, micro, conditional, warn)
+            if warn:
+                _warn_about_ranges(fake, reference)
+            _check_phases(nets, plan, micro, conditional)
+    finally:
+        for net in nets.values():
+            for b in net.buffers():
+                b.copy_(buffers[id(b)])
+    return reference[:num_reference]
+
+
+def _first_micro_batch(nets, dataloader, sample_latents, sample_labels, conditional) -> tuple[Tensor, MicroBatch]:
+    try:
+        batch = next(iter(dataloader))
+    except StopIteration:
+        raise PreflightError("the dataloader yields no batches") from None
+    try:
+        real, labels = split_batch(batch)
+    except TypeError as error:
+        raise PreflightError(str(error)) from None
+    if not real.is_floating_point():
+        raise PreflightError(
+            f"the real samples are {real.dtype}: convert them to floating point in the range G produces "
+            "(e.g. uint8 images x / 127.5 - 1 for a tanh generator)"
+        )
+    reference = real.detach().cpu()
+    device = _device_of(nets["D"]) or real.device
+    real = real[:2].to(device)
+    labels = labels[:2].to(device) if labels is not None else None
+    latents = sample_latents(real.shape[0], _device_of(nets["G"]) or device)
+    size = leading_size(latents)
+    if size != real.shape[0]:
+        raise PreflightError(
+            f"the latent sampler returned a batch of {size} when asked for {real.shape[0]}: it must return "
+            "latents whose first dimension is the batch_size argument (sampler(batch_size, device))"
+        )
+    fake_labels = sample_labels(real.shape[0], device) if sample_labels is not None else None
+    return reference, MicroBatch(real, labels, latents, fake_labels)
+
+
+def _check_networks(nets, micro: MicroBatch, conditional: bool, warn: bool) -> Tensor:
+    """G and D accept what they will be given and return what the engine needs; returns G's samples."""
+    G, D = nets["G"], nets["D"]
+    real = micro.real
+    try:
+        fake = G(micro.latents, micro.fake_labels) if conditional else G(micro.latents)
+    except Exception as error:
+        raise PreflightError(f"G failed on latents {_describe(micro.latents)}: {type(error).__name__}: {error}") from error
+    if not isinstance(fake, Tensor):
+        raise PreflightError(f"G must return a tensor of samples, got {type(fake).__name__}")
+    if tuple(fake.shape[1:]) != tuple(real.shape[1:]):
+        raise PreflightError(
+            f"G produces samples of shape {tuple(fake.shape[1:])} but the data has {tuple(real.shape[1:])}: "
+            "make G's output size and channels match the dataset (or resize the data)"
+        )
+    if fake.dtype != real.dtype:
+        raise PreflightError(
+            f"G produces {fake.dtype} samples but the real data is {real.dtype}: convert the data or the models "
+            "so they agree (mixed precision is applied by the engine, not by the data)"
+        )
+    for name, samples, labels in (("real samples", real, micro.real_labels), ("G's samples", fake, micro.fake_labels)):
+        try:
+            logits = D(samples, labels) if conditional else D(samples)
+        except Exception as error:
+            raise PreflightError(
+                f"D failed on {name} of shape {tuple(samples.shape)}: {type(error).__name__}: {error}") from error
+        n = samples.shape[0]
+        if not isinstance(logits, Tensor) or logits.numel() != n or logits.shape[0] != n:
+            shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise PreflightError(
+                f"D must return one logit per sample, shape ({n},) or ({n}, 1), but returned {shape} for {n} "
+                f"{name}: end D with a single-output layer and no pooling over the batch"
+            )
+        if warn and name == "real samples" and _last_operation(logits) == "Sigmoid":
+            warnings.warn(
+                "D ends in a sigmoid, but gan_accel's losses take logits (they apply the sigmoid themselves, "
+                "stably): remove D's final sigmoid", PreflightWarning, stacklevel=4)
+    return fake
+
+
+def _warn_about_ranges(fake: Tensor, reference: Tensor) -> None:
+    """G ending in tanh can only produce [-1, 1]: real data outside that range is a scaling mistake."""
+    if _last_operation(fake) != "Tanh":
+        return
+    low, high = float(reference.min()), float(reference.max())
+    if low < -1.001 or high > 1.001:
+        warnings.warn(
+            f"G ends in tanh (outputs in [-1, 1]) but the real data lies in [{low:.3g}, {high:.3g}]: scale the "
+            "data to [-1, 1] (uint8 images: x / 127.5 - 1)", PreflightWarning, stacklevel=3)
+
+
+def _check_phases(nets, plan: PhasePlan, micro: MicroBatch, conditional: bool) -> None:
+    """Each phase's loss once: it must run, return a scalar and depend on the network it trains."""
+    trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in nets.items()}
+    ctx = StepContext(nets, conditional=conditional)
+    for phase in {p.name: p for p in plan.phases}.values():
+        ctx.phase, ctx.micro = phase, MicroBatch(micro.real, micro.real_labels, micro.latents, micro.fake_labels)
+        others = [p for name, params in trainable.items() if name != phase.net for p in params]
+        for p in others:
+            p.requires_grad_(False)
+        try:
+            loss = phase.loss(ctx)
+        except Exception as error:
+            raise PreflightError(
+                f"phase {phase.name!r} failed on a 2-sample batch: {type(error).__name__}: {error}") from error
+        finally:
+            for p in others:
+                p.requires_grad_(True)
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+            raise PreflightError(f"phase {phase.name!r}: its loss must return a scalar tensor (the mean over the "
+                                 f"micro-batch), got {shape}")
+        if not loss.requires_grad:
+            raise PreflightError(f"phase {phase.name!r}: its loss does not depend on network {phase.net!r}'s "
+                                 "parameters, so the update would do nothing: check which network it calls")
+
+
+def _last_operation(output: Tensor) -> str | None:
+    """The name of the last non-reshaping autograd operation that produced ``output`` (e.g. 'Tanh')."""
+    node = output.grad_fn
+    while node is not None:
+        name = type(node).__name__.removesuffix("Backward0").removesuffix("Backward1")
+        if name not in _PASS_THROUGH:
+            return name
+        parents = [next_node for next_node, _ in node.next_functions if next_node is not None]
+        node = parents[0] if len(parents) == 1 else None
+    return None
+
+
+def _describe(latents: Any) -> str:
+    return str(map_tensors(latents, lambda t: f"Tensor{tuple(t.shape)}"))
+
+
+def _device_of(module: nn.Module) -> torch.device | None:
+    param = next(module.parameters(), None)
+    return param.device if param is not None else None

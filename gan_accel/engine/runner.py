@@ -1,0 +1,187 @@
+"""The training step: runs the due phases of one step under Accelerate's rules.
+
+This is the only code that knows those rules, so every phase, built in or yours, inherits them:
+
+* **One accumulation window per phase run.** A phase enters ``accelerator.accumulate(net)`` once per
+  micro-batch, exactly ``grad_accum_steps`` times. Accelerate keeps one counter per process and
+  advances it on every entry, so every phase run ends on the sync micro-batch and the counter is
+  aligned for the next phase. Only the trained network is passed: on the other micro-batches it
+  accumulates locally (``no_sync``), on the last one DDP all-reduces its summed gradients.
+* **The other networks are frozen** (``requires_grad_(False)`` on their trainable parameters) and
+  under ``no_sync``: a phase's loss leaves no gradient in them, and their DDP reducers never wait for
+  a gradient that will not come.
+* **Autocast around the loss, ``accelerator.backward`` for every backward** (fp16 loss scaling, the
+  1/k of accumulation), the loss multiplied by the phase's gain.
+* **After the window**: the divergence guard's verdict, clipping of this network only (under fp16
+  only its optimizer is unscaled), ``step``, the scheduler if the phase ticks it, then ``zero_grad``
+  (after ``step``: a leading ``zero_grad`` would wipe the accumulated micro-batches).
+* **G forward once**: without accumulation, when a phase that trains G follows a D phase in the same
+  window, G's samples are made once with their graph before D's phase; D sees them detached, G's
+  phase backpropagates through them (as pytorch/examples' DCGAN does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from ..errors import PhaseError
+from ..batch import RealBatch
+from .context import MicroBatch, StepContext
+from .guard import DivergenceGuard, grads_and_loss_finite
+from .latents import LatentSampler
+from .phases import Phase, PhasePlan
+from .running_means import RunningMeans
+
+LabelSampler = Callable[[int, torch.device], torch.Tensor]
+
+
+class PhaseRunner:
+    """Runs the phases of each step. Holds the current window and the per-network counters."""
+
+    def __init__(self, accelerator: Accelerator, nets: Mapping[str, nn.Module], optimizers: Mapping[str, Any],
+                 schedulers: Mapping[str, Any], plan: PhasePlan, sample_latents: LatentSampler,
+                 means: RunningMeans, *, clip_norms: Mapping[str, float | None], guard: DivergenceGuard | None,
+                 conditional: bool = False, sample_labels: LabelSampler | None = None) -> None:
+        self.accelerator = accelerator
+        self.nets, self.optimizers, self.schedulers = dict(nets), dict(optimizers), dict(schedulers)
+        self.plan = plan
+        self.sample_latents = sample_latents
+        self.sample_labels = sample_labels
+        self.means = means
+        self.clip_norms = dict(clip_norms)
+        self.guard = guard
+        self.k = accelerator.gradient_accumulation_steps
+        self.versions = {name: 0 for name in self.nets}  # updates of each network so far (cache key of G's samples)
+        self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
+        self.lr_used: dict[str, float] = {}
+        self.images_seen = 0  # real samples drawn, on this process
+        # The parameters each network trains: freezing a network touches only these, so a user's own
+        # frozen sub-module stays frozen when the network is unfrozen again.
+        self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
+        self.ctx = StepContext(self.nets, conditional=conditional, log=means.add,
+                               scaler=accelerator.scaler, versions=self.versions)
+        self.batches: Iterator[RealBatch] | None = None
+        self.window: list[MicroBatch] = []
+
+    # -- one step -------------------------------------------------------------------------------
+    def run_step(self, on_phase_end: Callable[[Phase], None]) -> None:
+        """Run every phase due in this step, in list order; ``on_phase_end(phase)`` after each."""
+        due = self.plan.advance()
+        for index, phase in enumerate(due):
+            keep_graph = phase.new_data and self.k == 1 and phase.net != "G" and _G_follows(due, index)
+            self._run_phase(phase, keep_graph)
+            on_phase_end(phase)
+
+    def _run_phase(self, phase: Phase, keep_graph: bool) -> None:
+        acc = self.accelerator
+        net, optimizer = self.nets[phase.net], self.optimizers[phase.net]
+        if phase.new_data:
+            self.window = [self._draw_micro_batch(keep_graph)]  # the rest are drawn as they are needed
+        elif not self.window:
+            raise PhaseError(f"phase {phase.name!r} reuses the current window, but no phase has drawn data yet")
+        self.ctx.phase = phase
+        total = None
+        others = [name for name in self.nets if name != phase.net]
+        self._set_trainable(others, False)
+        try:
+            with contextlib.ExitStack() as stack:
+                for name in others:  # frozen: their DDP reducers must not expect gradients
+                    stack.enter_context(acc.no_sync(self.nets[name]))
+                for index in range(self.k):
+                    if index == len(self.window):
+                        self.window.append(self._draw_micro_batch(False))
+                    self.ctx.micro = self.window[index]
+                    with acc.accumulate(net):
+                        with acc.autocast():
+                            loss = phase.loss(self.ctx)
+                        acc.backward(loss if phase.gain == 1.0 else loss * phase.gain)
+                    loss = loss.detach()
+                    total = loss if total is None else total + loss
+                    self.means.add(f"loss/{phase.name}", loss)
+        finally:
+            self._set_trainable(others, True)
+        self._update(phase, net, optimizer, total)
+
+    def _update(self, phase: Phase, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> None:
+        """Guard, clip, step, tick, zero_grad: the window ended on the sync micro-batch."""
+        name = phase.net
+        if self._update_is_finite(name, net, window_loss):
+            max_norm = self.clip_norms.get(name)
+            if max_norm is not None:
+                # fp16: the GradScaler is shared by all optimizers; unscale only this network's
+                # gradients (accelerator.clip_grad_norm_ would unscale every optimizer).
+                self.accelerator.unscale_gradients(optimizer=optimizer)
+                self.means.add(f"grad_norm/{name}", torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm))
+            if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
+                self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+        if phase.tick_scheduler:
+            self.schedulers[name].step()  # a skipped update still uses up its step of the schedule
+        optimizer.zero_grad(set_to_none=True)
+        self.versions[name] += 1
+        self.phase_runs[phase.name] += 1
+
+    def _update_is_finite(self, name: str, net: nn.Module, window_loss: torch.Tensor) -> bool:
+        """The divergence guard's verdict on this update, agreed by all ranks (one host sync)."""
+        if self.guard is None:
+            return True
+        acc = self.accelerator
+        # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
+        finite = grads_and_loss_finite(net, window_loss, check_grads=acc.scaler is None)
+        if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
+            finite = acc.reduce(finite.float(), reduction="sum") == acc.num_processes
+        ok = bool(finite.item())
+        if not ok:
+            acc.print(f"gan_accel: step {self.ctx.step}: non-finite {name} loss or gradients; update skipped")
+            net.zero_grad(set_to_none=True)
+        self.guard.record(name, ok, self.ctx.step)
+        return ok
+
+    # -- data -----------------------------------------------------------------------------------
+    def _draw_micro_batch(self, keep_graph: bool) -> MicroBatch:
+        """The next real batch and fresh latents (and, with ``keep_graph``, G's samples with their graph)."""
+        device = self.accelerator.device
+        real, labels = next(self.batches)
+        self.images_seen += real.shape[0]
+        latents = self.sample_latents(real.shape[0], device)
+        fake_labels = self.sample_labels(real.shape[0], device) if self.sample_labels is not None else None
+        micro = MicroBatch(real, labels, latents, fake_labels)
+        if keep_graph:
+            # Part of G's coming phase, hoisted: made while G is trainable and outside no_sync(G), so
+            # the G phase's backward all-reduces G's gradients as usual.
+            with self.accelerator.autocast():
+                micro.fake = self.ctx.generate(latents, fake_labels)
+            micro.fake_version, micro.fake_has_graph = self.versions["G"], True
+        return micro
+
+    def _set_trainable(self, names: list[str], flag: bool) -> None:
+        for name in names:
+            for param in self._trainable[name]:
+                param.requires_grad_(flag)
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.state_dict(), "versions": dict(self.versions), "phase_runs": dict(self.phase_runs),
+                "lr_used": dict(self.lr_used), "images_seen": self.images_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.plan.load_state_dict(state["plan"])
+        self.versions.update(state["versions"])
+        self.phase_runs.update(state["phase_runs"])
+        self.lr_used = dict(state["lr_used"])
+        self.images_seen = int(state["images_seen"])
+
+
+def _G_follows(due: list[Phase], index: int) -> bool:
+    """Whether a phase training G comes after ``due[index]`` in the same window, before G changes."""
+    for phase in due[index + 1:]:
+        if phase.new_data:
+            return False
+        if phase.net == "G":
+            return True
+    return False

@@ -1,0 +1,54 @@
+"""The errors gan_accel raises for problems a user can fix.
+
+Every class derives from :class:`GanAccelError`, so a script (or the ``gan-accel`` command) can turn
+any of them into one ``error:`` line; anything else escaping the library is a bug and keeps its
+traceback. Each also derives from the built-in type that describes it best, so existing
+``except ValueError`` / ``except RuntimeError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class GanAccelError(Exception):
+    """Base class: a problem with the user's input, environment or run folder, with a message saying the fix."""
+
+
+class ConfigError(GanAccelError, ValueError):
+    """A :class:`~gan_accel.TrainConfig` field holds a value the engine cannot train with."""
+
+
+class PreflightError(GanAccelError, ValueError):
+    """The models, the phases, the data or the output folder cannot make a valid run."""
+
+
+class PhaseError(GanAccelError, ValueError):
+    """A phase list is malformed (unknown network, no phase that draws data, ...)."""
+
+
+class LaunchError(GanAccelError, RuntimeError):
+    """The processes were started in a way that would not train one shared model."""
+
+
+class CheckpointError(GanAccelError, RuntimeError):
+    """A checkpoint cannot be used to resume: missing, partial, corrupt, or from another model."""
+
+
+class DivergenceError(GanAccelError, RuntimeError):
+    """Too many consecutive non-finite updates: the run has diverged."""
+
+
+class CallbackError(GanAccelError, RuntimeError):
+    """A callback raised; the message names it, the event and the step."""
+
+
+class TrainingInterrupted(GanAccelError):
+    """Raised by ``fit`` after a signal-triggered final checkpoint. ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class PreflightWarning(UserWarning):
+    """Something about the models or the data that usually means a mistake, but can be intended."""

@@ -1,0 +1,22 @@
+"""What the networks minimise: adversarial losses (pure functions of logits), the phase losses built
+from them, and the gradient penalties (R1, WGAN-GP) that become phases or terms of one.
+
+Nothing here knows about Accelerate or about the models: a phase loss receives a
+:class:`~gan_accel.engine.context.StepContext` and calls the networks through it.
+"""
+
+from .adversarial import discriminator_loss, generator_loss, sum_losses
+from .losses import LOSSES, GANLoss, get_loss
+from .regularizers import gradient_penalty, r1_penalty, scaled_input_gradients
+
+__all__ = [
+    "GANLoss",
+    "LOSSES",
+    "get_loss",
+    "discriminator_loss",
+    "generator_loss",
+    "sum_losses",
+    "r1_penalty",
+    "gradient_penalty",
+    "scaled_input_gradients",
+]

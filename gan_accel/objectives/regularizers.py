@@ -1,0 +1,85 @@
+"""Gradient penalties on D's input: R1 (Mescheder et al. 2018) and WGAN-GP (Gulrajani et al. 2017).
+
+Three rules make them correct in every setting the engine supports:
+
+* **Accumulation**: each penalty is a mean over the micro-batch of per-sample terms, so k
+  micro-batches of b average to the penalty of one batch of k*b.
+* **fp16 loss scaling**: the input gradient is taken of the *scaled* output and unscaled afterwards
+  (:func:`scaled_input_gradients`), so small gradients do not underflow in half precision and an
+  overflow shows up as a non-finite penalty, which the GradScaler then skips like any other step.
+* **DDP**: ``torch.autograd.grad`` bypasses DDP's reducer, and the penalty's double backward leaves
+  some parameters (e.g. D's last bias) without a gradient, which DDP would wait for. Each penalty
+  therefore ends in ``+ 0 * logits.sum()`` of the same forward, so every parameter of D receives a
+  gradient exactly once and is all-reduced with the rest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import Tensor
+
+from .adversarial import PhaseLoss
+
+if TYPE_CHECKING:
+    from ..engine.context import StepContext
+
+EpsilonSampler = Callable[[int, Tensor], Tensor]
+
+
+def scaled_input_gradients(output: Tensor, inputs: Tensor, scaler: Any | None = None) -> Tensor:
+    """``d output / d inputs`` with ``create_graph=True`` (for a penalty's double backward).
+
+    With a ``torch.amp.GradScaler``, ``output`` is scaled before ``autograd.grad`` and the result
+    unscaled after, as PyTorch's AMP recipe for gradient penalties does; the scale is read on the
+    device (no host sync).
+    """
+    if scaler is None or not getattr(scaler, "is_enabled", lambda: True)():
+        (grad,) = torch.autograd.grad(output, inputs, create_graph=True)
+        return grad
+    scaled = scaler.scale(output)
+    (grad,) = torch.autograd.grad(scaled, inputs, create_graph=True)
+    scale = scaler._get_scale_async() if hasattr(scaler, "_get_scale_async") else torch.tensor(scaler.get_scale())
+    return grad * scale.double().reciprocal().to(grad.dtype)
+
+
+def r1_penalty(gamma: float) -> PhaseLoss:
+    """``gamma / 2 * E_x |grad_x D(x)|^2`` on real data (conditioned on the real labels, if any)."""
+
+    def r1(ctx: "StepContext") -> Tensor:
+        x = ctx.real.detach().requires_grad_(True)
+        logits = ctx.discriminate(x, ctx.real_labels)
+        grad = ctx.input_gradients(logits.sum(), x)
+        penalty = grad.square().flatten(1).sum(1).mean() * (gamma / 2)
+        return penalty + logits.sum() * 0.0  # every D parameter gets a gradient (see the module doc)
+
+    r1.__qualname__ = f"r1_penalty(gamma={gamma:g})"
+    return r1
+
+
+def uniform_epsilon(batch_size: int, like: Tensor) -> Tensor:
+    """One mixing weight per sample, uniform in [0, 1), shaped to broadcast over ``like``'s sample dims."""
+    return torch.rand(batch_size, *([1] * (like.dim() - 1)), device=like.device, dtype=like.dtype)
+
+
+def gradient_penalty(weight: float = 10.0, epsilon: EpsilonSampler | None = None) -> PhaseLoss:
+    """WGAN-GP: ``weight * E (|grad D(x_hat)| - 1)^2`` with ``x_hat`` between a real and a fake sample.
+
+    ``epsilon(batch_size, real)`` draws the mixing weights (uniform by default). In a conditional run
+    the interpolates are judged with the real labels.
+    """
+    draw = epsilon or uniform_epsilon
+
+    def gp(ctx: "StepContext") -> Tensor:
+        real, fake = ctx.real.detach(), ctx.fake.detach().to(ctx.real.dtype)
+        eps = draw(real.shape[0], real)
+        x_hat = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        logits = ctx.discriminate(x_hat, ctx.real_labels)
+        grad = ctx.input_gradients(logits.sum(), x_hat)
+        # sqrt(sum + tiny): the plain norm's gradient is undefined at exactly zero.
+        norm = (grad.flatten(1).square().sum(1) + 1e-12).sqrt()
+        return weight * (norm - 1).square().mean() + logits.sum() * 0.0
+
+    gp.__qualname__ = f"gradient_penalty(weight={weight:g})"
+    return gp
