@@ -103,6 +103,29 @@ class TableLatents:
         return chunk[rank * batch_size : (rank + 1) * batch_size].to(device)
 
 
+class TableEpsilon:
+    """GP mixing weights read in order from a fixed table, sliced per process like :class:`TableLatents`."""
+
+    def __init__(self, rows: int = 8192) -> None:
+        self.flat = torch.rand(rows, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+        self.cursor = 0
+
+    def rewind(self) -> "TableEpsilon":
+        """Start again at row 0 (the trainer's preflight runs each phase once before training)."""
+        self.cursor = 0
+        return self
+
+    def __call__(self, batch_size: int, like: torch.Tensor) -> torch.Tensor:
+        from accelerate import PartialState
+
+        state = PartialState()
+        world, rank = state.num_processes, state.process_index
+        chunk = self.flat[self.cursor : self.cursor + batch_size * world]
+        self.cursor += batch_size * world
+        mine = chunk[rank * batch_size : (rank + 1) * batch_size]
+        return mine.to(like).view(batch_size, *([1] * (like.dim() - 1)))
+
+
 def params(module: nn.Module) -> dict[str, torch.Tensor]:
     from accelerate.utils import extract_model_from_parallel
 

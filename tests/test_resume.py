@@ -63,21 +63,21 @@ def metric_rows(run_dir) -> list[dict]:
     return rows
 
 
-def _straight(out_dir: str) -> None:
-    trainer = build_trainer(os.path.join(out_dir, "straight"))
+def _straight(out_dir: str, **overrides) -> None:
+    trainer = build_trainer(os.path.join(out_dir, "straight"), **overrides)
     trainer.fit()
     rank = trainer.accelerator.process_index
     torch.save(snapshot(trainer), os.path.join(out_dir, f"straight_{rank}.pt"))
 
 
-def _interrupted(out_dir: str) -> None:
-    build_trainer(os.path.join(out_dir, "resumed")).fit(stop_at_step=STOP_AT)
+def _interrupted(out_dir: str, **overrides) -> None:
+    build_trainer(os.path.join(out_dir, "resumed"), **overrides).fit(stop_at_step=STOP_AT)
 
 
-def _resumed(out_dir: str) -> None:
+def _resumed(out_dir: str, **overrides) -> None:
     # Different initial weights and a shifted global RNG: everything must come from the checkpoint.
     torch.manual_seed(1234)
-    trainer = build_trainer(os.path.join(out_dir, "resumed"), init_seed=99)
+    trainer = build_trainer(os.path.join(out_dir, "resumed"), init_seed=99, **overrides)
     trainer.fit(resume_from="latest")
     rank = trainer.accelerator.process_index
     torch.save(snapshot(trainer), os.path.join(out_dir, f"resumed_{rank}.pt"))
@@ -93,15 +93,17 @@ def check_runs(out, ranks) -> None:
     assert (straight / "samples_000008.png").read_bytes() == (resumed / "samples_000008.png").read_bytes()
 
 
-def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path):
-    _straight(str(tmp_path))
+@pytest.mark.parametrize("overrides", [{}, {"r1_gamma": 1.0, "r1_every": 4, "n_critic": 2}],
+                         ids=["default phases", "n_critic 2 + lazy R1 every 4"])
+def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path, overrides):
+    _straight(str(tmp_path), **overrides)
     reset_accelerate_state()
-    _interrupted(str(tmp_path))
+    _interrupted(str(tmp_path), **overrides)
     from gan_accel import list_checkpoints
 
     assert [p.name for p in list_checkpoints(tmp_path / "resumed")] == ["checkpoint_00000003"]
     reset_accelerate_state()
-    _resumed(str(tmp_path))
+    _resumed(str(tmp_path), **overrides)
     check_runs(tmp_path, ranks=[0])
 
 

@@ -15,14 +15,24 @@ from ..errors import DivergenceError
 
 
 def grads_and_loss_finite(model: nn.Module, loss_sum: torch.Tensor, check_grads: bool) -> torch.Tensor:
-    """A 0-dim bool tensor (on the device, no sync): ``loss_sum`` and, if asked, every gradient are finite."""
-    flags = [torch.isfinite(loss_sum).all()]
-    if check_grads:
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if grads:
-            # A sum of squared norms is non-finite iff some element is: one reduction, one sync.
-            flags.append(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
-    return torch.stack(flags).all()
+    """A 0-dim bool tensor (on the device, no sync): ``loss_sum`` and, if asked, every gradient are finite.
+
+    The gradients are checked with the kernel torch's GradScaler uses (one fused pass over them,
+    unscaling by 1 leaves them unchanged): measured side by side, a per-tensor norm cost several
+    percent of a small DCGAN's CPU step, this kernel about nothing.
+    """
+    ok = torch.isfinite(loss_sum).all()
+    if not check_grads:
+        return ok
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+    for (device, _), grads in groups.items():
+        found_inf = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch.ones(1, device=device))
+        ok = ok & (found_inf.to(ok.device) == 0).squeeze(0)
+    return ok
 
 
 class DivergenceGuard:

@@ -94,11 +94,10 @@ def default_phases(config: "TrainConfig") -> list[Phase]:
         d_terms.append(r1_penalty(config.r1_gamma))
     d_phase = Phase("D", "D", sum_losses(*d_terms) if len(d_terms) > 1 else d_terms[0], new_data=True,
                     double_backward=len(d_terms) > 1)
+    r1 = r1_phase(config.r1_gamma, config.r1_every) if lazy_r1 else None
     phases: list[Phase] = []
     for _ in range(config.n_critic):
-        phases.append(d_phase)
-        if lazy_r1:
-            phases.append(r1_phase(config.r1_gamma, config.r1_every))
+        phases += [d_phase, r1] if r1 is not None else [d_phase]
     phases.append(Phase("G", "G", generator_loss(loss)))
     return phases
 
