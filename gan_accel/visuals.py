@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import torch
-from torchvision.utils import make_grid, save_image
 
 from .state.files import atomic_path
 
@@ -27,6 +26,8 @@ def is_point_batch(samples: torch.Tensor) -> bool:
 
 def to_grid(images: torch.Tensor, nrow: int | None = None) -> torch.Tensor:
     """Arrange a batch of images in [-1, 1] as one [0, 1] grid image (C, H, W), on CPU."""
+    from torchvision.utils import make_grid  # torchvision loads its datasets on import: only when drawing
+
     images = images.detach().float().cpu().clamp(-1.0, 1.0)
     nrow = nrow or max(1, int(round(images.shape[0] ** 0.5)))
     return make_grid(images, nrow=nrow, normalize=True, value_range=(-1.0, 1.0), padding=2)
@@ -34,6 +35,8 @@ def to_grid(images: torch.Tensor, nrow: int | None = None) -> torch.Tensor:
 
 def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None) -> Path:
     """Write a PNG grid atomically (temporary file then rename), so a reader never sees half a file."""
+    from torchvision.utils import save_image
+
     with atomic_path(path) as tmp:
         save_image(to_grid(images, nrow), tmp, format="png")
     return Path(path)

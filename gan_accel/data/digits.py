@@ -70,6 +70,40 @@ def _random_blur(x: Tensor, mix: Tensor) -> Tensor:
     return (1 - m) * x + m * blurred
 
 
+def _inverse_affines(angle: Tensor, scale: Tensor, aspect: Tensor, shear: Tensor, shift: Tensor) -> Tensor:
+    """(n, 2, 3) output->template maps for ``grid_sample``.
+
+    The forward map template -> output is A = R(angle) @ Shear @ diag(scale * aspect, scale), plus
+    shift; sampling wants the inverse (output coordinates -> where to read in the template).
+    """
+    n = angle.shape[0]
+    cos, sin = angle.cos(), angle.sin()
+    rot = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
+    shear_m = torch.zeros(n, 2, 2)
+    shear_m[:, 0, 0] = shear_m[:, 1, 1] = 1
+    shear_m[:, 0, 1] = shear
+    forward = rot @ shear_m @ torch.diag_embed(torch.stack([scale * aspect, scale], -1))
+    inverse = torch.linalg.inv(forward)
+    return torch.cat([inverse, -(inverse @ shift.unsqueeze(-1))], dim=-1)
+
+
+def _warp(templates: Tensor, theta: Tensor, template_idx: Tensor, base: Tensor, size: int) -> Tensor:
+    """Each sample's template warped by its ``theta`` at 2x resolution, then average-pooled to ``size``."""
+    hi = 2 * size
+    x = torch.empty(theta.shape[0], 1, size, size)
+    for t in template_idx.unique().tolist():
+        sel = (template_idx == t).nonzero().squeeze(1)
+        k = sel.numel()
+        # One (2k, 3) @ (3, hi*hi) matmul: far faster on CPU than affine_grid's batched K=3 matmul.
+        grid = (theta[sel].reshape(2 * k, 3) @ base.T).view(k, 2, hi, hi).permute(0, 2, 3, 1)
+        grid = grid.reshape(1, k * hi, hi, 2)
+        # All k samples of one template in a single call: their grids are stacked along the height
+        # axis, so the template is read in place instead of being copied once per sample.
+        warped = F.grid_sample(templates[t : t + 1], grid, mode="bilinear", align_corners=False)
+        x[sel] = F.avg_pool2d(warped.view(k, 1, hi, hi), 2)
+    return x
+
+
 def synthetic_digits(n: int, seed: int = 0, size: int = 28) -> tuple[Tensor, Tensor]:
     """Offline MNIST-like digits: uint8 images (n, 1, size, size), white on black, and int64 labels.
 
@@ -98,16 +132,7 @@ def synthetic_digits(n: int, seed: int = 0, size: int = 28) -> tuple[Tensor, Ten
     blur_mix = uniform(0.0, 0.7)
     contrast = uniform(1.0, 1.4)  # > 1 saturates stroke cores, as in MNIST where most ink is ~255
 
-    # Forward map template -> output is A = R(angle) @ Shear @ diag(scale * aspect, scale), plus shift;
-    # affine_grid wants the inverse (output coordinates -> where to read in the template).
-    cos, sin = angle.cos(), angle.sin()
-    rot = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
-    shear_m = torch.zeros(n, 2, 2)
-    shear_m[:, 0, 0] = shear_m[:, 1, 1] = 1
-    shear_m[:, 0, 1] = shear
-    forward = rot @ shear_m @ torch.diag_embed(torch.stack([scale * aspect, scale], -1))
-    inverse = torch.linalg.inv(forward)
-    theta = torch.cat([inverse, -(inverse @ shift.unsqueeze(-1))], dim=-1)
+    theta = _inverse_affines(angle, scale, aspect, shear, shift)
 
     # Output pixel centres in normalised coordinates (align_corners=False convention), as (x, y, 1) rows,
     # sampled at 2x the output size and average-pooled afterwards: cheap anti-aliasing of the 4x template.
@@ -121,18 +146,7 @@ def synthetic_digits(n: int, seed: int = 0, size: int = 28) -> tuple[Tensor, Ten
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         b = stop - start
-        x = torch.empty(b, 1, size, size)
-        tidx = template_idx[start:stop]
-        for t in tidx.unique().tolist():
-            sel = (tidx == t).nonzero().squeeze(1)
-            k = sel.numel()
-            # One (2k, 3) @ (3, hi*hi) matmul: far faster on CPU than affine_grid's batched K=3 matmul.
-            grid = (theta[start + sel].reshape(2 * k, 3) @ base.T).view(k, 2, hi, hi).permute(0, 2, 3, 1)
-            grid = grid.reshape(1, k * hi, hi, 2)
-            # All k samples of one template in a single call: their grids are stacked along the height
-            # axis, so the template is read in place instead of being copied once per sample.
-            warped = F.grid_sample(templates[t : t + 1], grid, mode="bilinear", align_corners=False)
-            x[sel] = F.avg_pool2d(warped.view(k, 1, hi, hi), 2)
+        x = _warp(templates, theta[start:stop], template_idx[start:stop], base, size)
         x = _random_blur(x, blur_mix[start:stop])
         # Multiplicative noise only touches ink, so the background stays exactly 0 like MNIST.
         x = x * (1 + 0.05 * torch.randn(x.shape, generator=g))

@@ -82,24 +82,14 @@ def _short_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def resolve_dataset(
-    name: str,
-    data_dir: PathLike,
-    download: bool = True,
-    allow_fallback: bool = True,
-    log: Callable[[str], Any] | None = print,
-    *,
-    accelerator: Any | None = None,
-    train: bool = True,
-    offline_size: int = 60_000,
-    seed: int = 0,
-    download_timeout: float = 15.0,
-) -> DatasetInfo:
+def resolve_dataset(name: str, data_dir: PathLike, download: bool = True, allow_fallback: bool = True,
+                    log: Callable[[str], Any] | None = print, *, accelerator: Any | None = None, train: bool = True,
+                    offline_size: int = 60_000, seed: int = 0, download_timeout: float = 15.0) -> DatasetInfo:
     """Resolve ``name`` ("mnist", "auto" or "digits") to images and labels.
 
-    "mnist": MNIST from ``data_dir`` (downloaded when missing and ``download``), else
-    ``DatasetUnavailableError``. "auto": the same, but on failure logs one message and returns the
-    offline digits (unless ``allow_fallback=False``). "digits": the offline set directly.
+    "mnist": MNIST from ``data_dir`` (downloaded when missing and ``download``), else ``DatasetUnavailableError``.
+    "auto": the same, but on failure logs one message and returns the offline digits (unless
+    ``allow_fallback=False``). "digits": the offline set directly.
     With ``accelerator``, the main process loads (and downloads) first, the others then read the files.
     """
     key = name.lower()

@@ -1,0 +1,199 @@
+"""Callbacks: the documented event order, replacing and switching off built-ins, state in checkpoints,
+and a failing callback that stops the run with its name while the last checkpoint stays intact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import Z_DIM, TableLatents, make_images, make_loader, make_models, params, reset_accelerate_state
+from gan_accel import Callback, CallbackError, GANTrainer, TrainConfig, list_checkpoints
+from gan_accel.callbacks import BUILTIN_CALLBACKS, CallbackList
+from gan_accel.callbacks.metrics_log import read_metrics
+
+
+def trainer_for(tmp_path, callbacks=(), disable=(), **overrides) -> GANTrainer:
+    cfg = dict(max_steps=4, batch_size=4, z_dim=Z_DIM, log_every=2, sample_every=2, checkpoint_every=2,
+               num_samples=4, output_dir=str(tmp_path / "run"), progress_bar=False)
+    cfg.update(overrides)
+    G, D = make_models()
+    latents = TableLatents(4096)
+    trainer = GANTrainer(G, D, make_loader(make_images(64), 4), TrainConfig(**cfg), latent_sampler=latents,
+                         callbacks=callbacks, disable_callbacks=disable)
+    latents.rewind()
+    return trainer
+
+
+class Recorder(Callback):
+    """Records every event with the step it came at."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_fit_start(self, trainer):
+        self.events.append(("fit_start", trainer.step))
+
+    def on_phase_end(self, trainer, phase):
+        self.events.append((f"phase:{phase.name}", trainer.step))
+
+    def on_step_end(self, trainer):
+        self.events.append(("step_end", trainer.step))
+
+    def on_log(self, trainer, row):
+        self.events.append(("log", row["step"]))
+
+    def on_sample(self, trainer):
+        self.events.append(("sample", trainer.step))
+
+    def on_checkpoint(self, trainer):
+        self.events.append(("checkpoint", trainer.step))
+
+    def on_fit_end(self, trainer):
+        self.events.append(("fit_end", trainer.step))
+
+    def on_close(self, trainer):
+        self.events.append(("close", trainer.step))
+
+
+def test_events_fire_in_the_documented_order(tmp_path):
+    recorder = Recorder()
+    trainer_for(tmp_path, callbacks=[recorder], max_steps=3, log_every=2, sample_every=3, checkpoint_every=2).fit()
+    step = lambda s: [("phase:D", s), ("phase:G", s), ("step_end", s + 1)]  # noqa: E731
+    assert recorder.events == [
+        ("fit_start", 0),
+        *step(0),
+        *step(1), ("log", 2), ("checkpoint", 2),
+        *step(2), ("log", 3), ("sample", 3),  # the last step is always logged and sampled
+        ("checkpoint", 3), ("fit_end", 3), ("close", 3),
+    ]
+
+
+def test_builtins_come_first_in_their_fixed_order_and_yours_after(tmp_path):
+    recorder = Recorder()
+    trainer = trainer_for(tmp_path, callbacks=[recorder], ema_decay=0.9, progress_bar=True)
+    assert trainer.callbacks.names == [*BUILTIN_CALLBACKS, "recorder"]
+
+
+def test_a_callback_named_like_a_builtin_replaces_it_and_disable_switches_builtins_off(tmp_path):
+    class TensorSamples(Callback):
+        name = "samples"
+
+        def on_sample(self, trainer):
+            torch.save(trainer.generate(), trainer.output_dir / f"mine_{trainer.step}.pt")
+
+    trainer = trainer_for(tmp_path, callbacks=[TensorSamples()], disable=("export", "checkpoints"))
+    assert "export" not in trainer.callbacks.names and "checkpoints" not in trainer.callbacks.names
+    assert trainer.callbacks.names.index("samples") == 1  # in the built-in's place
+    trainer.fit()
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("mine_*.pt")) == ["mine_2.pt", "mine_4.pt"]
+    assert not list(run.glob("samples_*.png")) and not (run / "generator.safetensors").exists()
+    assert not (run / "checkpoints").exists()
+
+
+def test_unknown_builtin_name_in_disable_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"disable_callbacks=\['sampels'\]: built-in callbacks are"):
+        trainer_for(tmp_path, disable=("sampels",))
+
+
+def test_a_raising_callback_stops_the_run_with_its_name_and_the_last_checkpoint_is_intact(tmp_path):
+    class Exploding(Callback):
+        name = "my_probe"
+
+        def on_step_end(self, trainer):
+            if trainer.step == 3:
+                raise RuntimeError("probe went wrong")
+
+    trainer = trainer_for(tmp_path, callbacks=[Exploding()])
+    with pytest.raises(CallbackError) as info:
+        trainer.fit()
+    message = str(info.value)
+    assert "callback 'my_probe' (Exploding) failed in on_step_end at step 3: RuntimeError: probe went wrong" in message
+    assert "checkpoint_00000002" in message and "--resume latest" in message
+    # The checkpoint of step 2 is complete and resumable; nothing partial was left behind.
+    run = tmp_path / "run"
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000002"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_00000002"]
+    reset_accelerate_state()
+    resumed = trainer_for(tmp_path)
+    resumed.fit(resume_from="latest")
+    assert resumed.step == 4 and [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [2, 4]
+
+
+def test_close_runs_after_an_error_and_restores_the_signal_handlers(tmp_path):
+    import signal
+
+    recorder = Recorder()
+
+    class Failing(Callback):
+        def on_sample(self, trainer):
+            raise ValueError("bad sample")
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(CallbackError, match="failed in on_sample at step 2"):
+        trainer_for(tmp_path, callbacks=[recorder, Failing()]).fit()
+    assert recorder.events[-1] == ("close", 2)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stateful_callback_is_checkpointed_and_restored(tmp_path):
+    class Counter(Callback):
+        def __init__(self):
+            self.seen = 0
+
+        def on_step_end(self, trainer):
+            self.seen += 1
+
+        def state_dict(self):
+            return {"seen": self.seen}
+
+        def load_state_dict(self, state):
+            self.seen = state["seen"]
+
+    trainer_for(tmp_path, callbacks=[Counter()]).fit(stop_at_step=2)
+    reset_accelerate_state()
+    counter = Counter()
+    trainer_for(tmp_path, callbacks=[counter]).fit(resume_from="latest")
+    assert counter.seen == 4  # 2 restored + 2 new
+
+
+def test_a_checkpoint_without_a_callbacks_state_is_refused_with_the_reason(tmp_path):
+    from gan_accel import CheckpointError
+
+    trainer_for(tmp_path, ema_decay=0.9).fit(stop_at_step=2)
+    reset_accelerate_state()
+    with pytest.raises(CheckpointError, match=r"callbacks \['ema'\] but this run has \[\].*ema_decay differs"):
+        trainer_for(tmp_path).fit(resume_from="latest")
+
+
+def test_callback_list_add_before_after_replace_remove():
+    class A(Callback):
+        pass
+
+    class B(Callback):
+        pass
+
+    class C(Callback):
+        pass
+
+    callbacks = CallbackList([A(), C()])
+    callbacks.add(B(), before="c")
+    assert callbacks.names == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="already registered"):
+        callbacks.add(B())
+    removed = callbacks.remove("a")
+    assert isinstance(removed, A) and callbacks.names == ["b", "c"]
+    callbacks.add(A(), after="b")
+    assert callbacks.names == ["b", "a", "c"]
+    with pytest.raises(KeyError, match="no callback named 'z'"):
+        callbacks.remove("z")
+
+
+def test_ema_is_a_callback_and_samples_come_from_it(tmp_path):
+    trainer = trainer_for(tmp_path, ema_decay=0.5, max_steps=3)
+    trainer.fit()
+    ema = trainer.callbacks.get("ema").ema
+    assert trainer.sampling_generator() is ema.module
+    assert ema.num_updates == 3
+    # The average differs from G itself (it lags behind).
+    assert any(not torch.equal(a, b) for a, b in zip(params(ema.module).values(), params(trainer.G).values()))
