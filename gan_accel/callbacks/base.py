@@ -186,6 +186,23 @@ class CallbackList:
                 callback.load_state_dict(state)
 
 
+def assemble(builtins: Iterable[Any], user: Iterable[Any], disabled: Iterable[str],
+             known: Iterable[str]) -> list[Any]:
+    """Built-ins minus ``disabled``, then the user's callbacks; one named like a built-in takes its place."""
+    disabled, known = set(disabled), list(known)
+    unknown = disabled - set(known)
+    if unknown:
+        raise ValueError(f"disable_callbacks={sorted(unknown)}: built-in callbacks are {known}")
+    merged = [c for c in builtins if _name_of(c) not in disabled]
+    for callback in user:
+        names = [_name_of(c) for c in merged]
+        if _name_of(callback) in names:
+            merged[names.index(_name_of(callback))] = callback
+        else:
+            merged.append(callback)
+    return merged
+
+
 def _name_of(callback: Any) -> str:
     name = getattr(callback, "name", "") or type(callback).__name__
     return str(name)

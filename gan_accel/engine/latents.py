@@ -63,3 +63,24 @@ def leading_size(latents: Any) -> int | None:
         if size is not None:
             return size
     return None
+
+
+@torch.no_grad()
+def generate_samples(G: Any, latents: Any, accelerator: Any) -> torch.Tensor:
+    """``G(latents)`` in eval mode under the run's autocast, as float32; latents moved to G's device and dtype.
+
+    Pass the *unwrapped* G: calling a DDP wrapper on the main process alone could start a collective
+    the other ranks never join.
+    """
+    param = next(G.parameters(), None)
+    device = param.device if param is not None else accelerator.device
+    dtype = param.dtype if param is not None and param.is_floating_point() else None
+    # e.g. a float64 G gets float64 latents; autocast still applies on top
+    latents = map_tensors(latents, lambda t: t.to(device, dtype if dtype and t.is_floating_point() else t.dtype))
+    was_training = G.training
+    G.eval()
+    try:
+        with accelerator.autocast():
+            return G(latents).float()
+    finally:
+        G.train(was_training)

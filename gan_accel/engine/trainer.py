@@ -17,30 +17,34 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
+from ..callbacks.base import assemble
 from ..config import TrainConfig
 from ..errors import CheckpointError, PreflightError, TrainingInterrupted
 from ..state.checkpoint import load_checkpoint, resolve_resume
 from ..state.run_folder import check_output_dir, clear_run_files, write_run_description
-from ..batch import RealBatch, split_batch
+from .build import ExtraNetwork, collect_networks, prepare_run
+from .data_stream import DataStream
 from .guard import DivergenceGuard
-from .latents import LatentSampler, draw_fixed_latents, gaussian_latents, leading_size, map_tensors
+from .latents import LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples, leading_size
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
 from .runner import PhaseRunner
 from .running_means import RunningMeans
-from .schedules import LRMultiplier, lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
+from .schedules import LRMultiplier
 
-ExtraNetwork = nn.Module | tuple[nn.Module, torch.optim.Optimizer]
+
+def _entry(table: str, name: str) -> property:
+    return property(lambda self: getattr(self, table)[name], doc=f"``self.{table}[{name!r}]``")
 
 
 class GANTrainer:
@@ -84,11 +88,7 @@ class GANTrainer:
         self.accelerator = accelerator
         self.output_dir = Path(config.output_dir)
         self.sample_latents = latent_sampler or gaussian_latents(config.z_dim)
-        nets, optimizers = {"G": G, "D": D}, {"G": opt_G, "D": opt_D}
-        for name, extra in (extra_networks or {}).items():
-            if name in nets:
-                raise PreflightError(f"extra network name {name!r} is taken: use another name than 'G' and 'D'")
-            nets[name], optimizers[name] = extra if isinstance(extra, tuple) else (extra, None)
+        nets, optimizers = collect_networks(G, D, opt_G, opt_D, extra_networks)
         plan = PhasePlan(phases if phases is not None else default_phases(config), nets)
 
         # Preflight on the raw modules and loader: a wrong shape, batch form or phase costs seconds, not a run.
@@ -100,37 +100,18 @@ class GANTrainer:
         if leading_size(self.fixed_latents) != config.num_samples:
             raise PreflightError(f"the latent sampler returned {leading_size(self.fixed_latents)} fixed latents "
                                  f"when asked for num_samples={config.num_samples}")
-        schedulers = {"G": sched_G, "D": sched_D}
-        multipliers = {"G": lr_multiplier_G, "D": lr_multiplier_D}
-        ticks = scheduler_ticks_per_optimizer_step(accelerator)
-        for name, net in nets.items():
-            if optimizers[name] is None:
-                lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
-                optimizers[name] = torch.optim.Adam(net.parameters(), lr=lr, betas=betas)
-            total = max(1, plan.scheduler_steps(name, config.max_steps))
-            schedule = config.lr_schedule if name in ("G", "D") else "constant"
-            schedulers[name] = self._scheduler(schedulers.get(name), multipliers.get(name), optimizers[name],
-                                               total, ticks, name, schedule)
-
-        # The one prepare: Accelerate wraps the networks (DDP), places everything on its device and
-        # shards the dataloader. Nothing in gan_accel calls .to(device) on a model.
-        names = list(nets)
-        prepared = accelerator.prepare(*nets.values(), *(optimizers[n] for n in names),
-                                       *(schedulers[n] for n in names), train_dataloader)
-        n = len(names)
-        self.networks = dict(zip(names, prepared[:n]))
-        self.optimizers = dict(zip(names, prepared[n:2 * n]))
-        self.schedulers = dict(zip(names, prepared[2 * n:3 * n]))
-        self.train_dataloader = prepared[-1]
+        prepared = prepare_run(accelerator, config, plan, nets, optimizers, {"G": sched_G, "D": sched_D},
+                               {"G": lr_multiplier_G, "D": lr_multiplier_D}, train_dataloader)
+        self.networks, self.optimizers, self.schedulers = prepared.networks, prepared.optimizers, prepared.schedulers
+        self.train_dataloader = prepared.dataloader
         # Seeded after prepare: the data order must be the same on every process (see build_accelerator),
         # the noise different on each (the same noise everywhere would waste the larger batch).
         set_seed(config.seed, device_specific=True)
 
         self.step = 0  # passes over the phase list (generator steps with the default list)
-        self.epoch = 0
-        self.batches_in_epoch = 0  # position in the current epoch, for mid-epoch resume
+        self.data = DataStream(self.train_dataloader, accelerator)
         self.means = RunningMeans()
-        self.guard = DivergenceGuard(config.max_bad_updates, tuple(names)) if config.nan_guard else None
+        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets)) if config.nan_guard else None
         self.runner = PhaseRunner(accelerator, self.networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D})
@@ -139,40 +120,9 @@ class GANTrainer:
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_step: int | None = None
         self._stop_signum: int | None = None
-        self.callbacks = CallbackList(self._merge_callbacks(default_callbacks(config), callbacks, disable_callbacks))
+        self.callbacks = CallbackList(assemble(default_callbacks(config), callbacks, disable_callbacks,
+                                               BUILTIN_CALLBACKS))
         self.callbacks.bind(self)
-
-    # -- construction helpers -----------------------------------------------------------------
-    def _scheduler(self, sched, multiplier, optimizer, total_steps: int, ticks: int, name: str, schedule: str):
-        if sched is not None:
-            if multiplier is not None:
-                raise ValueError(f"pass either sched_{name} or lr_multiplier_{name}, not both")
-            if ticks > 1:
-                raise ValueError(
-                    f"sched_{name} would be stepped {ticks} times per optimizer step by Accelerate on "
-                    f"{ticks} processes, shortening its schedule: pass lr_multiplier_{name}=<function of "
-                    "the optimizer step> instead, or an Accelerator with step_scheduler_with_optimizer=False"
-                )
-            return sched
-        if multiplier is None:
-            multiplier = warmup_then_decay(total_steps, int(self.config.warmup_ratio * total_steps), schedule)
-        return lambda_scheduler(optimizer, multiplier, ticks)
-
-    @staticmethod
-    def _merge_callbacks(builtins: list, user: Iterable[Any], disabled: Iterable[str]) -> list:
-        disabled = set(disabled)
-        unknown = disabled - set(BUILTIN_CALLBACKS)
-        if unknown:
-            raise ValueError(f"disable_callbacks={sorted(unknown)}: built-in callbacks are {list(BUILTIN_CALLBACKS)}")
-        merged = [c for c in builtins if c.name not in disabled]
-        for callback in user:
-            name = getattr(callback, "name", "") or type(callback).__name__
-            position = next((i for i, c in enumerate(merged) if getattr(c, "name", "") == name), None)
-            if position is None:
-                merged.append(callback)
-            else:
-                merged[position] = callback
-        return merged
 
     # -- the loop -----------------------------------------------------------------------------
     def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None) -> dict[str, float]:
@@ -200,7 +150,7 @@ class GANTrainer:
         if acc.mixed_precision == "fp16" and acc.scaler is None:
             acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
         acc.wait_for_everyone()
-        self.runner.batches = self._batches()
+        self.runner.batches = iter(self.data)
         self._interval_start = (time.perf_counter(), self.runner.images_seen)
         try:
             self.callbacks.fire("on_fit_start")
@@ -232,43 +182,13 @@ class GANTrainer:
     def _phase_end(self, phase: Phase) -> None:
         self.callbacks.fire("on_phase_end", phase)
 
-    def _batches(self) -> Iterator[RealBatch]:
-        """Endless batches, epoch after epoch (set_epoch reshuffles through the seedable sampler)."""
-        loader = self.train_dataloader
-        iterable = isinstance(getattr(loader, "dataset", None), IterableDataset)
-        if self.batches_in_epoch and iterable:
-            self.accelerator.print(
-                f"gan_accel: note: the data is an IterableDataset, so resuming mid-epoch reads and skips "
-                f"{self.batches_in_epoch} batches; the run continues exactly only if the dataset yields the "
-                "same items in the same order for a given epoch (set_epoch)")
-        while True:
-            if hasattr(loader, "set_epoch"):
-                loader.set_epoch(self.epoch)  # the seedable sampler's order is a function of (seed, epoch)
-            current = loader
-            if self.batches_in_epoch:  # resumed mid-epoch: the same order, minus what was consumed
-                current = self.accelerator.skip_first_batches(loader, self.batches_in_epoch)
-            iterator = iter(current)
-            # Starting a DataLoader iterator draws a base seed from the global RNG. Keep that draw out
-            # of the noise stream, so a run resumed mid-epoch draws the same noise as an uninterrupted one.
-            with torch.random.fork_rng(devices=[]):
-                batch = next(iterator, None)
-            if batch is None and self.batches_in_epoch == 0:
-                raise PreflightError(f"the training data yielded no batch in epoch {self.epoch}: an empty "
-                                     "IterableDataset, or fewer items than one batch with drop_last=True")
-            while batch is not None:
-                self.batches_in_epoch += 1
-                yield split_batch(batch)
-                batch = next(iterator, None)
-            self.epoch += 1
-            self.batches_in_epoch = 0
-
     def log_metrics(self) -> dict[str, Any]:
         """Collective (every rank reduces): the means since the last row, then ``on_log(row)``."""
         acc = self.accelerator
         now, images = time.perf_counter(), self.runner.images_seen
         start_time, start_images = self._interval_start
         self._interval_start = (now, images)
-        row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.epoch}
+        row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.data.epoch}
         row.update(self.means.reduce(acc))
         row.update(self.runner.lr_used)
         if self.guard is not None:
@@ -290,29 +210,18 @@ class GANTrainer:
                 "(fit(resume_from='latest')) and the same output folder.")
 
     # -- what the loop produces -----------------------------------------------------------------
-    @property
-    def G(self) -> nn.Module:
-        return self.networks["G"]
+    # The prepared networks, optimizers and schedulers by their usual names (all are in the dicts).
+    G = _entry("networks", "G")
+    D = _entry("networks", "D")
+    opt_G = _entry("optimizers", "G")
+    opt_D = _entry("optimizers", "D")
+    sched_G = _entry("schedulers", "G")
+    sched_D = _entry("schedulers", "D")
 
     @property
-    def D(self) -> nn.Module:
-        return self.networks["D"]
-
-    @property
-    def opt_G(self) -> Any:
-        return self.optimizers["G"]
-
-    @property
-    def opt_D(self) -> Any:
-        return self.optimizers["D"]
-
-    @property
-    def sched_G(self) -> Any:
-        return self.schedulers["G"]
-
-    @property
-    def sched_D(self) -> Any:
-        return self.schedulers["D"]
+    def epoch(self) -> int:
+        """Passes over the training data completed (zero-based index of the current one)."""
+        return self.data.epoch
 
     @property
     def d_step(self) -> int:
@@ -335,34 +244,16 @@ class GANTrainer:
         ema = self.ema
         return ema.module if ema is not None else self.accelerator.unwrap_model(self.G)
 
-    @torch.no_grad()
     def generate(self, latents: Any = None) -> torch.Tensor:
-        """Samples from :meth:`sampling_generator` in eval mode (defaults to the fixed latents).
-
-        Uses the unwrapped module: calling the DDP wrapper on the main process alone could start a
-        collective the other ranks never join.
-        """
-        G = self.sampling_generator()
-        latents = self.fixed_latents if latents is None else latents
-        param = next(G.parameters(), None)
-        device = param.device if param is not None else self.accelerator.device
-        dtype = param.dtype if param is not None and param.is_floating_point() else None
-        # e.g. a float64 G gets float64 latents; autocast still applies on top
-        latents = map_tensors(latents, lambda t: t.to(device, dtype if dtype and t.is_floating_point() else t.dtype))
-        was_training = G.training
-        G.eval()
-        try:
-            with self.accelerator.autocast():
-                return G(latents).float()
-        finally:
-            G.train(was_training)
+        """Samples from :meth:`sampling_generator` in eval mode (defaults to the fixed latents)."""
+        return generate_samples(self.sampling_generator(), self.fixed_latents if latents is None else latents,
+                                self.accelerator)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state on this process (Accelerate's is saved by ``save_state``)."""
         return {
-            "step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-            "runner": self.runner.state_dict(), "means": self.means.state_dict(),
+            "step": self.step, "data": self.data.state_dict(), "runner": self.runner.state_dict(), "means": self.means.state_dict(),
             "guard": self.guard.state_dict() if self.guard is not None else None,
             "callbacks": self.callbacks.state_dict(), "fixed_latents": self.fixed_latents,
             "config": self.config.to_dict(), "num_processes": self.accelerator.num_processes,
@@ -382,8 +273,8 @@ class GANTrainer:
             raise CheckpointError(
                 f"the checkpoint holds the state of callbacks {sorted(saved)} but this run has {sorted(current)} "
                 "(e.g. ema_decay differs): resume with the run's original config")
-        for key in ("step", "epoch", "batches_in_epoch"):
-            setattr(self, key, int(state[key]))
+        self.step = int(state["step"])
+        self.data.load_state_dict(state["data"])
         self.runner.load_state_dict(state["runner"])
         self.means.load_state_dict(state["means"], acc.device)
         if self.guard is not None and state["guard"] is not None:

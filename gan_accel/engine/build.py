@@ -1,0 +1,84 @@
+"""Building a run: default optimizers and schedulers for every network, then the one ``prepare`` call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from ..config import TrainConfig
+from ..errors import PreflightError
+from .phases import PhasePlan
+from .schedules import LRMultiplier, lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
+
+ExtraNetwork = nn.Module | tuple[nn.Module, torch.optim.Optimizer]
+
+
+@dataclass
+class Prepared:
+    """What ``accelerator.prepare`` returned, by network name."""
+
+    networks: dict[str, nn.Module]
+    optimizers: dict[str, Any]
+    schedulers: dict[str, Any]
+    dataloader: Any
+
+
+def collect_networks(G: nn.Module, D: nn.Module, opt_G: Any, opt_D: Any,
+                     extra: Mapping[str, ExtraNetwork] | None) -> tuple[dict[str, nn.Module], dict[str, Any]]:
+    """Networks and (possibly None) optimizers by name: G, D, then the extras in their order."""
+    nets, optimizers = {"G": G, "D": D}, {"G": opt_G, "D": opt_D}
+    for name, item in (extra or {}).items():
+        if name in nets:
+            raise PreflightError(f"extra network name {name!r} is taken: use another name than 'G' and 'D'")
+        nets[name], optimizers[name] = item if isinstance(item, tuple) else (item, None)
+    return nets, optimizers
+
+
+def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, nets: dict[str, nn.Module],
+                optimizers: dict[str, Any], schedulers: Mapping[str, Any], multipliers: Mapping[str, Any],
+                dataloader: Any) -> Prepared:
+    """Fill in default optimizers and schedulers, then prepare everything in one call.
+
+    Defaults: Adam with the config's lr and betas (extras use G's); a ``LambdaLR`` counted in the
+    network's own scheduler-ticking updates (its length comes from the phase list), linear warmup
+    then the config's schedule for G and D, warmup then constant for extras.
+    """
+    ticks = scheduler_ticks_per_optimizer_step(accelerator)
+    optimizers, built = dict(optimizers), {}
+    for name, net in nets.items():
+        if optimizers[name] is None:
+            lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
+            optimizers[name] = torch.optim.Adam(net.parameters(), lr=lr, betas=betas)
+        total = max(1, plan.scheduler_steps(name, config.max_steps))
+        schedule = config.lr_schedule if name in ("G", "D") else "constant"
+        built[name] = _scheduler(schedulers.get(name), multipliers.get(name), optimizers[name], total, ticks, name,
+                                 schedule, config.warmup_ratio)
+    names = list(nets)
+    # The one prepare: Accelerate wraps the networks (DDP), places everything on its device and shards
+    # the dataloader. Nothing in gan_accel calls .to(device) on a model.
+    prepared = accelerator.prepare(*nets.values(), *(optimizers[n] for n in names), *(built[n] for n in names),
+                                   dataloader)
+    n = len(names)
+    return Prepared(dict(zip(names, prepared[:n])), dict(zip(names, prepared[n:2 * n])),
+                    dict(zip(names, prepared[2 * n:3 * n])), prepared[-1])
+
+
+def _scheduler(sched: Any, multiplier: LRMultiplier | None, optimizer: Any, total_steps: int, ticks: int, name: str,
+               schedule: str, warmup_ratio: float) -> Any:
+    if sched is not None:
+        if multiplier is not None:
+            raise ValueError(f"pass either sched_{name} or lr_multiplier_{name}, not both")
+        if ticks > 1:
+            raise ValueError(
+                f"sched_{name} would be stepped {ticks} times per optimizer step by Accelerate on "
+                f"{ticks} processes, shortening its schedule: pass lr_multiplier_{name}=<function of "
+                "the optimizer step> instead, or an Accelerator with step_scheduler_with_optimizer=False"
+            )
+        return sched
+    if multiplier is None:
+        multiplier = warmup_then_decay(total_steps, int(warmup_ratio * total_steps), schedule)
+    return lambda_scheduler(optimizer, multiplier, ticks)
