@@ -52,7 +52,7 @@ def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch.Tensor | None = None,
                  title: str | None = None, size: int = 480) -> Path:
-    """A scatter plot PNG of 2-D points (blue), over ``reference`` points (grey, e.g. real data).
+    """A scatter plot PNG of 2-D points (blue), with ``reference`` points (orange, e.g. real data) on top.
 
     The axes are square and fitted to the reference (or to the points), padded by 15%; points
     outside are drawn on the border, so a sample far off the data is still visible.
@@ -76,7 +76,7 @@ def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch
         u = (x - low_x) / (2 * half)
         v = (y - low_y) / (2 * half)
         u, v = min(max(u, 0.0), 1.0), min(max(v, 0.0), 1.0)
-        return margin + u * inner, margin + (1 - v) * inner - 32 + 16
+        return margin + u * inner, top + (1 - v) * inner
 
     top, bottom = margin - 16, margin - 16 + inner
     draw.rectangle([margin, top, margin + inner, bottom], outline="black")
@@ -88,7 +88,8 @@ def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch
         _, y = to_pixel(low_x, tick)
         draw.line([margin - 4, y, margin, y], fill="black")
         draw.text((margin - 6, y), f"{tick:g}", fill="black", anchor="rm")
-    for batch, colour, radius in ((ref, (170, 170, 170), 1.5), (pts, (31, 90, 200), 2.0)):
+    # Samples first, real points on top, small: a collapsed or shifted mode shows as orange without blue.
+    for batch, colour, radius in ((pts, (31, 90, 200), 2.0), (ref, (230, 120, 20), 1.2)):
         if batch is None:
             continue
         for x, y in batch[torch.isfinite(batch).all(1)].tolist():

@@ -84,7 +84,7 @@ def test_two_dimensional_points_get_scatter_plots_and_a_gif(tmp_path):
         with Image.open(run / name) as image:
             assert image.size == (480, 480), name  # a plot, not a 2x200-pixel "image grid"
             colours = {c for _, c in image.convert("RGB").getcolors(maxcolors=100000)}
-            assert (31, 90, 200) in colours and (170, 170, 170) in colours  # samples over real points
+            assert (31, 90, 200) in colours and (230, 120, 20) in colours  # samples and real points
     with Image.open(run / "progress.gif") as gif:
         assert gif.n_frames == 2
 
