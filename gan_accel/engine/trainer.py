@@ -175,8 +175,13 @@ class GANTrainer:
             if self.step >= cfg.max_steps:
                 self.callbacks.fire("on_fit_end")
             acc.wait_for_everyone()
-        finally:
-            self.callbacks.fire("on_close")
+        except BaseException:
+            try:
+                self.callbacks.fire("on_close")
+            except Exception as close_error:  # never hide the error that stopped the run
+                acc.print(f"gan_accel: while closing after an error: {close_error}")
+            raise
+        self.callbacks.fire("on_close")
         return self.last_metrics
 
     def _phase_end(self, phase: Phase) -> None:
