@@ -157,3 +157,50 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
         extra = f" ({hint})" if hint else ""
         raise ConfigError(f"{name}={value!r} is invalid: expected a finite number > 0{extra}")
 
+
+
+# Fields a resumed run cannot change: they shape the networks' inputs, the batch, the losses, the phase
+# list or what the checkpoint holds. Everything else (rates, betas, schedule, max_steps, intervals,
+# clipping, penalty weights, ...) may change on resume and is applied from that step on.
+FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
+                   "ema_decay", "num_samples", "r1_every")
+NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
+_PRESENCE = ("r1_gamma", "gp_weight")  # on or off is fixed (it adds or removes a phase); the weight may change
+_FIXED_EXTRA = ("model", "conditional", "num_classes")  # the example scripts' model sizes
+
+
+def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """(refused differences as ``"field: old -> new"``, allowed changes as ``{field: [old, new]}``).
+
+    Both are :meth:`TrainConfig.to_dict` dicts: the checkpoint's and the resumed run's.
+    """
+    refused, changed = [], {}
+
+    def differ(name: str, old: Any, new: Any) -> None:
+        fixed = name in FIXED_ON_RESUME or (name in _PRESENCE and (old is None) != (new is None)) \
+            or (name.startswith("extra.") and name[len("extra."):] in _FIXED_EXTRA)
+        if fixed:
+            refused.append(f"{name}: {old!r} -> {new!r}")
+        else:
+            changed[name] = [old, new]
+
+    for name in sorted(set(saved) | set(requested)):
+        if name in NOT_COMPARED:
+            continue
+        old, new = _comparable(saved.get(name)), _comparable(requested.get(name))
+        if name == "extra" and isinstance(old, dict) and isinstance(new, dict):
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    differ(f"extra.{key}", old.get(key), new.get(key))
+        elif old != new:
+            differ(name, old, new)
+    return refused, changed
+
+
+def _comparable(value: Any) -> Any:
+    """JSON's view of a value: tuples and lists compare equal (a config read back from JSON has lists)."""
+    if isinstance(value, (list, tuple)):
+        return [_comparable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value

@@ -52,3 +52,7 @@ class TrainingInterrupted(GanAccelError):
 
 class PreflightWarning(UserWarning):
     """Something about the models or the data that usually means a mistake, but can be intended."""
+
+
+class RunFolderError(GanAccelError, RuntimeError):
+    """The run folder cannot be used as asked: held by another run, holds another run, or cannot be written."""

@@ -50,8 +50,12 @@ def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, mode, step, sur
     assert "resumed from" in resumed.stdout and "checkpoint_00000004" in resumed.stdout
     assert logged_steps(out) == list(range(1, 13)), "no duplicated or missing steps after resume"
     # The partial folder is gone; every remaining checkpoint is complete.
-    assert checkpoints(out) == ["checkpoint_00000004", "checkpoint_00000008", "checkpoint_00000012"]
-    assert all((out / "checkpoints" / name / "COMPLETE").is_file() for name in checkpoints(out))
+    current = [name for name in checkpoints(out) if name != "abandoned"]
+    assert current == ["checkpoint_00000004", "checkpoint_00000008", "checkpoint_00000012"]
+    assert all((out / "checkpoints" / name / "COMPLETE").is_file() for name in current)
+    # The rows the crashed run logged after its checkpoint are redone, and the originals kept aside.
+    lost = [row["step"] for row in read_metrics(next((out / "checkpoints" / "abandoned").iterdir()) / "metrics.jsonl")]
+    assert lost == list(range(5, step + 1)) if mode == "kill-train" else lost == [5, 6, 7, 8]
     assert (out / "generator.safetensors").is_file() and (out / "progress.gif").is_file()
 
 

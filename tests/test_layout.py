@@ -15,12 +15,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gan_accel"
 # The engine composes everything below it; nothing below imports the engine.
 ALLOWED = {
     "models": {"models"},
-    "state": {"errors", "state"},
+    "state": {"errors", "collective", "state"},
     "data": {"errors", "data"},
     "objectives": {"errors", "objectives"},
     "eval": {"errors", "batch", "data", "state", "eval"},
-    "callbacks": {"errors", "state", "visuals", "eval", "callbacks"},
-    "engine": {"errors", "batch", "config", "objectives", "state", "callbacks", "engine"},
+    "callbacks": {"errors", "collective", "state", "visuals", "eval", "callbacks"},
+    "engine": {"errors", "collective", "batch", "config", "objectives", "state", "callbacks", "engine"},
 }
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from ..errors import CallbackError, GanAccelError
+from ..errors import CallbackError, GanAccelError, RunFolderError
+from ..state.files import is_write_failure, write_failure_reason
 
 if TYPE_CHECKING:
     from ..engine.phases import Phase
@@ -166,6 +167,10 @@ class CallbackList:
         except Exception as error:
             step = getattr(trainer, "step", "?")
             note = trainer.checkpoint_note() if trainer is not None else ""
+            if is_write_failure(error):  # the disk, not the callback: say what failed and what is kept
+                where = getattr(error, "filename", None) or f"a file of callback {_name_of(callback)!r}"
+                raise RunFolderError(f"cannot write {where} at step {step}: {write_failure_reason(error)}. "
+                                     f"{note}".strip()) from error
             raise CallbackError(
                 f"callback {_name_of(callback)!r} ({type(callback).__name__}) failed in {event} at step {step}: "
                 f"{type(error).__name__}: {error}. {note}".strip()

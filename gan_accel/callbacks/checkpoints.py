@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import DivergenceError
+from ..errors import DivergenceError, RunFolderError
 from ..state.checkpoint import parameters_finite, save_checkpoint
 from .base import Callback
 
@@ -28,5 +28,11 @@ class Checkpointer(Callback):
                 f"refusing to write a checkpoint at step {trainer.step}: a network holds non-finite weights; "
                 "the last complete checkpoint is kept"
             )
-        path = save_checkpoint(trainer.accelerator, trainer.output_dir, trainer.step, trainer.state_dict(), self.keep)
+        marker = {"run_id": trainer.run_id, "config": trainer.config.to_dict()}
+        try:
+            path = save_checkpoint(trainer.accelerator, trainer.output_dir, trainer.step, trainer.state_dict(),
+                                   self.keep, marker)
+        except RunFolderError as error:
+            raise RunFolderError(f"{error}. {trainer.checkpoint_note()}") from error
         trainer.last_checkpoint, trainer.last_checkpoint_step = path, trainer.step
+        trainer.run_folder.sync_checkpoints(trainer.step)

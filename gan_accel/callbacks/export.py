@@ -24,3 +24,4 @@ class WeightsExporter(Callback):
             metadata = {"config": trainer.config.to_dict(), "step": trainer.step,
                         "ema": trainer.callbacks.get("ema") is not None}
             save_weights(trainer.sampling_generator(), trainer.output_dir / self.filename, metadata)
+            trainer.run_folder.record(trainer.output_dir / self.filename, trainer.step)

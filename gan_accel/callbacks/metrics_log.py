@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..state.files import atomic_path
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -37,25 +36,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def truncate_metrics(path: str | os.PathLike, last_step: int) -> None:
-    """Drop rows after ``last_step`` (written by a run that crashed after its last checkpoint)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a row cut short by the crash
-            continue
-        if row["step"] <= last_step:
-            keep.append(line)
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(line + "\n" for line in keep))
-
-
 class MetricsLogger(Callback):
-    """Writes every logged row to ``metrics.jsonl``; on resume, first drops the rows of the lost part of the run."""
+    """Writes every logged row to ``metrics.jsonl`` (on resume, rows after the checkpoint were moved aside first)."""
 
     name = "metrics_log"
 
@@ -65,10 +47,6 @@ class MetricsLogger(Callback):
 
     def setup(self, trainer: "GANTrainer") -> None:
         self.log = MetricsLog(trainer.output_dir / self.filename, enabled=trainer.accelerator.is_main_process)
-
-    def on_fit_start(self, trainer: "GANTrainer") -> None:
-        if trainer.resumed_from is not None and self.log.enabled:
-            truncate_metrics(self.log.path, trainer.step)  # rows past the checkpoint will be redone
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
         self.log.write(row)

@@ -45,10 +45,15 @@ class SampleSaver(Callback):
         final = self.write(trainer, "samples_final")
         frames = sorted(trainer.output_dir.glob("samples_[0-9]*.png"))
         if final.suffix == ".png" and frames:
-            save_gif(frames, trainer.output_dir / "progress.gif")
+            trainer.run_folder.record(save_gif(frames, trainer.output_dir / "progress.gif"), trainer.step)
 
     def write(self, trainer: "GANTrainer", stem: str) -> Path:
-        """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``."""
+        """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``, recorded as the run's."""
+        path = self._write(trainer, stem)
+        trainer.run_folder.record(path, trainer.step)
+        return path
+
+    def _write(self, trainer: "GANTrainer", stem: str) -> Path:
         samples = trainer.generate()
         kind = self.kind if self.kind != "auto" else self.kind_for(samples)
         if kind == "grid":

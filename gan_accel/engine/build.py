@@ -25,6 +25,7 @@ class Prepared:
     optimizers: dict[str, Any]
     schedulers: dict[str, Any]
     dataloader: Any
+    built: frozenset[str] = frozenset()  # networks whose optimizer and scheduler gan_accel built from the config
 
 
 def collect_networks(G: nn.Module, D: nn.Module, opt_G: Any, opt_D: Any,
@@ -49,6 +50,8 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
     """
     ticks = scheduler_ticks_per_optimizer_step(accelerator)
     optimizers, built = dict(optimizers), {}
+    from_config = {name for name in nets if optimizers[name] is None and schedulers.get(name) is None
+                   and multipliers.get(name) is None}
     for name, net in nets.items():
         if optimizers[name] is None:
             lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
@@ -64,7 +67,7 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
                                    dataloader)
     n = len(names)
     return Prepared(dict(zip(names, prepared[:n])), dict(zip(names, prepared[n:2 * n])),
-                    dict(zip(names, prepared[2 * n:3 * n])), prepared[-1])
+                    dict(zip(names, prepared[2 * n:3 * n])), prepared[-1], frozenset(from_config))
 
 
 def _scheduler(sched: Any, multiplier: LRMultiplier | None, optimizer: Any, total_steps: int, ticks: int, name: str,

@@ -28,9 +28,10 @@ from torch.utils.data import DataLoader
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
 from ..config import TrainConfig
+from ..collective import run_together
 from ..errors import CheckpointError, PreflightError, TrainingInterrupted
-from ..state.checkpoint import load_checkpoint, resolve_resume
-from ..state.run_folder import check_output_dir, clear_run_files, write_run_description
+from ..state.lock import RunLock
+from ..state.run_folder import RunFolder
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .data_stream import DataStream
 from .guard import DivergenceGuard
@@ -38,6 +39,7 @@ from .latents import LatentSampler, draw_fixed_latents, gaussian_latents, genera
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
+from .run_open import open_run
 from .runner import PhaseRunner
 from .running_means import RunningMeans
 from .schedules import LRMultiplier
@@ -104,6 +106,7 @@ class GANTrainer:
                                {"G": lr_multiplier_G, "D": lr_multiplier_D}, train_dataloader)
         self.networks, self.optimizers, self.schedulers = prepared.networks, prepared.optimizers, prepared.schedulers
         self.train_dataloader = prepared.dataloader
+        self.built_from_config = prepared.built  # the optimizers and schedulers a resume may re-rate
         # Seeded after prepare: the data order must be the same on every process (see build_accelerator),
         # the noise different on each (the same noise everywhere would waste the larger batch).
         set_seed(config.seed, device_specific=True)
@@ -120,39 +123,37 @@ class GANTrainer:
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_step: int | None = None
         self._stop_signum: int | None = None
+        # The run folder: its lock (held by the main process while fit runs), manifest and history.
+        self.lock = RunLock(self.output_dir)
+        self.run_folder = RunFolder(self.output_dir, writer=accelerator.is_main_process)
+        self.run_id: str | None = None
+        self.fit_calls = 0
         self.callbacks = CallbackList(assemble(default_callbacks(config), callbacks, disable_callbacks,
                                                BUILTIN_CALLBACKS))
         self.callbacks.bind(self)
 
     # -- the loop -----------------------------------------------------------------------------
-    def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None) -> dict[str, float]:
+    def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None,
+            fork: bool = False) -> dict[str, float]:
         """Train until ``config.max_steps`` steps; returns the last logged metrics.
 
         ``resume_from``: ``"latest"`` or a checkpoint folder; the run continues exactly where it was
-        saved (same batches, same noise, same metrics). ``stop_at_step``: checkpoint and return early
-        at that step (the schedules still run to ``max_steps``). SIGINT/SIGTERM: the current step
-        finishes, a checkpoint is written, then :class:`TrainingInterrupted` is raised.
+        saved (same batches, same noise, same metrics). A checkpoint of another run folder is refused
+        unless ``fork=True``, which starts a new run in ``output_dir`` from it. ``stop_at_step``:
+        checkpoint and return early at that step (the schedules still run to ``max_steps``); a later
+        ``fit()`` of the same trainer continues. SIGINT/SIGTERM: the current step finishes, a
+        checkpoint is written, then :class:`TrainingInterrupted` is raised.
         """
         cfg, acc = self.config, self.accelerator
         target = cfg.max_steps if stop_at_step is None else min(stop_at_step, cfg.max_steps)
-        resume_path = resolve_resume(resume_from, cfg.output_dir) if resume_from is not None else None
-        check_output_dir(cfg.output_dir, resuming=resume_path is not None, overwrite=cfg.overwrite)
-        acc.wait_for_everyone()  # every rank has looked at the folder before the main process writes to it
-        if resume_path is not None:
-            self.load_state_dict(load_checkpoint(acc, resume_path, acc.process_index))
-            self.resumed_from = self.last_checkpoint = resume_path
-            self.last_checkpoint_step = self.step
-            acc.print(f"gan_accel: resumed from {resume_path} at step {self.step}")
-        if acc.is_main_process:
-            if cfg.overwrite and resume_path is None:
-                clear_run_files(self.output_dir)
-            write_run_description(self.output_dir, cfg, self.fixed_latents)
-        if acc.mixed_precision == "fp16" and acc.scaler is None:
-            acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
-        acc.wait_for_everyone()
-        self.runner.batches = iter(self.data)
-        self._interval_start = (time.perf_counter(), self.runner.images_seen)
         try:
+            open_run(self, resume_from, fork)
+            self.fit_calls += 1
+            if acc.mixed_precision == "fp16" and acc.scaler is None:
+                acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
+            acc.wait_for_everyone()
+            self.runner.batches = iter(self.data)
+            self._interval_start = (time.perf_counter(), self.runner.images_seen)
             self.callbacks.fire("on_fit_start")
             while self.step < target:
                 self.runner.ctx.step = self.step
@@ -163,17 +164,17 @@ class GANTrainer:
                 if self.step % cfg.log_every == 0 or last:
                     self.log_metrics()
                 if self.step % cfg.sample_every == 0 or last:
-                    self.callbacks.fire("on_sample")
+                    self.fire_agreed("on_sample")
                 if self._stop_signum is not None:
-                    self.callbacks.fire("on_checkpoint")
+                    self.fire_agreed("on_checkpoint")
                     name = {2: "SIGINT", 15: "SIGTERM"}.get(self._stop_signum, f"signal {self._stop_signum}")
                     raise TrainingInterrupted(f"stopped by {name} at step {self.step}; {self.checkpoint_note()}",
                                               self._stop_signum)
                 if self.step % cfg.checkpoint_every == 0 and self.step < target:
-                    self.callbacks.fire("on_checkpoint")
-            self.callbacks.fire("on_checkpoint")
+                    self.fire_agreed("on_checkpoint")
+            self.fire_agreed("on_checkpoint")
             if self.step >= cfg.max_steps:
-                self.callbacks.fire("on_fit_end")
+                self.fire_agreed("on_fit_end")
             acc.wait_for_everyone()
         except BaseException:
             try:
@@ -181,8 +182,14 @@ class GANTrainer:
             except Exception as close_error:  # never hide the error that stopped the run
                 acc.print(f"gan_accel: while closing after an error: {close_error}")
             raise
+        finally:
+            self.lock.release()
         self.callbacks.fire("on_close")
         return self.last_metrics
+
+    def fire_agreed(self, event: str, *args: Any) -> None:
+        """Fire an event whose handlers write files on the main process: a failure stops every process alike."""
+        run_together(self.accelerator, lambda: self.callbacks.fire(event, *args))
 
     def _phase_end(self, phase: Phase) -> None:
         self.callbacks.fire("on_phase_end", phase)
@@ -200,7 +207,7 @@ class GANTrainer:
             row.update({f"skipped/{k}": v for k, v in self.guard.skipped.items()})
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
         self.last_metrics = row
-        self.callbacks.fire("on_log", row)
+        self.fire_agreed("on_log", row)
         return row
 
     def request_stop(self, signum: int) -> None:
@@ -210,7 +217,8 @@ class GANTrainer:
     def checkpoint_note(self) -> str:
         """Where the run can be resumed from, for error messages."""
         if self.last_checkpoint is None:
-            return "No checkpoint of this run was written."
+            return ("No checkpoint of this run was written, so there is nothing to resume: start it again "
+                    "(overwrite=True, --overwrite, removes only the files it wrote).")
         return (f"The last complete checkpoint is {self.last_checkpoint}; resume with --resume latest "
                 "(fit(resume_from='latest')) and the same output folder.")
 
@@ -261,7 +269,7 @@ class GANTrainer:
             "step": self.step, "data": self.data.state_dict(), "runner": self.runner.state_dict(), "means": self.means.state_dict(),
             "guard": self.guard.state_dict() if self.guard is not None else None,
             "callbacks": self.callbacks.state_dict(), "fixed_latents": self.fixed_latents,
-            "config": self.config.to_dict(), "num_processes": self.accelerator.num_processes,
+            "config": self.config.to_dict(), "num_processes": self.accelerator.num_processes, "run_id": self.run_id,
             # Accelerate saves the main process's models only; BatchNorm statistics are per process
             # (broadcast_buffers=False), so each rank keeps its own for an exact continuation.
             "buffers": {name: {k: b.detach().cpu().clone() for k, b in self.accelerator.unwrap_model(net).named_buffers()}
@@ -270,9 +278,9 @@ class GANTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         acc = self.accelerator
-        if state["num_processes"] != acc.num_processes:
-            acc.print(f"gan_accel: warning: checkpoint written by {state['num_processes']} processes, resuming on "
-                      f"{acc.num_processes}: the data order and noise will differ from an uninterrupted run")
+        if state["num_processes"] != acc.num_processes:  # older checkpoints have no marker to check this before
+            raise CheckpointError(f"the checkpoint was written by {state['num_processes']} process(es) and this run "
+                                  f"has {acc.num_processes}: resume with {state['num_processes']}")
         saved, current = set(state["callbacks"]), {n for n, s in self.callbacks.state_dict().items()}
         if saved != current:
             raise CheckpointError(

@@ -27,9 +27,12 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from ..errors import CheckpointError
+from ..collective import raise_together
+from ..errors import CheckpointError, RunFolderError
+from .files import is_write_failure, write_failure_reason
 
 PREFIX = "checkpoint_"
+ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/: the newer checkpoints of a branch left behind
 TMP_PREFIX = ".tmp-"
 ENGINE_STATE = "gan_accel_state_{rank}.pt"  # per process: metric sums differ between ranks
 COMPLETE = "COMPLETE"
@@ -37,6 +40,18 @@ COMPLETE = "COMPLETE"
 
 def checkpoint_root(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """What ``COMPLETE`` records: the step, the number of processes and the run's id (older ones: fewer keys)."""
+    try:
+        return json.loads((path / COMPLETE).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
 
 
 def is_complete(path: Path) -> bool:
@@ -78,29 +93,53 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int,
-                    engine_state: dict[str, Any], keep_last: int) -> Path:
-    """Collective: call on every rank. Returns the final folder."""
+                    engine_state: dict[str, Any], keep_last: int, marker: dict[str, Any] | None = None) -> Path:
+    """Collective: call on every rank. Returns the final folder.
+
+    A write failure on any process raises :class:`RunFolderError` on every process (naming the path
+    and the reason); the complete checkpoints already there are untouched.
+    """
     root = checkpoint_root(output_dir)
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f"{TMP_PREFIX}{final.name}"
-    if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{TMP_PREFIX}*"):  # left by a crash during an earlier save
-            shutil.rmtree(stale, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    torch.save(engine_state, tmp / ENGINE_STATE.format(rank=accelerator.process_index))
-    accelerator.wait_for_everyone()  # every rank's RNG and engine files are on disk
-    if accelerator.is_main_process:
-        _write_synced(tmp / COMPLETE, json.dumps({"step": step, "num_processes": accelerator.num_processes}))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        for old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
+
+    def prepare() -> None:
+        if accelerator.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(f"{TMP_PREFIX}*"):  # left by a crash during an earlier save
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def write_own_files() -> None:
+        accelerator.save_state(str(tmp))
+        torch.save(engine_state, tmp / ENGINE_STATE.format(rank=accelerator.process_index))
+
+    def publish() -> None:
+        if accelerator.is_main_process:
+            meta = {"step": step, "num_processes": accelerator.num_processes, **(marker or {})}
+            _write_synced(tmp / COMPLETE, json.dumps(meta))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(root)
+            for old in list_checkpoints(output_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # Each part ends in an agreement instead of a bare barrier: every rank's files are on disk before
+    # COMPLETE is written, and a rank that cannot write stops every rank, not only itself.
+    for part in (prepare, write_own_files, publish):
+        raise_together(accelerator, _as_write_error(part, tmp))
     return final
+
+
+def _as_write_error(part: Any, tmp: Path) -> BaseException | None:
+    try:
+        part()
+    except Exception as error:
+        if not is_write_failure(error):
+            return error
+        where = getattr(error, "filename", None) or tmp
+        return RunFolderError(f"cannot write checkpoint {where}: {write_failure_reason(error)}")
+    return None
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str, Any]:
@@ -108,6 +147,13 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
 
     Raises :class:`CheckpointError` with the reason when the checkpoint does not fit.
     """
+    saved_processes = read_marker(path).get("num_processes")
+    if saved_processes is not None and saved_processes != accelerator.num_processes:
+        # Every rank reads the same marker, so every rank refuses: none is left waiting in load_state.
+        raise CheckpointError(
+            f"{path} was written by {saved_processes} process(es) and this run has {accelerator.num_processes}: "
+            f"the batch per step, the data order and the noise depend on it; resume with {saved_processes} "
+            f"(accelerate launch --num_processes {saved_processes}), or start a new run")
     state_file = path / ENGINE_STATE.format(rank=rank)
     if not state_file.is_file():
         raise CheckpointError(

@@ -1,50 +1,242 @@
-"""The run folder: refusing to mix two runs, clearing a replaced one, and the files that describe a run."""
+"""The run folder's bookkeeping: which files the run wrote (the manifest) and what it did (the history).
+
+* ``manifest.json``: the run's id and every file or checkpoint folder it wrote, with the step it was
+  written at. ``overwrite`` removes exactly these, a branch moves aside exactly those written after
+  the branch point, and a file the run did not record is never touched.
+* ``history.jsonl``: one dated line per start, resume, branch, fork, overwrite and config change;
+  only ever appended to.
+* ``.lock``: see :mod:`gan_accel.state.lock`.
+
+Only the main process writes these files; the others only read.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import PreflightError
-from .checkpoint import checkpoint_root, list_checkpoints
+from ..errors import PreflightError, RunFolderError
+from .checkpoint import ABANDONED, checkpoint_root, checkpoint_step, list_checkpoints
+from .files import atomic_path
 
-RUN_FILES = ("config.json", "metrics.jsonl", "generator.safetensors")
-GENERATED = ("samples_*.png", "samples_*.pt", "progress.gif", "fixed_noise.pt", "eval.json")
-
-
-def check_output_dir(output_dir: str | os.PathLike, resuming: bool, overwrite: bool) -> None:
-    """Refuse to mix a new run into a folder that holds another one (nothing saved is ever lost silently)."""
-    path = Path(output_dir)
-    if resuming or overwrite or not path.is_dir():
-        return
-    found = [name for name in RUN_FILES if (path / name).exists()]
-    checkpoints = list_checkpoints(path)
-    if found or checkpoints:
-        held = ", ".join(found + ([f"{len(checkpoints)} checkpoint(s)"] if checkpoints else []))
-        raise PreflightError(
-            f"output folder {path} already holds a run ({held}): resume it (resume_from='latest', "
-            "--resume latest), replace it explicitly (overwrite=True, --overwrite), or choose another output_dir"
-        )
+MANIFEST = "manifest.json"
+HISTORY = "history.jsonl"
+METRICS = "metrics.jsonl"
+# Names gan_accel writes; one that exists but is not in the manifest is someone else's.
+RUN_FILES = ("config.json", METRICS, "fixed_noise.pt", "generator.safetensors", "eval.json", "progress.gif")
+RUN_PATTERNS = ("samples_*.png", "samples_*.pt", "checkpoints/checkpoint_*")
+_SHOWN = 6  # files named in a message before "and N more"
 
 
-def clear_run_files(output_dir: str | os.PathLike) -> None:
-    """Remove a previous run's gan_accel files (only with overwrite=True); other files are left alone."""
-    path = Path(output_dir)
-    if not path.is_dir():
-        return
-    for pattern in (*RUN_FILES, *GENERATED):
-        for file in path.glob(pattern):
-            file.unlink()
-    shutil.rmtree(checkpoint_root(path), ignore_errors=True)
+class RunFolder:
+    """The manifest and history of one run folder. ``writer``: this process writes them (the main one)."""
+
+    def __init__(self, path: str | os.PathLike, writer: bool) -> None:
+        self.path = Path(path)
+        self.writer = writer
+        self._manifest: dict[str, Any] | None = None
+
+    # -- the manifest -----------------------------------------------------------------------------
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """``{"run_id": str | None, "files": {relative path: step written}}`` (empty when there is none)."""
+        if self._manifest is None:
+            file = self.path / MANIFEST
+            try:
+                self._manifest = json.loads(file.read_text()) if file.is_file() else {"run_id": None, "files": {}}
+            except ValueError as error:
+                raise RunFolderError(f"{file} is not valid JSON ({error}): it lists the files this run wrote; "
+                                     "restore it, or move the run folder's files away and start again") from None
+        return self._manifest
+
+    @property
+    def run_id(self) -> str | None:
+        return self.manifest.get("run_id")
+
+    def recorded(self) -> list[str]:
+        """The run's recorded files that still exist, relative to the folder."""
+        return [name for name in self.manifest["files"] if (self.path / name).exists()]
+
+    def start(self, run_id: str | None = None) -> str:
+        """Begin a new manifest (a new run in this folder); returns the run's id."""
+        self._manifest = {"run_id": run_id or uuid.uuid4().hex, "files": {}}
+        self._save()
+        return self._manifest["run_id"]
+
+    def adopt(self) -> None:
+        """A folder written before manifests existed, being resumed: its gan_accel-named files become the run's."""
+        if (self.path / MANIFEST).is_file():
+            return
+        self._manifest = {"run_id": uuid.uuid4().hex, "files": {name: 0 for name in self.named_like_ours()}}
+        self._save()
+
+    def record(self, path: str | os.PathLike, step: int) -> None:
+        """Note that the run wrote ``path`` (inside the folder) at ``step``."""
+        if not self.writer:
+            return
+        self.manifest["files"][self._relative(path)] = int(step)
+        self._save()
+
+    def sync_checkpoints(self, step: int) -> None:
+        """Make the manifest's checkpoint entries the complete checkpoints now in ``checkpoints/``."""
+        if not self.writer:
+            return
+        files = self.manifest["files"]
+        current = {self._relative(p): checkpoint_step(p) for p in list_checkpoints(self.path)}
+        for name in [n for n in files if n.startswith("checkpoints/checkpoint_") and n not in current]:
+            del files[name]
+        files.update(current)
+        self._save()
+
+    def _relative(self, path: str | os.PathLike) -> str:
+        path = Path(path)
+        return (path.relative_to(self.path) if path.is_absolute() or path.parts[:len(self.path.parts)] == self.path.parts
+                else path).as_posix()
+
+    def _save(self) -> None:
+        if self.writer:
+            with atomic_path(self.path / MANIFEST) as tmp:
+                tmp.write_text(json.dumps(self.manifest, indent=1, sort_keys=True) + "\n")
+
+    # -- the history ------------------------------------------------------------------------------
+    def log_event(self, event: str, **fields: Any) -> None:
+        """Append one dated line to ``history.jsonl``."""
+        if not self.writer:
+            return
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": event, **fields}
+        with open(self.path / HISTORY, "a") as handle:
+            handle.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def history(self) -> list[dict[str, Any]]:
+        file = self.path / HISTORY
+        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
+
+    # -- starting a run here ------------------------------------------------------------------------
+    def named_like_ours(self) -> list[str]:
+        """Files and checkpoint folders here whose names gan_accel writes."""
+        found = [name for name in RUN_FILES if (self.path / name).exists()]
+        for pattern in RUN_PATTERNS:
+            found += sorted(p.relative_to(self.path).as_posix() for p in self.path.glob(pattern))
+        return found
+
+    def check_new_run(self, overwrite: bool) -> None:
+        """Refuse to start a run over another one, or (with ``overwrite``) over files no run recorded."""
+        if not self.path.is_dir():
+            return
+        ours = set(self.recorded())
+        foreign = [name for name in self.named_like_ours() if name not in ours]
+        if not overwrite and (ours or foreign):
+            checkpoints = list_checkpoints(self.path)
+            held = _listing(sorted(ours | set(foreign)))
+            if checkpoints:
+                raise PreflightError(
+                    f"output folder {self.path} already holds a run ({held}; latest checkpoint at step "
+                    f"{checkpoint_step(checkpoints[-1])}): resume it (resume_from='latest', --resume latest), replace "
+                    "it (overwrite=True, --overwrite: removes only the files that run wrote), or choose another output_dir")
+            raise PreflightError(
+                f"output folder {self.path} holds a run that stopped before its first checkpoint ({held}): there is "
+                "nothing to resume; replace it (overwrite=True, --overwrite: removes only the files that run wrote) "
+                "or choose another output_dir")
+        if overwrite and foreign:
+            raise PreflightError(
+                f"output folder {self.path} holds files named like a run's that no gan_accel run recorded as its own "
+                f"({_listing(foreign)}): overwrite only removes a run's recorded files, so these would be mixed into "
+                "the new run; move them away or choose another output_dir")
+
+    def clear(self) -> list[str]:
+        """Remove the recorded files of the previous run (``overwrite``); returns what was removed."""
+        removed = []
+        for name in self.recorded():
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+            removed.append(name)
+        self._manifest = {"run_id": None, "files": {}}
+        return removed
+
+    # -- branches ---------------------------------------------------------------------------------
+    def move_aside(self, after_step: int) -> tuple[Path, list[str]]:
+        """Move what the run wrote after ``after_step`` to ``checkpoints/abandoned/<label>/``.
+
+        Checkpoints, step-stamped samples and final files recorded at a later step move (nothing is
+        deleted); metrics rows after the step move to that folder's ``metrics.jsonl``. Returns the
+        folder and the moved names (empty when nothing was later).
+        """
+        files = self.manifest["files"]
+        later = sorted(name for name, step in files.items()
+                       if step > after_step and not name.startswith(f"checkpoints/{ABANDONED}/")
+                       and name != METRICS and (self.path / name).exists())
+        rows = _later_rows(self.path / METRICS, after_step)
+        if not later and not rows:
+            return self.path, []
+        dest = checkpoint_root(self.path) / ABANDONED / f"after_step_{after_step}_{time.strftime('%Y%m%d-%H%M%S')}"
+        while dest.exists():
+            dest = dest.with_name(dest.name + "_")
+        dest.mkdir(parents=True)
+        for name in later:
+            target = dest / Path(name).name
+            os.replace(self.path / name, target)
+            files[target.relative_to(self.path).as_posix()] = files.pop(name)
+        if rows:
+            kept, moved = rows
+            (dest / METRICS).write_text("".join(line + "\n" for line in moved))
+            with atomic_path(self.path / METRICS) as tmp:
+                tmp.write_text("".join(line + "\n" for line in kept))
+            files[(dest / METRICS).relative_to(self.path).as_posix()] = after_step
+            later.append(f"{len(moved)} metrics row(s)")
+        self._save()
+        return dest, later
+
+    def write_description(self, config: Any, fixed_latents: Any, step: int) -> None:
+        """``config.json`` (the config in use now; its changes are in the history) and ``fixed_noise.pt``."""
+        if not self.writer:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        with atomic_path(self.path / "config.json") as tmp:
+            config.to_json(tmp)
+        with atomic_path(self.path / "fixed_noise.pt") as tmp:
+            torch.save(fixed_latents, tmp)
+        for name in ("config.json", "fixed_noise.pt"):
+            self.manifest["files"].setdefault(name, step)
+        self.manifest["files"].setdefault(METRICS, step)
+        self._save()
 
 
-def write_run_description(output_dir: str | os.PathLike, config: Any, fixed_latents: Any) -> None:
-    """``config.json`` and ``fixed_noise.pt`` (the fixed latents, identical on every process)."""
-    path = Path(output_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    config.to_json(path / "config.json")
-    torch.save(fixed_latents, path / "fixed_noise.pt")
+def _later_rows(path: Path, after_step: int) -> tuple[list[str], list[str]] | None:
+    """(rows up to the step, rows after it) of a metrics log, or None when none is after it."""
+    if not path.is_file():
+        return None
+    kept, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):  # a row cut short by a crash: kept aside, not dropped
+            moved.append(line)
+            continue
+        (kept if step <= after_step else moved).append(line)
+    return (kept, moved) if moved else None
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def checkpoint_run_folder(checkpoint: Path) -> Path:
+    """The run folder a checkpoint belongs to (``<run>/checkpoints/[abandoned/<label>/]checkpoint_N``)."""
+    for parent in checkpoint.resolve().parents:
+        if parent.name == "checkpoints":
+            return parent.parent
+    return checkpoint.resolve().parent
+

@@ -1,0 +1,48 @@
+"""Errors that every process agrees on: one process failing must never leave the others waiting."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from . import errors
+
+T = TypeVar("T")
+
+
+def raise_together(accelerator: Any, error: BaseException | None) -> None:
+    """Collective (call on every process): if any process passes an error, every process raises.
+
+    The failing process raises its own error; the others raise one of the same gan_accel class with
+    the same message, so all ranks stop at the same point and print the same line.
+    """
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        report = None if error is None else (type(error).__name__, str(error), accelerator.process_index)
+        first = next((r for r in gather_object([report]) if r is not None), None)
+        if error is None and first is not None:
+            raise rebuild_error(*first)
+    if error is not None:
+        raise error
+
+
+def run_together(accelerator: Any, action: Callable[[], T], main_only: bool = False) -> T | None:
+    """Run ``action`` (on the main process only with ``main_only``), then :func:`raise_together` its error."""
+    result, error = None, None
+    if not main_only or accelerator.is_main_process:
+        try:
+            result = action()
+        except Exception as caught:  # reported to every process, re-raised here unchanged
+            error = caught
+    raise_together(accelerator, error)
+    return result
+
+
+def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
+    """The error another process raised, as the same gan_accel class (else a GanAccelError naming it)."""
+    cls = getattr(errors, class_name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.GanAccelError) and cls is not errors.TrainingInterrupted:
+        return cls(message)
+    if cls is errors.TrainingInterrupted:
+        return errors.TrainingInterrupted(message, 0)
+    return errors.GanAccelError(f"process {rank} failed: {class_name}: {message}")

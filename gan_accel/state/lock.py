@@ -1,0 +1,83 @@
+"""One writer per run folder: an exclusive lock held for the run's whole life.
+
+The lock is ``fcntl.flock`` on ``<run>/.lock``: the kernel releases it when the holding process
+exits, however it exits (crash, SIGKILL, power loss on a local disk), so a lock left by a dead
+process is never obeyed. The file itself also records who holds it (host, pid, start time), for the
+message a second run gets. Only the main process of a run takes it: the other processes of the same
+run write only their own checkpoint files, under the main process's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from ..errors import RunFolderError
+
+LOCK_FILE = ".lock"
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the folder check still refuses finished runs
+    fcntl = None
+
+
+class RunLock:
+    """An exclusive lock on a run folder; ``acquire`` raises :class:`RunFolderError` naming the holder."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.path = Path(folder) / LOCK_FILE
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunFolderError(
+                    f"run folder {self.path.parent} is in use by another run ({holder}): one run writes to a folder "
+                    "at a time; wait for it to finish, stop it, or choose another output_dir") from None
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Release the lock (the file stays: removing it could race with a run taking it)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info:
+        return "holder unknown"
+    return f"pid {info.get('pid')} on {info.get('host')}, since {info.get('since')}"
