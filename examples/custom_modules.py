@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gan_accel import Callback, GanAccelError, GANTrainer, Phase, StepContext, TrainConfig, TrainingInterrupted
-from gan_accel import build_accelerator
+from gan_accel import Callback, GANTrainer, Phase, StepContext, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
+from gan_accel.scripts import ArgumentParser, nonnegative_int, positive_float, positive_int, run_script
 from gan_accel.visuals import save_grid
 
 
@@ -44,28 +44,30 @@ class ResBlock(nn.Module):
 
 
 class ResGenerator(nn.Module):
-    """z -> 7x7 features -> two (upsample, residual block) stages -> 28x28 image in [-1, 1]."""
+    """z -> 7x7 residual stage (2w channels) -> 14x14 residual stage (w) -> 28x28 image in [-1, 1]."""
 
     def __init__(self, z_dim: int = 64, width: int = 32) -> None:
         super().__init__()
         self.width = width
-        self.project = nn.Linear(z_dim, width * 7 * 7)
-        self.blocks = nn.Sequential(nn.Upsample(scale_factor=2), ResBlock(width, norm=True),
-                                    nn.Upsample(scale_factor=2), ResBlock(width, norm=True))
+        self.project = nn.Linear(z_dim, 2 * width * 7 * 7)
+        self.blocks = nn.Sequential(ResBlock(2 * width, norm=True), nn.Upsample(scale_factor=2),
+                                    nn.Conv2d(2 * width, width, 3, padding=1), ResBlock(width, norm=True),
+                                    nn.Upsample(scale_factor=2))
         self.out = nn.Sequential(nn.BatchNorm2d(width), nn.LeakyReLU(0.2), nn.Conv2d(width, 1, 3, padding=1), nn.Tanh())
 
     def forward(self, z: Tensor) -> Tensor:
-        return self.out(self.blocks(self.project(z).view(-1, self.width, 7, 7)))
+        return self.out(self.blocks(self.project(z).view(-1, 2 * self.width, 7, 7)))
 
 
 class ResDiscriminator(nn.Module):
-    """28x28 image -> two (residual block, downsample) stages -> one logit. No BatchNorm (the loss compares batches)."""
+    """28x28 image -> 14x14 residual stage (w) -> 7x7 residual stage (2w) -> one logit. No BatchNorm."""
 
     def __init__(self, width: int = 32) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(1, width, 3, padding=1), ResBlock(width, norm=False), nn.AvgPool2d(2),
-                                 ResBlock(width, norm=False), nn.AvgPool2d(2), nn.LeakyReLU(0.2), nn.Flatten(),
-                                 nn.Linear(width * 7 * 7, 1))
+        self.net = nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.LeakyReLU(0.2), nn.AvgPool2d(2),
+                                 ResBlock(width, norm=False), nn.Conv2d(width, 2 * width, 3, padding=1),
+                                 nn.AvgPool2d(2), ResBlock(2 * width, norm=False), nn.LeakyReLU(0.2), nn.Flatten(),
+                                 nn.Linear(2 * width * 7 * 7, 1))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x).squeeze(1)
@@ -124,7 +126,8 @@ class InterpolationStrip(Callback):
         weights = torch.linspace(0, 1, self.points).view(1, -1, 1)
         lines = (start.unsqueeze(1) * (1 - weights) + end.unsqueeze(1) * weights).flatten(0, 1)
         images = trainer.generate(lines)
-        save_grid(images, trainer.output_dir / f"interpolation_{trainer.step:06d}.png", nrow=self.points)
+        path = save_grid(images, trainer.output_dir / f"interpolation_{trainer.step:06d}.png", nrow=self.points)
+        trainer.run_folder.record(path, trainer.step)  # the run's own file: overwrite and branches handle it
         E = trainer.accelerator.unwrap_model(trainer.networks["E"])
         with torch.no_grad():
             error = F.mse_loss(E(images.to(next(E.parameters()).device)).cpu(), lines).item()
@@ -133,19 +136,19 @@ class InterpolationStrip(Callback):
 
 # -- the run ----------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description=__doc__.splitlines()[0],
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_DATA_DIR", "./data"))
     parser.add_argument("--dataset", choices=("auto", "mnist", "digits"), default="auto")
     parser.add_argument("--output-dir", default="runs/custom_modules")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--z-dim", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-4, help="for G, D and E")
-    parser.add_argument("--sample-every", type=int, default=500)
-    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--steps", type=positive_int, default=1500)
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--width", type=positive_int, default=16)
+    parser.add_argument("--z-dim", type=positive_int, default=64)
+    parser.add_argument("--lr", type=positive_float, default=5e-4, help="for G, D and E")
+    parser.add_argument("--sample-every", type=positive_int, default=500)
+    parser.add_argument("--log-every", type=positive_int, default=100)
     parser.add_argument("--resume", default=None, metavar="latest|PATH")
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -154,25 +157,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_script(lambda: train(args), debug=args.debug)
+
+
+def train(args: argparse.Namespace) -> int:
     config = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, z_dim=args.z_dim, lr_G=args.lr,
                          lr_D=args.lr, lr_schedule="constant", warmup_ratio=0.0, ema_decay=0.99,
                          sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir,
                          seed=args.seed, overwrite=args.overwrite, progress_bar=not args.no_progress)
-    try:
-        accelerator = build_accelerator(config)
-        data = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
-        loader = make_dataloader(data.images, data.labels, args.batch_size)
-        torch.manual_seed(args.seed)
-        trainer = GANTrainer(ResGenerator(args.z_dim, args.width), ResDiscriminator(args.width), loader, config,
-                             accelerator=accelerator, phases=PHASES,
-                             extra_networks={"E": Encoder(args.z_dim, args.width)}, callbacks=[InterpolationStrip()])
-        metrics = trainer.fit(resume_from=args.resume)
-    except TrainingInterrupted as stop:
-        print(f"gan_accel: {stop}", file=sys.stderr)
-        return stop.exit_code
-    except GanAccelError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    accelerator = build_accelerator(config)
+    data = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
+    loader = make_dataloader(data.images, data.labels, args.batch_size)
+    torch.manual_seed(args.seed)
+    trainer = GANTrainer(ResGenerator(args.z_dim, args.width), ResDiscriminator(args.width), loader, config,
+                         accelerator=accelerator, phases=PHASES,
+                         extra_networks={"E": Encoder(args.z_dim, args.width)}, callbacks=[InterpolationStrip()])
+    metrics = trainer.fit(resume_from=args.resume)
     accelerator.print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
     return 0
 

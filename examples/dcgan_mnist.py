@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from gan_accel import (CheckpointError, ConfigError, DivergenceError, GANTrainer, LaunchError, PreflightError,
-                       TrainConfig, TrainingInterrupted, build_accelerator)
-from gan_accel.data import DatasetUnavailableError, make_dataloader, resolve_dataset
+from gan_accel import GANTrainer, TrainConfig, build_accelerator
+from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator
+from gan_accel.scripts import ArgumentParser, fraction, nonnegative_int, positive_float, positive_int, run_script
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Train a DCGAN on MNIST with gan_accel (works under `accelerate launch` with the same flags).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -39,33 +39,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default="runs/dcgan_mnist", help="run folder for samples, logs and weights")
     length = run.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, default=None, help="generator optimizer steps (default 5000)")
-    length.add_argument("--epochs", type=float, default=None, help="train for this many passes over the data instead")
-    run.add_argument("--batch-size", type=int, default=64, help="images per process per micro-batch")
-    run.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    length.add_argument("--steps", type=positive_int, default=None, help="generator optimizer steps (default 5000)")
+    length.add_argument("--epochs", type=positive_float, default=None, help="train for this many passes over the data instead")
+    run.add_argument("--batch-size", type=positive_int, default=64, help="images per process per micro-batch")
+    run.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
-    run.add_argument("--sample-every", type=int, default=500, help="save a fixed-noise grid every N steps")
-    run.add_argument("--log-every", type=int, default=50, help="metrics row every N steps")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--sample-every", type=positive_int, default=500, help="save a fixed-noise grid every N steps")
+    run.add_argument("--log-every", type=positive_int, default=50, help="metrics row every N steps")
+    run.add_argument("--seed", type=nonnegative_int, default=0)
     run.add_argument("--resume", default=None, metavar="latest|PATH",
                      help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
-    run.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
-    run.add_argument("--checkpoint-every", type=int, default=1000, help="checkpoint every N steps (and at the end)")
-    run.add_argument("--keep-checkpoints", type=int, default=2, help="how many recent checkpoints to keep")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace a previous run in --output-dir (removes only the files that run wrote)")
+    run.add_argument("--fork", action="store_true",
+                     help="with --resume PATH of another run folder: start a new run in --output-dir from it")
+    run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
+    run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
     run.add_argument("--eval", action="store_true", help="after training, score 10k samples with an MNIST classifier")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     model = parser.add_argument_group("model and optimisation")
-    model.add_argument("--width", type=int, default=32, help="DCGAN channel width (64 is the paper's)")
-    model.add_argument("--z-dim", type=int, default=100)
-    model.add_argument("--lr-g", type=float, default=1e-3)
-    model.add_argument("--lr-d", type=float, default=1e-3)
-    model.add_argument("--beta1", type=float, default=0.5)
+    model.add_argument("--width", type=positive_int, default=32, help="DCGAN channel width (64 is the paper's)")
+    model.add_argument("--z-dim", type=positive_int, default=100)
+    model.add_argument("--lr-g", type=positive_float, default=1e-3)
+    model.add_argument("--lr-d", type=positive_float, default=1e-3)
+    model.add_argument("--beta1", type=fraction, default=0.5)
     model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
-    model.add_argument("--n-critic", type=int, default=1, help="D updates per G update")
-    model.add_argument("--ema-decay", type=float, default=0.99, help="EMA of G for samples; 0 disables")
-    model.add_argument("--warmup-ratio", type=float, default=0.05)
+    model.add_argument("--n-critic", type=positive_int, default=1, help="D updates per G update")
+    model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples; 0 disables")
+    model.add_argument("--warmup-ratio", type=fraction, default=0.05)
     model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.fork and args.resume is None:
+        parser.error("--fork needs --resume PATH: the checkpoint of another run to start this one from")
+    return args
 
 
 def steps_for(args: argparse.Namespace, batches_per_epoch: int) -> int:
@@ -78,14 +84,7 @@ def steps_for(args: argparse.Namespace, batches_per_epoch: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return train(args)
-    except (ConfigError, LaunchError, PreflightError, CheckpointError, DivergenceError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except TrainingInterrupted as stop:
-        print(f"gan_accel: {stop}", file=sys.stderr)
-        return stop.exit_code
+    return run_script(lambda: train(args), debug=args.debug)
 
 
 def train(args: argparse.Namespace) -> int:
@@ -100,11 +99,7 @@ def train(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
     )
     accelerator = build_accelerator(config)
-    try:
-        dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
-    except DatasetUnavailableError as error:
-        accelerator.print(f"error: {error}")
-        return 2
+    dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
     loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
     config.max_steps = steps_for(args, len(loader) // accelerator.num_processes)
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes,
@@ -120,7 +115,7 @@ def train(args: argparse.Namespace) -> int:
         f"{args.batch_size} x {args.grad_accum} x {accelerator.num_processes} process(es); "
         f"{accelerator.distributed_type.value} on {accelerator.device}; output in {config.output_dir}"
     )
-    metrics = trainer.fit(resume_from=args.resume)
+    metrics = trainer.fit(resume_from=args.resume, fork=args.fork)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
           f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)
@@ -132,6 +127,7 @@ def train(args: argparse.Namespace) -> int:
         result = evaluate_generator(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim,
                                     device=accelerator.device, fallback=dataset)
         (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+        trainer.run_folder.record(Path(config.output_dir) / "eval.json", trainer.step)
         accelerator.print(result["summary"])
     accelerator.wait_for_everyone()
     return 0

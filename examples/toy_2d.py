@@ -19,32 +19,34 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from gan_accel import GanAccelError, GANTrainer, TrainConfig, TrainingInterrupted, build_accelerator
+from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import ring_centres, ring_of_gaussians
 from gan_accel.eval.toy import mode_coverage
 from gan_accel.models import MLPDiscriminator, MLPGenerator
+from gan_accel.scripts import (ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float,
+                               positive_int, run_script)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train an MLP GAN on a ring of 8 Gaussians with gan_accel.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(description="Train an MLP GAN on a ring of 8 Gaussians with gan_accel.",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--output-dir", default="runs/toy_2d")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=6000, help="generator steps")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--width", type=int, default=128, help="hidden units per layer, G and D")
-    parser.add_argument("--depth", type=int, default=3, help="hidden layers, G and D")
-    parser.add_argument("--z-dim", type=int, default=2)
-    parser.add_argument("--lr-g", type=float, default=1e-3)
-    parser.add_argument("--lr-d", type=float, default=1e-3)
-    parser.add_argument("--beta1", type=float, default=0.5)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--steps", type=positive_int, default=6000, help="generator steps")
+    parser.add_argument("--batch-size", type=positive_int, default=256)
+    parser.add_argument("--width", type=positive_int, default=128, help="hidden units per layer, G and D")
+    parser.add_argument("--depth", type=positive_int, default=3, help="hidden layers, G and D")
+    parser.add_argument("--z-dim", type=positive_int, default=2)
+    parser.add_argument("--lr-g", type=positive_float, default=1e-3)
+    parser.add_argument("--lr-d", type=positive_float, default=1e-3)
+    parser.add_argument("--beta1", type=fraction, default=0.5)
     parser.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
-    parser.add_argument("--r1-gamma", type=float, default=0.1, help="R1 penalty on real data; 0 disables it")
-    parser.add_argument("--r1-every", type=int, default=4, help="lazy R1: every N-th D step, gain N")
-    parser.add_argument("--ema-decay", type=float, default=0.0, help="EMA of G for samples and eval; 0 disables")
-    parser.add_argument("--sample-every", type=int, default=1000)
-    parser.add_argument("--log-every", type=int, default=200)
-    parser.add_argument("--num-eval", type=int, default=5000, help="samples scored at the end")
+    parser.add_argument("--r1-gamma", type=nonnegative_float, default=0.1, help="R1 penalty on real data; 0 disables it")
+    parser.add_argument("--r1-every", type=positive_int, default=4, help="lazy R1: every N-th D step, gain N")
+    parser.add_argument("--ema-decay", type=fraction, default=0.0, help="EMA of G for samples and eval; 0 disables")
+    parser.add_argument("--sample-every", type=positive_int, default=1000)
+    parser.add_argument("--log-every", type=positive_int, default=200)
+    parser.add_argument("--num-eval", type=positive_int, default=5000, help="samples scored at the end")
     parser.add_argument("--resume", default=None, metavar="latest|PATH")
     parser.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
     parser.add_argument("--no-progress", action="store_true")
@@ -53,14 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return train(args)
-    except TrainingInterrupted as stop:
-        print(f"gan_accel: {stop}", file=sys.stderr)
-        return stop.exit_code
-    except GanAccelError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_script(lambda: train(args), debug=args.debug)
 
 
 def train(args: argparse.Namespace) -> int:
@@ -88,6 +83,7 @@ def train(args: argparse.Namespace) -> int:
         result = mode_coverage(samples, ring_centres(), threshold=0.12, min_share=0.01)
         result.update(seed=args.seed, steps=trainer.step)
         (Path(args.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+        trainer.run_folder.record(Path(args.output_dir) / "eval.json", trainer.step)
         print(f"toy 2-D, seed {args.seed}: {result['modes']}/8 modes, high quality {result['high_quality']:.3f} "
               f"(samples within 0.12 of a centre), {args.num_eval} samples")
     accelerator.wait_for_everyone()

@@ -81,3 +81,25 @@ def test_user_accelerator_must_agree_with_config(tmp_path):
     accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
     with pytest.raises(ValueError, match="sync_with_dataloader=False"):
         GANTrainer(G, D, make_loader(make_images(16), 4), config, accelerator=accelerator)
+
+
+@pytest.mark.parametrize("variable, name", [("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")])
+def test_deepspeed_and_fsdp_launches_are_refused_at_once_with_the_reason(monkeypatch, variable, name):
+    """`accelerate config` with DeepSpeed or FSDP sets these variables for the launched processes.
+
+    Without the check, DeepSpeed fails later inside Accelerate (it prepares one model per
+    Accelerator; here it is not even installed) and FSDP on CPU silently falls back to one process.
+    """
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from gan_accel.engine.launch import build_accelerator
+
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(LaunchError, match=rf"asks for {name} .*two networks with their own optimizers.*Use DDP"):
+        build_accelerator(TrainConfig())
+    monkeypatch.delenv(variable)
+    for kind in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # a user-built Accelerator is checked too
+        with pytest.raises(LaunchError, match="not supported yet"):
+            check_launch(SimpleNamespace(distributed_type=kind, num_processes=2))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import (IMAGE_SHAPE, Z_DIM, TableEpsilon, TableLatents, TinyD, assert_close_dicts, make_images, make_loader,
+from conftest import (IMAGE_SHAPE, Z_DIM, TableEpsilon, TableLatents, assert_close_dicts, make_images, make_loader,
                       make_models, params, reset_accelerate_state)
 from gan_accel import (Callback, GANTrainer, Phase, PhaseError, PreflightError, TrainConfig, default_phases,
                        discriminator_loss, generator_loss, gradient_penalty, r1_penalty, r1_phase, sum_losses)

@@ -20,11 +20,12 @@ from gan_accel.state.lock import RunLock
 from gan_accel.state.run_folder import HISTORY, MANIFEST, RunFolder
 
 
-def trainer_for(out, **overrides) -> GANTrainer:
+def trainer_for(out, reset: bool = True, **overrides) -> GANTrainer:
     cfg = dict(max_steps=8, batch_size=4, z_dim=Z_DIM, log_every=1, sample_every=2, checkpoint_every=2,
                keep_checkpoints=10, num_samples=4, output_dir=str(out), progress_bar=False, warmup_ratio=0.25)
     cfg.update(overrides)
-    reset_accelerate_state()
+    if reset:  # not inside a launched process: its state is the process group's
+        reset_accelerate_state()
     G, D = make_models()
     latents = TableLatents(4096)
     trainer = GANTrainer(G, D, make_loader(make_images(64), cfg["batch_size"]), TrainConfig(**cfg), latent_sampler=latents)
@@ -258,3 +259,58 @@ def test_a_longer_run_says_how_its_schedule_jumps(tmp_path, capsys):
     assert "max_steps 8 -> 16" in said
     assert "schedule of G is recomputed" in said and "from 0.6667 to 1 " in said
     assert read_metrics(out / "metrics.jsonl")[-1]["lr/G"] == pytest.approx(2e-4)
+
+
+# -- every process agrees on an error --------------------------------------------------------------------
+def _agree(out_dir: str) -> None:
+    """On each of two processes: three failures that only one process, or only the main one, can see."""
+    import errno
+    from pathlib import Path
+
+    from accelerate import PartialState
+
+    import gan_accel.callbacks.metrics_log as metrics_log
+
+    out = Path(out_dir)
+    seen = []
+
+    def attempt(name, run):
+        try:
+            run()
+            seen.append(f"{name}: finished")
+        except Exception as error:  # every rank must get here with the same class and message
+            seen.append(f"{name}: {type(error).__name__}: {error}")
+
+    # 1. a disk full for the main process's metrics log at step 3 (the other rank writes nothing there)
+    original = metrics_log.MetricsLog.write
+
+    def full_disk(self, row):
+        if self.enabled and row["step"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        original(self, row)
+
+    metrics_log.MetricsLog.write = full_disk
+    attempt("disk", lambda: trainer_for(out / "disk", reset=False).fit())
+    metrics_log.MetricsLog.write = original
+    # 2. a checkpoint written by one process, resumed on two
+    attempt("processes", lambda: trainer_for(out / "one", reset=False).fit(resume_from="latest"))
+    # 3. a folder held by another run (the test process holds the lock)
+    attempt("lock", lambda: trainer_for(out / "held", reset=False).fit())
+    rank = PartialState().process_index  # asked only now: asking first would set the state up without gloo
+    (out / f"seen_{rank}.txt").write_text("\n".join(seen))
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_every_error_and_none_hangs(tmp_path):
+    from conftest import launch_two_processes
+
+    trainer_for(tmp_path / "one", max_steps=2).fit()
+    with RunLock(tmp_path / "held"):
+        launch_two_processes(_agree, args=(str(tmp_path),))
+    seen = [(tmp_path / f"seen_{rank}.txt").read_text().splitlines() for rank in (0, 1)]
+    assert seen[0] == seen[1], seen
+    disk, processes, lock = seen[0]
+    assert disk.startswith("disk: RunFolderError: cannot write") and "No space left on device (ENOSPC)" in disk
+    assert "The last complete checkpoint is" in disk and "checkpoint_00000002" in disk
+    assert processes.startswith("processes: CheckpointError:") and "written by 1 process(es) and this run has 2" in processes
+    assert lock.startswith("lock: RunFolderError:") and "in use by another run" in lock

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, GradientAccumulationPlugin
+from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType,
+                              GradientAccumulationPlugin)
 
 from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
@@ -23,6 +24,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
     - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
       reproducible and lets a resumed run skip to the same position.
     """
+    check_sharding_not_requested()  # before Accelerate tries to set DeepSpeed or FSDP up
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
@@ -46,12 +48,30 @@ def launched_world_size() -> int:
     return 1
 
 
+SHARDING_REFUSED = (
+    "gan_accel trains two networks with their own optimizers and alternating updates; Accelerate's DeepSpeed "
+    "integration prepares one model per Accelerator, and under FSDP the per-network freezing, no_sync and "
+    "clipping that keep GAN updates correct are not proven: this is not supported yet. Use DDP instead "
+    "(`accelerate config`: multi-GPU, answer no to DeepSpeed and FSDP), which gan_accel's tests prove "
+    "equal to one process with the larger batch"
+)
+
+
+def check_sharding_not_requested() -> None:
+    """Refuse a launch configured for DeepSpeed or FSDP (Accelerate reads these variables from the config)."""
+    for variable, name in (("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")):
+        if os.environ.get(variable, "false").strip().lower() in ("1", "true", "yes"):
+            raise LaunchError(f"this launch asks for {name} ({variable}={os.environ[variable]}): {SHARDING_REFUSED}")
+
+
 def check_launch(accelerator: Accelerator) -> None:
-    """Stop at once when several processes were launched but the Accelerator is not distributed.
+    """Stop at once when several processes were launched but the Accelerator is not distributed, or shards.
 
     That happens, for example, with ``accelerate launch --multi_gpu`` on a machine without GPUs and
     without ``ACCELERATE_USE_CPU=1``: every process would silently train its own duplicate copy.
     """
+    if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise LaunchError(f"the Accelerator uses {accelerator.distributed_type.value}: {SHARDING_REFUSED}")
     world = launched_world_size()
     if world > 1 and accelerator.num_processes == 1:
         raise LaunchError(

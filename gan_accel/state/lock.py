@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import RunFolderError
+from .files import write_failure_reason
 
 LOCK_FILE = ".lock"
 
@@ -39,8 +40,12 @@ class RunLock:
     def acquire(self) -> None:
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # the first write of a run: an unusable folder stops it before any work
+            raise RunFolderError(f"cannot use output folder {self.path.parent}: {write_failure_reason(error)} "
+                                 f"(at {error.filename}); choose a writable output_dir") from None
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

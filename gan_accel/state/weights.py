@@ -11,6 +11,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..errors import CheckpointError
 from .files import atomic_path
 
 
@@ -26,23 +27,26 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The metadata dict stored by :func:`save_weights` (empty for foreign files)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as handle:
-        return json.loads((handle.metadata() or {}).get("gan_accel", "{}"))
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return json.loads((handle.metadata() or {}).get("gan_accel", "{}"))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
 
 
 def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load weights saved by :func:`save_weights` into ``module`` (strict), with a clear error on mismatch."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no weights file at {path}")
+        raise CheckpointError(f"no weights file at {path}: pass the generator.safetensors of a finished run")
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
-        raise ValueError(
+        raise CheckpointError(
             f"{path} does not fit {type(module).__name__}: was it saved from a model of another shape or width? "
             f"{str(error).splitlines()[0]}"
         ) from error

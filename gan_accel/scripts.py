@@ -1,0 +1,101 @@
+"""What every command-line entry point shares: one ``error:`` line for every expected failure.
+
+The example scripts and the ``gan-accel`` command use :class:`ArgumentParser` (a bad flag is one
+line, exit 2), the number types below (``--epochs 0`` is refused by the parser, not by a traceback
+later) and :func:`run_script`, which turns gan_accel's errors and the file system's into one line
+naming the problem and the fix, exit 2. A traceback appears only for a bug, or with ``--debug``.
+Under ``accelerate launch`` every process stops with the same error (the engine agrees on errors
+across processes) and only the first prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from typing import Any, Callable, NoReturn
+
+from .errors import GanAccelError, TrainingInterrupted
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` whose usage errors are one ``error:`` line (exit 2) and that has ``--debug``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+
+    def error(self, message: str) -> NoReturn:
+        if _prints():
+            print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind: type, minimum: float, inclusive: bool, words: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {words}") from None
+        if value != value or value in (float("inf"), float("-inf")) or value < minimum or \
+                (not inclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {words}")
+        return value
+
+    parse.__name__ = words  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, 1, True, "a whole number >= 1")
+nonnegative_int = _number(int, 0, True, "a whole number >= 0")
+positive_float = _number(float, 0.0, False, "a number > 0")
+nonnegative_float = _number(float, 0.0, True, "a number >= 0")
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    value = nonnegative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1)")
+    return value
+
+
+def describe(error: BaseException) -> str | None:
+    """The one line for an expected failure, or None for a bug (which keeps its traceback)."""
+    if isinstance(error, GanAccelError):
+        return str(error)
+    if isinstance(error, OSError):
+        name = errno.errorcode.get(error.errno, "") if error.errno else ""
+        reason = f"{error.strerror or error} ({name})" if name else str(error.strerror or error)
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{reason}; check the path, its permissions and the free space"
+    return None
+
+
+def run_script(body: Callable[[], int], debug: bool = False) -> int:
+    """Run a script's body; an expected failure becomes one ``error:`` line and exit code 2."""
+    try:
+        return body()
+    except TrainingInterrupted as stop:
+        if _prints():
+            print(f"gan_accel: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        if _prints():
+            print("error: interrupted (Ctrl-C) before training started; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as error:
+        line = describe(error)
+        if debug or line is None:
+            raise
+        if _prints():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+
+
+def _prints() -> bool:
+    """Only the first process of a launch prints the error every process raised."""
+    return os.environ.get("RANK", "0") in ("0", "")
