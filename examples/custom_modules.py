@@ -131,7 +131,9 @@ class InterpolationStrip(Callback):
         E = trainer.accelerator.unwrap_model(trainer.networks["E"])
         with torch.no_grad():
             error = F.mse_loss(E(images.to(next(E.parameters()).device)).cpu(), lines).item()
-        trainer.accelerator.print(f"step {trainer.step}: encoder latent error {error:.3f} (1.0 = guessing zero)")
+        baseline = lines.pow(2).mean().item()  # the error of always guessing zero
+        trainer.accelerator.print(f"step {trainer.step}: encoder latent error {error:.3f} "
+                                  f"(guessing zero: {baseline:.3f})")
 
 
 # -- the run ----------------------------------------------------------------------------------------------
