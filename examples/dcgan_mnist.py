@@ -21,13 +21,15 @@ import torch
 
 from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
-from gan_accel.models import DCGANDiscriminator, DCGANGenerator
+from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
 from gan_accel.scripts import ArgumentParser, fraction, nonnegative_int, positive_float, positive_int, run_script
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argparse.Namespace:
+    """The flags of this script; ``conditional`` adds those of ``conditional_mnist.py``."""
+    kind = "a class-conditional DCGAN" if conditional else "a DCGAN"
     parser = ArgumentParser(
-        description="Train a DCGAN on MNIST with gan_accel (works under `accelerate launch` with the same flags).",
+        description=f"Train {kind} on MNIST with gan_accel (works under `accelerate launch` with the same flags).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = parser.add_argument_group("data")
@@ -37,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="auto: MNIST, else the built-in offline digits with a message; mnist: MNIST or exit; "
                            "digits: the offline digit set")
     run = parser.add_argument_group("run")
-    run.add_argument("--output-dir", default="runs/dcgan_mnist", help="run folder for samples, logs and weights")
+    run.add_argument("--output-dir", default="runs/conditional_mnist" if conditional else "runs/dcgan_mnist",
+                     help="run folder for samples, logs and weights")
     length = run.add_mutually_exclusive_group()
     length.add_argument("--steps", type=positive_int, default=None, help="generator optimizer steps (default 5000)")
     length.add_argument("--epochs", type=positive_float, default=None, help="train for this many passes over the data instead")
@@ -68,7 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples; 0 disables")
     model.add_argument("--warmup-ratio", type=fraction, default=0.05)
     model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
+    if conditional:
+        model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D")
+        model.add_argument("--label-distribution", choices=("uniform", "data"), default="uniform",
+                           help="G's labels: uniform over digits, or the real batch's labels")
     args = parser.parse_args(argv)
+    args.conditional = conditional
     if args.fork and args.resume is None:
         parser.error("--fork needs --resume PATH: the checkpoint of another run to start this one from")
     return args
@@ -82,8 +90,8 @@ def steps_for(args: argparse.Namespace, batches_per_epoch: int) -> int:
     return 5000
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, conditional: bool = False) -> int:
+    args = parse_args(argv, conditional)
     return run_script(lambda: train(args), debug=args.debug)
 
 
@@ -97,18 +105,27 @@ def train(args: argparse.Namespace) -> int:
         sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
+        num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
+        label_distribution=getattr(args, "label_distribution", "uniform"),
     )
     accelerator = build_accelerator(config)
     dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
     loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
     config.max_steps = steps_for(args, len(loader) // accelerator.num_processes)
+    model = {"z_dim": args.z_dim, "width": args.width, "image_size": 28, "channels": 1}
+    if args.conditional:
+        model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm)
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes,
-                    "model": {"z_dim": args.z_dim, "width": args.width, "image_size": 28, "channels": 1}}
+                    "model": model}
     config.validate()
 
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
-    G = DCGANGenerator(z_dim=args.z_dim, width=args.width, image_size=28)
-    D = DCGANDiscriminator(width=args.width, image_size=28)
+    if args.conditional:  # G(z, y) and a projection D(x, y); the loader's labels reach both
+        G = ConditionalDCGANGenerator(10, z_dim=args.z_dim, width=args.width, image_size=28)
+        D = ProjectionDiscriminator(10, width=args.width, image_size=28, spectral_norm=args.spectral_norm)
+    else:
+        G = DCGANGenerator(z_dim=args.z_dim, width=args.width, image_size=28)
+        D = DCGANDiscriminator(width=args.width, image_size=28)
     trainer = GANTrainer(G, D, loader, config, accelerator=accelerator)
     accelerator.print(
         f"gan_accel: {dataset.name} ({len(dataset.images)} images from {dataset.source}); {config.max_steps} steps of "
@@ -122,10 +139,11 @@ def train(args: argparse.Namespace) -> int:
     accelerator.print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
 
     if args.eval and accelerator.is_main_process:
-        from gan_accel.eval.mnist import evaluate_generator
+        from gan_accel.eval.mnist import evaluate_conditional_generator, evaluate_generator
 
-        result = evaluate_generator(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim,
-                                    device=accelerator.device, fallback=dataset)
+        score = evaluate_conditional_generator if args.conditional else evaluate_generator
+        result = score(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim, device=accelerator.device,
+                       fallback=dataset)
         (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         trainer.run_folder.record(Path(config.output_dir) / "eval.json", trainer.step)
         accelerator.print(result["summary"])

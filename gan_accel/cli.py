@@ -1,9 +1,13 @@
-"""The ``gan-accel`` command: sample from or evaluate a trained DCGAN run.
+"""The ``gan-accel`` command: sample from or evaluate a trained run (DCGAN or conditional DCGAN).
 
     gan-accel sample runs/dcgan_mnist --num 64 --out grid.png
+    gan-accel sample runs/conditional_mnist --label 3 --num 100 --out threes.png
+    gan-accel sample runs/conditional_mnist/checkpoints/checkpoint_00002000 --format npz --out samples.npz
     gan-accel eval runs/dcgan_mnist --data-dir ./data
 
-Training itself is ``python examples/dcgan_mnist.py`` (or ``accelerate launch`` of it).
+A run folder gives its final generator.safetensors; a checkpoint folder gives G as of that step
+(its EMA when the run kept one). Training itself is ``python examples/dcgan_mnist.py`` (or
+``accelerate launch`` of it).
 """
 
 from __future__ import annotations
@@ -13,28 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from .errors import CheckpointError
-from .models import DCGANGenerator
+from .sampling import load_generator, sample_images
 from .scripts import ArgumentParser, nonnegative_int, positive_int, run_script
-from .state.weights import load_weights, read_metadata
-
-
-def load_run_generator(run_dir: str | Path) -> tuple[DCGANGenerator, dict]:
-    """The generator saved in ``run_dir/generator.safetensors``, rebuilt from the config in its metadata."""
-    path = Path(run_dir) / "generator.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"{path} not found: is {run_dir} a finished gan_accel run folder? (the weights are "
-                              "written at the end of a run)")
-    metadata = read_metadata(path)
-    model = metadata.get("config", {}).get("extra", {}).get("model")
-    if not model or not {"z_dim", "width", "image_size", "channels"} <= set(model):
-        raise CheckpointError(f"{path} does not record DCGAN model sizes (config.extra.model): load it with "
-                              "gan_accel.state.load_weights and your own generator class")
-    G = DCGANGenerator(z_dim=model["z_dim"], width=model["width"], image_size=model["image_size"],
-                       channels=model["channels"])
-    return load_weights(G, path).eval(), metadata
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     sample.add_argument("run_dir")
     sample.add_argument("--num", type=positive_int, default=64)
     sample.add_argument("--seed", type=nonnegative_int, default=0)
-    sample.add_argument("--out", default=None, help="PNG path (default: <run_dir>/samples_cli.png)")
+    sample.add_argument("--label", type=nonnegative_int, default=None,
+                        help="a conditional run: sample this class (default: every class, one row each)")
+    sample.add_argument("--format", choices=("png", "npz"), default="png",
+                        help="png: a grid; npz: arrays 'images' (N, C, H, W) in [-1, 1] and 'labels'")
+    sample.add_argument("--out", default=None, help="output path (default: <run_dir>/samples_cli.<format>)")
     evaluate = commands.add_parser("eval", help="score 10k samples with the MNIST classifier")
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--data-dir", default="./data")
@@ -54,24 +45,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    G, metadata = load_run_generator(args.run_dir)
+    G, info = load_generator(args.run_dir)
     if args.command == "sample":
-        from .visuals import save_grid
+        return _sample(G, info, args)
+    from .eval.mnist import evaluate_conditional_generator, evaluate_generator
 
-        out = Path(args.out) if args.out else Path(args.run_dir) / "samples_cli.png"
-        if out.exists() and not args.out:
-            raise CheckpointError(f"{out} exists: pass --out to choose where the grid goes (nothing is overwritten)")
-        noise = torch.randn(args.num, G.z_dim, generator=torch.Generator().manual_seed(args.seed))
-        with torch.no_grad():
-            images = G(noise)
-        save_grid(images, out)
-        print(f"wrote {out} ({args.num} samples, step {metadata.get('step')})")
-        return 0
-    from .eval.mnist import evaluate_generator
-
-    result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num)
+    if info["conditional"]:
+        result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10))
+    else:
+        result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num)
     print(result.pop("summary"))
     print(json.dumps(result))
+    return 0
+
+
+def _sample(G, info: dict, args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else Path(args.run_dir) / f"samples_cli.{args.format}"
+    if out.exists() and not args.out:
+        raise CheckpointError(f"{out} exists: pass --out to choose where the samples go (nothing is overwritten)")
+    images, labels = sample_images(G, info, args.num, label=args.label, seed=args.seed)
+    if args.format == "npz":
+        arrays = {"images": images.float().numpy()}
+        if labels is not None:
+            arrays["labels"] = labels.numpy()
+        np.savez(out, **arrays)
+    else:
+        from .visuals import save_grid
+
+        # one row per class; samples of one class (or of an unconditional run) in rows of 10
+        columns = len(images) // info["num_classes"] if info["conditional"] and args.label is None \
+            else min(10, len(images))
+        save_grid(images, out, nrow=columns)
+    what = f"class {args.label}" if args.label is not None else "every class" if info["conditional"] else "samples"
+    print(f"wrote {out} ({len(images)} samples, {what}, step {info['step']})")
     return 0
 
 

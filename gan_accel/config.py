@@ -18,6 +18,7 @@ from .objectives.losses import LOSSES, GANLoss
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 LR_SCHEDULE_CHOICES = ("linear", "constant")
+LABEL_DISTRIBUTIONS = ("uniform", "data")
 
 
 @dataclass
@@ -49,6 +50,8 @@ class TrainConfig:
     r1_gamma: float | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
     r1_every: int = 16  # R1 runs every N-th D step, with its loss multiplied by N (StyleGAN2's lazy R1)
     gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
+    num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
+    label_distribution: str = "uniform"  # G's labels: "uniform" over classes, or "data" (the real batch's labels)
     mixed_precision: str = "no"
     sample_every: int = 500
     num_samples: int = 64
@@ -112,6 +115,11 @@ class TrainConfig:
             raise ConfigError(
                 f"loss={self.loss!r} is invalid: pass a name ({', '.join(sorted(LOSSES))}) or a gan_accel.GANLoss"
             )
+        if self.num_classes is not None:
+            _require_int("num_classes", self.num_classes, minimum=2, hint="or None for an unconditional run")
+        if self.label_distribution not in LABEL_DISTRIBUTIONS:
+            raise ConfigError(f"label_distribution={self.label_distribution!r} is invalid: choose "
+                              f"{' or '.join(LABEL_DISTRIBUTIONS)}")
         if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
             raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
 
@@ -147,9 +155,9 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _require_int(name: str, value: Any, minimum: int) -> None:
+def _require_int(name: str, value: Any, minimum: int, hint: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
+        raise ConfigError(f"{name}={value!r} is invalid: expected an integer >= {minimum}" + (f", {hint}" if hint else ""))
 
 
 def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
@@ -163,7 +171,7 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 # list or what the checkpoint holds. Everything else (rates, betas, schedule, max_steps, intervals,
 # clipping, penalty weights, ...) may change on resume and is applied from that step on.
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
-                   "ema_decay", "num_samples", "r1_every")
+                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution")
 NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
 _PRESENCE = ("r1_gamma", "gp_weight")  # on or off is fixed (it adds or removes a phase); the weight may change
 _FIXED_EXTRA = ("model", "conditional", "num_classes")  # the example scripts' model sizes
@@ -184,9 +192,12 @@ def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[l
         else:
             changed[name] = [old, new]
 
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for name in sorted(set(saved) | set(requested)):
         if name in NOT_COMPARED:
             continue
+        if name not in saved and _comparable(requested.get(name)) == _comparable(defaults.get(name)):
+            continue  # a field added after the checkpoint was written, left at its default: no change
         old, new = _comparable(saved.get(name)), _comparable(requested.get(name))
         if name == "extra" and isinstance(old, dict) and isinstance(new, dict):
             for key in sorted(set(old) | set(new)):

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 Z_DIM = 4
 IMAGE_SHAPE = (1, 4, 4)
+NUM_CLASSES = 3
 
 
 def reset_accelerate_state() -> None:
@@ -59,9 +60,44 @@ class TinyD(nn.Module):
         return self.net(x).reshape(x.shape[0])
 
 
-def make_models(seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[nn.Module, nn.Module]:
+class TinyCondG(nn.Module):
+    """G(z, y): the label's embedding joined to the latent; per-sample maths only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+        self.embed = nn.Embedding(NUM_CLASSES, 3)
+        self.net = nn.Sequential(nn.Linear(Z_DIM + 3, 16), nn.LeakyReLU(0.2), nn.Linear(16, n), nn.Tanh())
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([z, self.embed(y)], dim=1)).reshape(z.shape[0], *IMAGE_SHAPE)
+
+
+class TinyCondD(nn.Module):
+    """D(x, y) with a projection term: a label paired with the wrong image changes the logit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+        self.features = nn.Sequential(nn.Flatten(), nn.Linear(n, 16), nn.LeakyReLU(0.2))
+        self.psi = nn.Linear(16, 1)
+        self.embed = nn.Embedding(NUM_CLASSES, 16)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.features(x)
+        return self.psi(h).reshape(x.shape[0]) + (self.embed(y) * h).sum(dim=1)
+
+
+def make_models(seed: int = 0, dtype: torch.dtype = torch.float64,
+                conditional: bool = False) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(seed)
+    if conditional:
+        return TinyCondG().to(dtype), TinyCondD().to(dtype)
     return TinyG().to(dtype), TinyD().to(dtype)
+
+
+def make_labels(n: int, seed: int = 2) -> torch.Tensor:
+    return torch.randint(NUM_CLASSES, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def make_images(n: int, seed: int = 1, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -69,9 +105,11 @@ def make_images(n: int, seed: int = 1, dtype: torch.dtype = torch.float64) -> to
     return (torch.rand(n, *IMAGE_SHAPE, generator=generator, dtype=dtype) * 2 - 1)
 
 
-def make_loader(images: torch.Tensor, batch_size: int) -> DataLoader:
-    """Unshuffled, so batch i is images[i*b:(i+1)*b] for any batch size (and any process split)."""
-    return DataLoader(TensorDataset(images), batch_size=batch_size, shuffle=False, drop_last=True)
+def make_loader(images: torch.Tensor, batch_size: int, labels: torch.Tensor | None = None) -> DataLoader:
+    """Unshuffled, so batch i is images[i*b:(i+1)*b] for any batch size (and any process split);
+    with ``labels``, batches are (images, labels) pairs."""
+    dataset = TensorDataset(images) if labels is None else TensorDataset(images, labels)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True)
 
 
 class TableLatents:
@@ -99,6 +137,27 @@ class TableLatents:
         chunk = self.flat[self.cursor : self.cursor + batch_size * world]
         if chunk.shape[0] < batch_size * world:
             raise RuntimeError("latent table exhausted: make it larger")
+        self.cursor += batch_size * world
+        return chunk[rank * batch_size : (rank + 1) * batch_size].to(device)
+
+
+class TableLabels:
+    """G's labels read in order from a fixed table, sliced per process like :class:`TableLatents`."""
+
+    def __init__(self, rows: int = 8192, seed: int = 5) -> None:
+        self.flat = torch.randint(NUM_CLASSES, (rows,), generator=torch.Generator().manual_seed(seed))
+        self.cursor = 0
+
+    def rewind(self) -> "TableLabels":
+        self.cursor = 0
+        return self
+
+    def __call__(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        from accelerate import PartialState
+
+        state = PartialState()
+        world, rank = state.num_processes, state.process_index
+        chunk = self.flat[self.cursor : self.cursor + batch_size * world]
         self.cursor += batch_size * world
         return chunk[rank * batch_size : (rank + 1) * batch_size].to(device)
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from conftest import (TableEpsilon, TableLatents, assert_close_dicts, launch_two_processes, make_images, make_loader, make_models, params,
-                      reset_accelerate_state)
+from conftest import (NUM_CLASSES, TableEpsilon, TableLabels, TableLatents, assert_close_dicts, launch_two_processes,
+                      make_images, make_labels, make_loader, make_models, params, reset_accelerate_state)
 from gan_accel.callbacks.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -16,11 +16,14 @@ pytestmark = pytest.mark.slow
 STEPS, B = 6, 4
 
 
-def _train(out_dir: str, batch_size: int, grad_accum_steps: int, penalties: bool = False) -> None:
+def _train(out_dir: str, batch_size: int, grad_accum_steps: int, penalties: bool = False,
+           conditional: bool = False) -> None:
     """Runs on every process; saves what each rank ended with.
 
     ``penalties``: WGAN-GP in every D step and a lazy R1 phase (every 2nd D step): their input
     gradients bypass DDP's reducer, so only the penalties' design makes the ranks agree.
+    ``conditional``: labelled data, G(z, y) and a projection D(x, y): the labels must stay with their
+    images when Accelerate shards the batches.
     """
     from accelerate import PartialState
 
@@ -28,10 +31,11 @@ def _train(out_dir: str, batch_size: int, grad_accum_steps: int, penalties: bool
     from gan_accel import r1_phase
     from gan_accel.objectives.losses import LOSSES
 
-    G, D = make_models(0)
+    G, D = make_models(0, conditional=conditional)
     config = TrainConfig(max_steps=STEPS, batch_size=batch_size, grad_accum_steps=grad_accum_steps, z_dim=4,
                          lr_G=1e-2, lr_D=1e-2, warmup_ratio=0.5, log_every=1, sample_every=STEPS, num_samples=4,
-                         output_dir=os.path.join(out_dir, "run"), progress_bar=False)
+                         output_dir=os.path.join(out_dir, "run"), progress_bar=False,
+                         num_classes=NUM_CLASSES if conditional else None)
     phases, epsilon = None, TableEpsilon()
     if penalties:
         loss = LOSSES["wasserstein"]
@@ -39,9 +43,13 @@ def _train(out_dir: str, batch_size: int, grad_accum_steps: int, penalties: bool
                         new_data=True, double_backward=True),
                   r1_phase(1.0, every=2), Phase("G", "G", generator_loss(loss))]
     images = make_images(2 * B * STEPS * grad_accum_steps)
-    latents = TableLatents(4096)
-    trainer = GANTrainer(G, D, make_loader(images, batch_size), config, latent_sampler=latents, phases=phases)
+    latents, fake_labels = TableLatents(4096), TableLabels() if conditional else None
+    labels = make_labels(len(images)) if conditional else None
+    trainer = GANTrainer(G, D, make_loader(images, batch_size, labels), config, latent_sampler=latents, phases=phases,
+                         label_sampler=fake_labels)
     latents.rewind()
+    if fake_labels is not None:
+        fake_labels.rewind()
     epsilon.rewind()
     seen_batch_sizes = []  # registered after the trainer's preflight (a 2-image dry forward)
     trainer.accelerator.unwrap_model(trainer.D).register_forward_pre_hook(
@@ -61,12 +69,13 @@ def _lr_curve(run_dir):
     return [(r["step"], r["lr/G"], r["lr/D"]) for r in rows]
 
 
-@pytest.mark.parametrize("grad_accum_steps, penalties", [(1, False), (2, False), (2, True)],
-                         ids=["plain", "accumulation", "accumulation+gp+lazy_r1"])
-def test_two_processes_equal_one_process_with_double_batch(tmp_path, grad_accum_steps, penalties):
+@pytest.mark.parametrize("grad_accum_steps, penalties, conditional",
+                         [(1, False, False), (2, False, False), (2, True, False), (2, False, True)],
+                         ids=["plain", "accumulation", "accumulation+gp+lazy_r1", "accumulation+conditional"])
+def test_two_processes_equal_one_process_with_double_batch(tmp_path, grad_accum_steps, penalties, conditional):
     two = tmp_path / "two"
     two.mkdir()
-    launch_two_processes(_train, args=(str(two), B, grad_accum_steps, penalties), num_processes=2)
+    launch_two_processes(_train, args=(str(two), B, grad_accum_steps, penalties, conditional), num_processes=2)
     rank0, rank1 = (torch.load(two / f"rank{r}.pt") for r in (0, 1))
     assert rank0["world"] == rank1["world"] == 2 and rank0["distributed"] == "MULTI_CPU"
     assert rank0["batch_sizes"] == rank1["batch_sizes"] == [B], "per-process batch must be the configured one"
@@ -78,7 +87,7 @@ def test_two_processes_equal_one_process_with_double_batch(tmp_path, grad_accum_
     reset_accelerate_state()
     one = tmp_path / "one"
     one.mkdir()
-    _train(str(one), 2 * B, grad_accum_steps, penalties)
+    _train(str(one), 2 * B, grad_accum_steps, penalties, conditional)
     single = torch.load(one / "rank0.pt")
     assert single["world"] == 1
     # float64: the two runs differ only by the order of summation (DDP averages two half-batch means).
@@ -87,3 +96,65 @@ def test_two_processes_equal_one_process_with_double_batch(tmp_path, grad_accum_
     curve_two, curve_one = _lr_curve(two / "run"), _lr_curve(one / "run")
     assert curve_two == curve_one
     assert len({lr for _, lr, _ in curve_one}) > 3, "the curve should warm up and decay, not be flat"
+
+
+class PairCheckingD(torch.nn.Module):
+    """Wraps a conditional D and records, for every real image it sees, whether its label is its own.
+
+    Real images are constant: image i is filled with code(label_i); G's samples never are."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.checked, self.mismatched = 0, 0
+
+    def forward(self, x, y):
+        flat = x.detach().flatten(1)
+        constant = (flat.max(1).values - flat.min(1).values) == 0
+        codes = torch.round((flat[:, 0] + 0.9) * 10).long()  # inverse of code() below
+        self.checked += int(constant.sum())
+        self.mismatched += int((codes[constant] != y[constant]).sum())
+        return self.inner(x, y)
+
+
+def _paired(out_dir: str, resume: bool) -> None:
+    from accelerate import PartialState
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gan_accel import GANTrainer, TrainConfig
+
+    G, D = make_models(0, conditional=True)
+    D = PairCheckingD(D)
+    labels = make_labels(96)
+    images = ((labels.double() / 10 - 0.9).view(-1, 1, 1, 1) * torch.ones(96, 1, 4, 4, dtype=torch.float64))
+    loader = DataLoader(TensorDataset(images, labels), batch_size=4, shuffle=True, drop_last=True)
+    config = TrainConfig(max_steps=8, batch_size=4, grad_accum_steps=2, z_dim=4, num_classes=NUM_CLASSES,
+                         label_distribution="data", checkpoint_every=3, sample_every=100, num_samples=3,
+                         output_dir=os.path.join(out_dir, "run"), progress_bar=False)
+    trainer = GANTrainer(G, D, loader, config)
+    D.checked = D.mismatched = 0  # only what training shows D
+    trainer.fit(resume_from="latest" if resume else None, stop_at_step=None if resume else 5)
+    rank = PartialState().process_index
+    torch.save({"checked": D.checked, "mismatched": D.mismatched, "step": trainer.step},
+               os.path.join(out_dir, f"paired_{int(resume)}_{rank}.pt"))
+
+
+def _paired_start(out_dir: str) -> None:
+    _paired(out_dir, resume=False)
+
+
+def _paired_resume(out_dir: str) -> None:
+    _paired(out_dir, resume=True)
+
+
+def test_labels_stay_with_their_images_through_sharding_accumulation_and_resume(tmp_path):
+    """Two processes, a shuffled loader (12 batches of 4 per epoch), accumulation 2, a stop at step 5
+    (mid-epoch, past a checkpoint at 3) and a resume: D checks every real image's label against the
+    label written into the image itself."""
+    launch_two_processes(_paired_start, args=(str(tmp_path),), num_processes=2)
+    launch_two_processes(_paired_resume, args=(str(tmp_path),), num_processes=2)
+    for part in (0, 1):
+        for rank in (0, 1):
+            seen = torch.load(tmp_path / f"paired_{part}_{rank}.pt")
+            assert seen["checked"] > 0 and seen["mismatched"] == 0, seen
+    assert torch.load(tmp_path / "paired_1_0.pt")["step"] == 8

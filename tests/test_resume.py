@@ -14,16 +14,25 @@ from gan_accel.callbacks.metrics_log import read_metrics
 N_STEPS, STOP_AT = 8, 3
 
 
-def build_trainer(out_dir: str, init_seed: int = 0, **overrides):
-    """A small DCGAN (with BatchNorm) on a shuffled loader; every source of state is exercised."""
+def build_trainer(out_dir: str, init_seed: int = 0, conditional: bool = False, **overrides):
+    """A small DCGAN (with BatchNorm) on a shuffled loader; every source of state is exercised.
+
+    ``conditional``: the conditional DCGAN and projection D on labelled images, uniform G labels.
+    """
     from gan_accel import GANTrainer, TrainConfig
-    from gan_accel.models import DCGANDiscriminator, DCGANGenerator
+    from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
 
     torch.manual_seed(init_seed)
-    G, D = DCGANGenerator(z_dim=8, width=4), DCGANDiscriminator(width=4)
+    if conditional:
+        G, D = ConditionalDCGANGenerator(5, z_dim=8, width=4), ProjectionDiscriminator(5, width=4)
+        overrides["num_classes"] = 5
+    else:
+        G, D = DCGANGenerator(z_dim=8, width=4), DCGANDiscriminator(width=4)
     images = torch.rand(40, 1, 28, 28, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    labels = torch.randint(5, (40,), generator=torch.Generator().manual_seed(4))
     # 10 batches per epoch, 2 per step: the stop at step 3 lands mid-epoch.
-    loader = DataLoader(TensorDataset(images), batch_size=4, shuffle=True, drop_last=True)
+    dataset = TensorDataset(images, labels) if conditional else TensorDataset(images)
+    loader = DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True)
     config = TrainConfig(max_steps=N_STEPS, batch_size=4, grad_accum_steps=2, z_dim=8, ema_decay=0.9,
                          log_every=1, sample_every=4, checkpoint_every=3, num_samples=4, warmup_ratio=0.25,
                          output_dir=out_dir, progress_bar=False, **overrides)
@@ -93,8 +102,8 @@ def check_runs(out, ranks) -> None:
     assert (straight / "samples_000008.png").read_bytes() == (resumed / "samples_000008.png").read_bytes()
 
 
-@pytest.mark.parametrize("overrides", [{}, {"r1_gamma": 1.0, "r1_every": 4, "n_critic": 2}],
-                         ids=["default phases", "n_critic 2 + lazy R1 every 4"])
+@pytest.mark.parametrize("overrides", [{}, {"r1_gamma": 1.0, "r1_every": 4, "n_critic": 2}, {"conditional": True}],
+                         ids=["default phases", "n_critic 2 + lazy R1 every 4", "conditional"])
 def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path, overrides):
     _straight(str(tmp_path), **overrides)
     reset_accelerate_state()
@@ -107,9 +116,24 @@ def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path, overrides):
     check_runs(tmp_path, ranks=[0])
 
 
+def _straight_conditional(out_dir: str) -> None:
+    _straight(out_dir, conditional=True)
+
+
+def _interrupted_conditional(out_dir: str) -> None:
+    _interrupted(out_dir, conditional=True)
+
+
+def _resumed_conditional(out_dir: str) -> None:
+    _resumed(out_dir, conditional=True)
+
+
 @pytest.mark.slow
-def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path):
-    for fn in (_straight, _interrupted, _resumed):
+@pytest.mark.parametrize("conditional", [False, True], ids=["unconditional", "conditional"])
+def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, conditional):
+    steps = (_straight_conditional, _interrupted_conditional, _resumed_conditional) if conditional else (
+        _straight, _interrupted, _resumed)
+    for fn in steps:
         launch_two_processes(fn, args=(str(tmp_path),), num_processes=2)
     check_runs(tmp_path, ranks=[0, 1])
     rng_files = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints" / "checkpoint_00000008").iterdir())

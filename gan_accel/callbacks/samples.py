@@ -56,8 +56,10 @@ class SampleSaver(Callback):
     def _write(self, trainer: "GANTrainer", stem: str) -> Path:
         samples = trainer.generate()
         kind = self.kind if self.kind != "auto" else self.kind_for(samples)
-        if kind == "grid":
-            return save_grid(samples, trainer.output_dir / f"{stem}.png")
+        if kind == "grid":  # a conditional run: one row per class
+            columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
+                else None
+            return save_grid(samples, trainer.output_dir / f"{stem}.png", nrow=columns)
         if kind == "scatter":
             return save_scatter(samples, trainer.output_dir / f"{stem}.png", reference=trainer.reference_samples,
                                 title=f"step {trainer.step}")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 LatentSampler = Callable[[int, torch.device], Any]
+LabelSampler = Callable[[int, torch.device], torch.Tensor]  # (batch_size, device) -> class indices (batch_size,)
 
 
 def gaussian_latents(z_dim: int) -> LatentSampler:
@@ -21,6 +22,20 @@ def gaussian_latents(z_dim: int) -> LatentSampler:
         return torch.randn(batch_size, z_dim, device=device)
 
     return sample
+
+
+def uniform_labels(num_classes: int) -> LabelSampler:
+    """The default label sampler of a conditional run: every class equally often."""
+
+    def sample(batch_size: int, device: torch.device) -> torch.Tensor:
+        return torch.randint(num_classes, (batch_size,), device=device)
+
+    return sample
+
+
+def class_rows(num_classes: int, per_class: int) -> torch.Tensor:
+    """Fixed labels for progress grids: ``per_class`` samples of class 0, then of class 1, ... (one row each)."""
+    return torch.arange(num_classes).repeat_interleave(per_class)
 
 
 @contextlib.contextmanager
@@ -66,8 +81,9 @@ def leading_size(latents: Any) -> int | None:
 
 
 @torch.no_grad()
-def generate_samples(G: Any, latents: Any, accelerator: Any) -> torch.Tensor:
-    """``G(latents)`` in eval mode under the run's autocast, as float32; latents moved to G's device and dtype.
+def generate_samples(G: Any, latents: Any, accelerator: Any, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """``G(latents)`` (``G(latents, labels)`` when labels are given) in eval mode under the run's autocast,
+    as float32; latents moved to G's device and dtype.
 
     Pass the *unwrapped* G: calling a DDP wrapper on the main process alone could start a collective
     the other ranks never join.
@@ -81,6 +97,8 @@ def generate_samples(G: Any, latents: Any, accelerator: Any) -> torch.Tensor:
     G.eval()
     try:
         with accelerator.autocast():
+            if labels is not None:
+                return G(latents, labels.to(device)).float()
             return G(latents).float()
     finally:
         G.train(was_training)

@@ -10,14 +10,15 @@ not change the run it protects.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..errors import PreflightError, PreflightWarning
-from ..batch import split_batch
+from ..batch import LABEL_KEYS, split_batch
+from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
 from .latents import LatentSampler, leading_size, map_tensors
 from .phases import PhasePlan
@@ -55,8 +56,7 @@ def check_dataloader(dataloader: DataLoader, batch_size: int) -> None:
 
 
 def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoader, sample_latents: LatentSampler,
-            *, conditional: bool = False, sample_labels: Callable[[int, torch.device], Tensor] | None = None,
-            num_reference: int = 64, warn: bool = True) -> Tensor:
+            *, conditioning: Conditioning = Conditioning(), num_reference: int = 64, warn: bool = True) -> Tensor:
     """Run G, D and every phase once on two real samples; return up to ``num_reference`` real samples (CPU).
 
     Leaves the global RNG and every BatchNorm buffer as they were.
@@ -64,7 +64,8 @@ def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoad
     buffers = {id(b): b.detach().clone() for net in nets.values() for b in net.buffers()}
     try:
         with torch.random.fork_rng(devices=[]):
-            reference, micro = _first_micro_batch(nets, dataloader, sample_latents, sample_labels, conditional)
+            conditional = conditioning.conditional
+            reference, micro = _first_micro_batch(nets, dataloader, sample_latents, conditioning)
             fake = _check_networks(nets, micro, conditional, warn)
             if warn:
                 _warn_about_ranges(fake, reference)
@@ -76,7 +77,7 @@ def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoad
     return reference[:num_reference]
 
 
-def _first_micro_batch(nets, dataloader, sample_latents, sample_labels, conditional) -> tuple[Tensor, MicroBatch]:
+def _first_micro_batch(nets, dataloader, sample_latents, conditioning: Conditioning) -> tuple[Tensor, MicroBatch]:
     try:
         batch = next(iter(dataloader))
     except StopIteration:
@@ -101,8 +102,34 @@ def _first_micro_batch(nets, dataloader, sample_latents, sample_labels, conditio
             f"the latent sampler returned a batch of {size} when asked for {real.shape[0]}: it must return "
             "latents whose first dimension is the batch_size argument (sampler(batch_size, device))"
         )
-    fake_labels = sample_labels(real.shape[0], device) if sample_labels is not None else None
+    if conditioning.conditional:
+        _check_labels(labels, conditioning.num_classes, "the real batches' labels")
+    fake_labels = conditioning.fake_labels(real.shape[0], device, labels)
+    if conditioning.conditional:
+        _check_labels(fake_labels, conditioning.num_classes, "the label sampler's labels", real.shape[0])
     return reference, MicroBatch(real, labels, latents, fake_labels)
+
+
+def _check_labels(labels: Tensor | None, num_classes: int, what: str, batch_size: int | None = None) -> None:
+    """Class indices: an integer tensor of shape (N,) with values in [0, num_classes)."""
+    if labels is None:
+        raise PreflightError(
+            f"the run is conditional (num_classes={num_classes}) but the batches carry no labels: yield (images, "
+            f"labels) pairs or dicts with one of the keys {list(LABEL_KEYS)}, or set num_classes=None")
+    if not isinstance(labels, Tensor) or labels.dtype.is_floating_point or labels.dtype == torch.bool \
+            or labels.dim() != 1:
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise PreflightError(
+            f"{what} must be integer class indices of shape (N,), got {getattr(labels, 'dtype', '')} {shape}: "
+            "pass class numbers (e.g. labels.argmax(1) for one-hot labels), as a long tensor")
+    if batch_size is not None and labels.shape[0] != batch_size:
+        raise PreflightError(f"{what}: {labels.shape[0]} labels for a batch of {batch_size}: the label sampler "
+                             "must return batch_size labels")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        raise PreflightError(
+            f"{what} hold class {low if low < 0 else high}, outside [0, {num_classes}) for num_classes={num_classes}: "
+            "set num_classes to the number of classes in the data (labels 0 .. num_classes - 1)")
 
 
 def _check_networks(nets, micro: MicroBatch, conditional: bool, warn: bool) -> Tensor:
@@ -112,7 +139,10 @@ def _check_networks(nets, micro: MicroBatch, conditional: bool, warn: bool) -> T
     try:
         fake = G(micro.latents, micro.fake_labels) if conditional else G(micro.latents)
     except Exception as error:
-        raise PreflightError(f"G failed on latents {_describe(micro.latents)}: {type(error).__name__}: {error}") from error
+        call = "G(latents, labels) (a conditional run: G must take the labels as its second argument)" \
+            if conditional else "G(latents)"
+        raise PreflightError(f"{call} failed on latents {_describe(micro.latents)}: {type(error).__name__}: "
+                             f"{error}") from error
     if not isinstance(fake, Tensor):
         raise PreflightError(f"G must return a tensor of samples, got {type(fake).__name__}")
     if tuple(fake.shape[1:]) != tuple(real.shape[1:]):
@@ -129,8 +159,10 @@ def _check_networks(nets, micro: MicroBatch, conditional: bool, warn: bool) -> T
         try:
             logits = D(samples, labels) if conditional else D(samples)
         except Exception as error:
+            call = "D(x, labels) (a conditional run: D must take the labels as its second argument)" \
+                if conditional else "D"
             raise PreflightError(
-                f"D failed on {name} of shape {tuple(samples.shape)}: {type(error).__name__}: {error}") from error
+                f"{call} failed on {name} of shape {tuple(samples.shape)}: {type(error).__name__}: {error}") from error
         n = samples.shape[0]
         if not isinstance(logits, Tensor) or logits.numel() != n or logits.shape[0] != n:
             shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__

@@ -32,7 +32,7 @@ def open_run(trainer: "GANTrainer", resume_from: Any, fork: bool) -> Path | None
     if resume_from is None:
         if not trainer.fit_calls:  # a second fit() of one trainer continues its own run: nothing to check
             run_together(acc, lambda: _start(trainer, event="start"), main_only=True)
-        run_together(acc, lambda: folder.write_description(cfg, trainer.fixed_latents, trainer.step), main_only=True)
+        run_together(acc, lambda: folder.write_description(cfg, trainer.fixed_latents, trainer.step, trainer.fixed_labels), main_only=True)
         return None
 
     path = run_together(acc, lambda: resolve_resume(resume_from, cfg.output_dir))
@@ -64,7 +64,7 @@ def open_run(trainer: "GANTrainer", resume_from: Any, fork: bool) -> Path | None
         run_together(acc, lambda: _resume(trainer, path, changes, include_step=not from_root), main_only=True)
     elif changes:
         run_together(acc, lambda: folder.log_event("config_change", step=trainer.step, changes=changes), main_only=True)
-    run_together(acc, lambda: folder.write_description(cfg, trainer.fixed_latents, trainer.step), main_only=True)
+    run_together(acc, lambda: folder.write_description(cfg, trainer.fixed_latents, trainer.step, trainer.fixed_labels), main_only=True)
     acc.print(f"gan_accel: resumed from {path} at step {trainer.step}")
     for note in notes:
         acc.print(f"gan_accel: {note}")

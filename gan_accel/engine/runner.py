@@ -31,13 +31,12 @@ from torch import nn
 
 from ..errors import PhaseError
 from ..batch import RealBatch
+from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
 from .guard import DivergenceGuard, grads_and_loss_finite
 from .latents import LatentSampler
 from .phases import Phase, PhasePlan
 from .running_means import RunningMeans
-
-LabelSampler = Callable[[int, torch.device], torch.Tensor]
 
 
 class PhaseRunner:
@@ -46,12 +45,12 @@ class PhaseRunner:
     def __init__(self, accelerator: Accelerator, nets: Mapping[str, nn.Module], optimizers: Mapping[str, Any],
                  schedulers: Mapping[str, Any], plan: PhasePlan, sample_latents: LatentSampler,
                  means: RunningMeans, *, clip_norms: Mapping[str, float | None], guard: DivergenceGuard | None,
-                 conditional: bool = False, sample_labels: LabelSampler | None = None) -> None:
+                 conditioning: Conditioning = Conditioning()) -> None:
         self.accelerator = accelerator
         self.nets, self.optimizers, self.schedulers = dict(nets), dict(optimizers), dict(schedulers)
         self.plan = plan
         self.sample_latents = sample_latents
-        self.sample_labels = sample_labels
+        self.conditioning = conditioning
         self.means = means
         self.clip_norms = dict(clip_norms)
         self.guard = guard
@@ -63,7 +62,7 @@ class PhaseRunner:
         # The parameters each network trains: freezing a network touches only these, so a user's own
         # frozen sub-module stays frozen when the network is unfrozen again.
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
-        self.ctx = StepContext(self.nets, conditional=conditional, log=means.add,
+        self.ctx = StepContext(self.nets, conditional=conditioning.conditional, log=means.add,
                                scaler=accelerator.scaler, versions=self.versions)
         self.batches: Iterator[RealBatch] | None = None
         self.window: list[MicroBatch] = []
@@ -149,7 +148,7 @@ class PhaseRunner:
         real, labels = next(self.batches)
         self.images_seen += real.shape[0]
         latents = self.sample_latents(real.shape[0], device)
-        fake_labels = self.sample_labels(real.shape[0], device) if self.sample_labels is not None else None
+        fake_labels = self.conditioning.fake_labels(real.shape[0], device, labels)
         micro = MicroBatch(real, labels, latents, fake_labels)
         if keep_graph:
             # Part of G's coming phase, hoisted: made while G is trainable and outside no_sync(G), so

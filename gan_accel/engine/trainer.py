@@ -29,17 +29,19 @@ from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
 from ..config import TrainConfig
 from ..collective import run_together
-from ..errors import CheckpointError, PreflightError, TrainingInterrupted
+from ..errors import PreflightError, TrainingInterrupted
 from ..state.lock import RunLock
 from ..state.run_folder import RunFolder
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .data_stream import DataStream
 from .guard import DivergenceGuard
-from .latents import LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples, leading_size
+from .conditioning import conditioning_for
+from .latents import LabelSampler, LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples, leading_size
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
 from .run_open import open_run
+from .trainer_state import restore_trainer_state, trainer_state
 from .runner import PhaseRunner
 from .running_means import RunningMeans
 from .schedules import LRMultiplier
@@ -77,7 +79,8 @@ class GANTrainer:
                  accelerator: Accelerator | None = None, opt_G: torch.optim.Optimizer | None = None,
                  opt_D: torch.optim.Optimizer | None = None, sched_G: Any = None, sched_D: Any = None,
                  lr_multiplier_G: LRMultiplier | None = None, lr_multiplier_D: LRMultiplier | None = None,
-                 latent_sampler: LatentSampler | None = None, phases: Sequence[Phase] | None = None,
+                 latent_sampler: LatentSampler | None = None, label_sampler: LabelSampler | None = None,
+                 phases: Sequence[Phase] | None = None,
                  extra_networks: Mapping[str, ExtraNetwork] | None = None, callbacks: Iterable[Any] = (),
                  disable_callbacks: Iterable[str] = ()) -> None:
         config.validate()
@@ -90,18 +93,16 @@ class GANTrainer:
         self.accelerator = accelerator
         self.output_dir = Path(config.output_dir)
         self.sample_latents = latent_sampler or gaussian_latents(config.z_dim)
+        self.conditioning = conditioning_for(config, label_sampler)
         nets, optimizers = collect_networks(G, D, opt_G, opt_D, extra_networks)
         plan = PhasePlan(phases if phases is not None else default_phases(config), nets)
 
         # Preflight on the raw modules and loader: a wrong shape, batch form or phase costs seconds, not a run.
         check_dataloader(train_dataloader, config.batch_size)
         self.reference_samples = dry_run(nets, plan, train_dataloader, self.sample_latents,
-                                         num_reference=max(config.num_samples, 256),
+                                         conditioning=self.conditioning, num_reference=max(config.num_samples, 256),
                                          warn=accelerator.is_main_process)
-        self.fixed_latents = draw_fixed_latents(self.sample_latents, config.num_samples, config.seed)
-        if leading_size(self.fixed_latents) != config.num_samples:
-            raise PreflightError(f"the latent sampler returned {leading_size(self.fixed_latents)} fixed latents "
-                                 f"when asked for num_samples={config.num_samples}")
+        self.fixed_latents, self.fixed_labels = self._draw_fixed_samples()
         prepared = prepare_run(accelerator, config, plan, nets, optimizers, {"G": sched_G, "D": sched_D},
                                {"G": lr_multiplier_G, "D": lr_multiplier_D}, train_dataloader)
         self.networks, self.optimizers, self.schedulers = prepared.networks, prepared.optimizers, prepared.schedulers
@@ -116,7 +117,7 @@ class GANTrainer:
         self.means = RunningMeans()
         self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets)) if config.nan_guard else None
         self.runner = PhaseRunner(accelerator, self.networks, self.optimizers, self.schedulers, plan,
-                                  self.sample_latents, self.means, guard=self.guard,
+                                  self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D})
         self.last_metrics: dict[str, float] = {}
         self.resumed_from: Path | None = None
@@ -131,6 +132,16 @@ class GANTrainer:
         self.callbacks = CallbackList(assemble(default_callbacks(config), callbacks, disable_callbacks,
                                                BUILTIN_CALLBACKS))
         self.callbacks.bind(self)
+
+    def _draw_fixed_samples(self) -> tuple[Any, torch.Tensor | None]:
+        """The progress samples' latents (and labels: one grid row per class in a conditional run)."""
+        cfg = self.config
+        count = self.conditioning.fixed_count(cfg.num_samples)
+        latents = draw_fixed_latents(self.sample_latents, count, cfg.seed)
+        if leading_size(latents) != count:
+            raise PreflightError(f"the latent sampler returned {leading_size(latents)} fixed latents when asked "
+                                 f"for {count}")
+        return latents, self.conditioning.fixed_labels(cfg.num_samples)
 
     # -- the loop -----------------------------------------------------------------------------
     def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None,
@@ -257,43 +268,20 @@ class GANTrainer:
         ema = self.ema
         return ema.module if ema is not None else self.accelerator.unwrap_model(self.G)
 
-    def generate(self, latents: Any = None) -> torch.Tensor:
-        """Samples from :meth:`sampling_generator` in eval mode (defaults to the fixed latents)."""
-        return generate_samples(self.sampling_generator(), self.fixed_latents if latents is None else latents,
-                                self.accelerator)
+    def generate(self, latents: Any = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Samples from :meth:`sampling_generator` in eval mode: the fixed latents (and fixed labels)
+        by default; a conditional run needs ``labels`` (class indices) with its own ``latents``."""
+        if latents is None:
+            latents, labels = self.fixed_latents, self.fixed_labels if labels is None else labels
+        if self.conditioning.conditional and labels is None:
+            raise ValueError("a conditional run samples G(z, y): pass labels (class indices) with the latents")
+        return generate_samples(self.sampling_generator(), latents, self.accelerator,
+                                labels if self.conditioning.conditional else None)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state on this process (Accelerate's is saved by ``save_state``)."""
-        return {
-            "step": self.step, "data": self.data.state_dict(), "runner": self.runner.state_dict(), "means": self.means.state_dict(),
-            "guard": self.guard.state_dict() if self.guard is not None else None,
-            "callbacks": self.callbacks.state_dict(), "fixed_latents": self.fixed_latents,
-            "config": self.config.to_dict(), "num_processes": self.accelerator.num_processes, "run_id": self.run_id,
-            # Accelerate saves the main process's models only; BatchNorm statistics are per process
-            # (broadcast_buffers=False), so each rank keeps its own for an exact continuation.
-            "buffers": {name: {k: b.detach().cpu().clone() for k, b in self.accelerator.unwrap_model(net).named_buffers()}
-                        for name, net in self.networks.items()},
-        }
+        return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        acc = self.accelerator
-        if state["num_processes"] != acc.num_processes:  # older checkpoints have no marker to check this before
-            raise CheckpointError(f"the checkpoint was written by {state['num_processes']} process(es) and this run "
-                                  f"has {acc.num_processes}: resume with {state['num_processes']}")
-        saved, current = set(state["callbacks"]), {n for n, s in self.callbacks.state_dict().items()}
-        if saved != current:
-            raise CheckpointError(
-                f"the checkpoint holds the state of callbacks {sorted(saved)} but this run has {sorted(current)} "
-                "(e.g. ema_decay differs): resume with the run's original config")
-        self.step = int(state["step"])
-        self.data.load_state_dict(state["data"])
-        self.runner.load_state_dict(state["runner"])
-        self.means.load_state_dict(state["means"], acc.device)
-        if self.guard is not None and state["guard"] is not None:
-            self.guard.load_state_dict(state["guard"])
-        self.callbacks.load_state_dict(state["callbacks"])
-        self.fixed_latents = state["fixed_latents"]
-        for name, net in self.networks.items():
-            for key, buffer in acc.unwrap_model(net).named_buffers():
-                buffer.copy_(state["buffers"][name][key])
+        restore_trainer_state(self, state)

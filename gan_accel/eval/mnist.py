@@ -228,8 +228,9 @@ def cache_dir() -> Path:
 
 @torch.no_grad()
 def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
-                     batch_size: int = 500) -> torch.Tensor:
-    """``num`` images from ``G`` in eval mode, from seeded noise (the same noise for every model)."""
+                     batch_size: int = 500, labels: Tensor | None = None) -> torch.Tensor:
+    """``num`` images from ``G`` in eval mode, from seeded noise (the same noise for every model);
+    ``G(z, labels)`` when ``labels`` (``num`` class indices) are given."""
     generator = torch.Generator().manual_seed(seed)
     was_training = G.training
     G.eval()
@@ -237,7 +238,10 @@ def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | 
         chunks = []
         for start in range(0, num, batch_size):
             z = torch.randn(min(batch_size, num - start), z_dim, generator=generator).to(device)
-            chunks.append(G(z).float().cpu())
+            if labels is None:
+                chunks.append(G(z).float().cpu())
+            else:
+                chunks.append(G(z, labels[start:start + len(z)].to(device)).float().cpu())
         return torch.cat(chunks)
     finally:
         G.train(was_training)
@@ -270,4 +274,31 @@ def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, de
     result = evaluate_mnist_samples(samples, held_x[:num_samples], classifier)
     result["reference"] = name
     result["summary"] = format_evaluation(result)
+    return result
+
+
+def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int,
+                                   device: torch.device | str = "cpu", fallback=None,
+                                   per_class: int = 1000) -> dict[str, Any]:
+    """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them.
+
+    Returns ``agreement`` (per digit: the share of its samples that the MNIST classifier assigns to
+    that digit), ``mean_agreement``, ``min_agreement``, ``fd`` (Fréchet distance of the whole set's
+    classifier features to held-out real digits), ``reference`` and a printable ``summary``.
+    """
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback)
+    classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
+    labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
+    samples = generate_samples(G, len(labels), z_dim, device, labels=labels)
+    result = evaluate_mnist_samples(samples, held_x[:len(samples)], classifier)
+    predicted = compute_features(classifier, samples, 500).argmax(dim=1)
+    agreement = [float((predicted[labels == d] == d).float().mean()) for d in range(MnistClassifier.num_classes)]
+    result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement),
+                  reference=name)
+    result["summary"] = "\n".join([
+        f"conditional MNIST evaluation ({per_class} samples per digit, judged by a classifier trained on {name})",
+        "  agreement per digit: " + " ".join(f"{d}:{a:.1%}" for d, a in enumerate(agreement)),
+        f"  mean agreement {result['mean_agreement']:.1%}, lowest {result['min_agreement']:.1%}",
+        f"  Frechet distance (classifier features, all {len(samples)} samples): {result['fd']:.3f}",
+    ])
     return result

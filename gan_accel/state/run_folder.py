@@ -30,7 +30,7 @@ MANIFEST = "manifest.json"
 HISTORY = "history.jsonl"
 METRICS = "metrics.jsonl"
 # Names gan_accel writes; one that exists but is not in the manifest is someone else's.
-RUN_FILES = ("config.json", METRICS, "fixed_noise.pt", "generator.safetensors", "eval.json", "progress.gif")
+RUN_FILES = ("config.json", METRICS, "fixed_noise.pt", "fixed_labels.pt", "generator.safetensors", "eval.json", "progress.gif")
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", "checkpoints/checkpoint_*")
 _SHOWN = 6  # files named in a message before "and N more"
 
@@ -198,8 +198,9 @@ class RunFolder:
         self._save()
         return dest, later
 
-    def write_description(self, config: Any, fixed_latents: Any, step: int) -> None:
-        """``config.json`` (the config in use now; its changes are in the history) and ``fixed_noise.pt``."""
+    def write_description(self, config: Any, fixed_latents: Any, step: int, fixed_labels: Any = None) -> None:
+        """``config.json`` (the config in use now; its changes are in the history), ``fixed_noise.pt`` and,
+        in a conditional run, ``fixed_labels.pt`` (the progress grids' labels)."""
         if not self.writer:
             return
         self.path.mkdir(parents=True, exist_ok=True)
@@ -207,7 +208,12 @@ class RunFolder:
             config.to_json(tmp)
         with atomic_path(self.path / "fixed_noise.pt") as tmp:
             torch.save(fixed_latents, tmp)
-        for name in ("config.json", "fixed_noise.pt"):
+        names = ["config.json", "fixed_noise.pt"]
+        if fixed_labels is not None:
+            with atomic_path(self.path / "fixed_labels.pt") as tmp:
+                torch.save(fixed_labels, tmp)
+            names.append("fixed_labels.pt")
+        for name in names:
             self.manifest["files"].setdefault(name, step)
         self.manifest["files"].setdefault(METRICS, step)
         self._save()

@@ -1,0 +1,60 @@
+"""Class-conditional runs: which labels G is given, and the fixed labels of the progress grids.
+
+A run is conditional when ``config.num_classes`` is set. Then every micro-batch carries the real
+labels of its images (kept paired through sharding, accumulation and resume: they travel in the
+same batch), D is called as ``D(x, y)`` and G as ``G(z, y)``. G's labels come from the label
+sampler: uniform over the classes by default, the real micro-batch's own labels with
+``label_distribution="data"`` (the data's class frequencies, exactly), or a ``label_sampler`` you pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import TrainConfig
+from .latents import LabelSampler, class_rows, uniform_labels
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """How a run conditions G and D (``num_classes=None``: unconditional)."""
+
+    num_classes: int | None = None
+    sampler: LabelSampler | None = None  # None in a conditional run: G gets the real micro-batch's labels
+
+    @property
+    def conditional(self) -> bool:
+        return self.num_classes is not None
+
+    def fake_labels(self, batch_size: int, device: torch.device, real_labels: torch.Tensor | None) -> torch.Tensor | None:
+        """The labels G is asked for in a micro-batch (None in an unconditional run)."""
+        if not self.conditional:
+            return None
+        if self.sampler is None:
+            return real_labels
+        return self.sampler(batch_size, device)
+
+    def per_class(self, num_samples: int) -> int:
+        """Columns of a progress grid: ``num_samples // num_classes`` samples per class (at least 1)."""
+        return max(1, num_samples // self.num_classes) if self.conditional else num_samples
+
+    def fixed_count(self, num_samples: int) -> int:
+        """How many fixed latents the progress samples need (a whole row per class)."""
+        return self.per_class(num_samples) * self.num_classes if self.conditional else num_samples
+
+    def fixed_labels(self, num_samples: int) -> torch.Tensor | None:
+        """One row per class: the same on every process (no randomness)."""
+        return class_rows(self.num_classes, self.per_class(num_samples)) if self.conditional else None
+
+
+def conditioning_for(config: TrainConfig, label_sampler: LabelSampler | None) -> Conditioning:
+    if config.num_classes is None:
+        if label_sampler is not None:
+            raise ValueError("label_sampler is given but config.num_classes is None: set num_classes for a "
+                             "conditional run, or leave the label sampler out")
+        return Conditioning()
+    if label_sampler is None and config.label_distribution == "uniform":
+        label_sampler = uniform_labels(config.num_classes)
+    return Conditioning(config.num_classes, label_sampler)

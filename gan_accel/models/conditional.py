@@ -1,0 +1,74 @@
+"""Class-conditional DCGAN for 28x28, 32x32 and 64x64 images.
+
+G(z, y): the label's embedding is joined to the latent, then the DCGAN generator stack.
+D(x, y): a projection discriminator (Miyato and Koyama, 2018): the DCGAN feature stack gives
+phi(x); the logit is ``psi(phi(x)) + <embed(y), phi(x)>``, so the label enters as an inner product
+with the image's features instead of as an extra input channel. ``spectral_norm=True`` puts
+spectral normalisation on every conv and linear layer of D (and drops its BatchNorm, as in the paper).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
+
+from .dcgan import _plan, dcgan_init
+
+
+class ConditionalDCGANGenerator(nn.Module):
+    """``G(z, y)``: ``[z, embed(y)]`` through transposed convs with BatchNorm and ReLU, tanh output."""
+
+    def __init__(self, num_classes: int, z_dim: int = 100, width: int = 64, image_size: int = 28,
+                 channels: int = 1, embed_dim: int | None = None) -> None:
+        super().__init__()
+        base, stages = _plan(image_size)
+        self.num_classes, self.z_dim, self.image_size, self.channels = num_classes, z_dim, image_size, channels
+        self.embed_dim = embed_dim or min(z_dim, 50)
+        self.embed = nn.Embedding(num_classes, self.embed_dim)
+        top = width * 2 ** (stages - 1)
+        layers: list[nn.Module] = [nn.ConvTranspose2d(z_dim + self.embed_dim, top, base, 1, 0, bias=False),
+                                   nn.BatchNorm2d(top), nn.ReLU(True)]
+        ch = top
+        for _ in range(stages - 1):
+            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
+            ch //= 2
+        layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1), nn.Tanh()]
+        self.net = nn.Sequential(*layers)
+        self.apply(dcgan_init)
+        nn.init.normal_(self.embed.weight, 0.0, 1.0)  # on the latent's scale
+
+    def forward(self, z: Tensor, y: Tensor) -> Tensor:
+        h = torch.cat([z.reshape(z.shape[0], -1), self.embed(y)], dim=1)
+        return self.net(h.reshape(h.shape[0], -1, 1, 1))
+
+
+class ProjectionDiscriminator(nn.Module):
+    """``D(x, y)`` = ``psi(phi(x)) + <embed(y), phi(x)>`` with the DCGAN discriminator's features as phi."""
+
+    def __init__(self, num_classes: int, width: int = 64, image_size: int = 28, channels: int = 1,
+                 spectral_norm: bool = False) -> None:
+        super().__init__()
+        stages = _plan(image_size)[1]  # the features are summed over space: only the stages matter
+        self.num_classes, self.image_size, self.channels = num_classes, image_size, channels
+        layers: list[nn.Module] = [nn.Conv2d(channels, width, 4, 2, 1), nn.LeakyReLU(0.2, True)]
+        ch = width
+        for _ in range(stages - 1):
+            layers.append(nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=spectral_norm))
+            if not spectral_norm:  # spectral normalisation replaces BatchNorm in D, as in the paper
+                layers.append(nn.BatchNorm2d(ch * 2))
+            layers.append(nn.LeakyReLU(0.2, True))
+            ch *= 2
+        self.features = nn.Sequential(*layers)
+        self.feature_dim = ch
+        self.psi = nn.Linear(ch, 1)
+        self.embed = nn.Embedding(num_classes, ch)
+        self.apply(dcgan_init)
+        nn.init.normal_(self.embed.weight, 0.0, 0.02)
+        if spectral_norm:  # after the initialisation: it then normalises the initial weights
+            for module in [self.psi, self.embed, *(m for m in self.features if isinstance(m, nn.Conv2d))]:
+                _spectral_norm(module)
+
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        h = self.features(x).sum(dim=(2, 3))  # (N, ch): global sum pooling, as in the paper's ResNets
+        return self.psi(h).reshape(x.shape[0]) + (self.embed(y) * h).sum(dim=1)

@@ -1,0 +1,222 @@
+"""Conditional runs: labels checked before training, one grid row per class, sampling a chosen class.
+
+(The update rules with labels, accumulation, 2 processes and resume are proven with the others in
+test_engine.py, test_distributed.py and test_resume.py.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import NUM_CLASSES, Z_DIM, make_images, make_labels, make_loader, make_models, reset_accelerate_state
+from gan_accel import GANTrainer, PreflightError, TrainConfig
+from gan_accel.config import compare_configs
+from gan_accel.models import ConditionalDCGANGenerator, ProjectionDiscriminator
+
+
+def config(tmp_path, **overrides) -> TrainConfig:
+    cfg = dict(max_steps=4, batch_size=4, z_dim=Z_DIM, num_classes=NUM_CLASSES, log_every=2, sample_every=2,
+               num_samples=7, output_dir=str(tmp_path / "run"), progress_bar=False)
+    cfg.update(overrides)
+    return TrainConfig(**cfg)
+
+
+def trainer_with(tmp_path, labels=None, loader=None, models=None, **overrides) -> GANTrainer:
+    G, D = models or make_models(conditional=True)
+    images = make_images(32)
+    if loader is None:
+        loader = make_loader(images, 4, make_labels(32) if labels is None else labels)
+    return GANTrainer(G, D, loader, config(tmp_path, **overrides))
+
+
+# -- preflight -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case, says", [
+    ("no labels", r"conditional \(num_classes=3\) but the batches carry no labels"),
+    ("float labels", r"must be integer class indices of shape \(N,\), got torch.float32"),
+    ("one-hot", r"must be integer class indices of shape \(N,\), got torch.int64 \(2, 3\).*argmax"),
+    ("out of range", r"hold class 3, outside \[0, 3\) for num_classes=3"),
+    ("negative", r"hold class -1, outside \[0, 3\)"),
+    ("G without labels", r"G\(latents, labels\) \(a conditional run: G must take the labels"),
+    ("D without labels", r"D\(x, labels\) \(a conditional run: D must take the labels"),
+])
+def test_bad_labels_and_models_are_refused_before_training(tmp_path, case, says):
+    images = make_images(32)
+    labels = make_labels(32)
+    models, loader = None, None
+    if case == "no labels":
+        loader = make_loader(images, 4)
+    elif case == "float labels":
+        loader = DataLoader(TensorDataset(images, labels.float()), batch_size=4)
+    elif case == "one-hot":
+        loader = DataLoader(TensorDataset(images, torch.nn.functional.one_hot(labels, 3)), batch_size=4)
+    elif case == "out of range":
+        loader = make_loader(images, 4, torch.full((32,), 3))
+    elif case == "negative":
+        loader = make_loader(images, 4, torch.full((32,), -1))
+    elif case == "G without labels":
+        models = (make_models()[0], make_models(conditional=True)[1])
+    else:
+        models = (make_models(conditional=True)[0], make_models()[1])
+    with pytest.raises(PreflightError, match=says):
+        trainer_with(tmp_path, loader=loader, models=models)
+    assert not (tmp_path / "run").exists()
+
+
+def test_dict_batches_with_a_label_key_and_a_custom_label_sampler(tmp_path):
+    images, labels = make_images(32), make_labels(32)
+
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            return {"pixel_values": images[i], "class_labels": labels[i]}
+
+    asked = []
+
+    def only_class_two(batch_size, device):
+        asked.append(batch_size)
+        return torch.full((batch_size,), 2, device=device)
+
+    G, D = make_models(conditional=True)
+    trainer = GANTrainer(G, D, DataLoader(Dicts(), batch_size=4, drop_last=True), config(tmp_path),
+                         label_sampler=only_class_two)
+    trainer.fit()
+    assert asked[0] == 2 and set(asked[1:]) == {4}  # the preflight's 2-sample batch, then every micro-batch
+
+
+def test_an_unconditional_run_ignores_labels_and_refuses_a_label_sampler(tmp_path):
+    G, D = make_models(dtype=torch.float32)
+    images = make_images(32, dtype=torch.float32)
+    trainer = GANTrainer(G, D, make_loader(images, 4, make_labels(32)), config(tmp_path, num_classes=None))
+    trainer.fit()  # (images, labels) pairs train an unconditional GAN as before
+    with pytest.raises(ValueError, match="label_sampler is given but config.num_classes is None"):
+        GANTrainer(*make_models(dtype=torch.float32), make_loader(images, 4), config(tmp_path, num_classes=None, overwrite=True),
+                   label_sampler=lambda n, d: torch.zeros(n, dtype=torch.long))
+
+
+# -- progress grids ----------------------------------------------------------------------------------
+def test_grids_have_one_row_per_class_from_fixed_labels_saved_with_the_run(tmp_path):
+    trainer = trainer_with(tmp_path)  # num_samples=7, 3 classes: 2 columns, 3 rows
+    trainer.fit()
+    out = tmp_path / "run"
+    assert torch.equal(torch.load(out / "fixed_labels.pt"), torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert torch.load(out / "fixed_noise.pt").shape == (6, Z_DIM)
+    grid = Image.open(out / "samples_000002.png")
+    # torchvision's grid: padding 2 around 4x4 images -> 2 columns = 14 px wide, 3 rows = 20 px high
+    assert grid.size == (2 * (4 + 2) + 2, 3 * (4 + 2) + 2)
+    # The grid's rows are G's samples of class 0, 1, 2 from the fixed latents.
+    expected = trainer.generate(trainer.fixed_latents, torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert torch.equal(trainer.generate(), expected)
+    with pytest.raises(ValueError, match="pass labels"):
+        trainer.generate(trainer.fixed_latents)
+
+
+def test_labels_and_label_distribution_cannot_change_on_resume():
+    saved = TrainConfig(num_classes=10).to_dict()
+    refused, _ = compare_configs(saved, TrainConfig(num_classes=None).to_dict())
+    assert refused == ["num_classes: 10 -> None"]
+    refused, _ = compare_configs(saved, TrainConfig(num_classes=10, label_distribution="data").to_dict())
+    assert refused == ["label_distribution: 'uniform' -> 'data'"]
+    # A checkpoint from before a field existed resumes when the field is left at its default.
+    older = {k: v for k, v in saved.items() if k != "label_distribution"}
+    assert compare_configs(older, TrainConfig(num_classes=10).to_dict()) == ([], {})
+
+
+# -- reference models --------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [28, 32, 64])
+@pytest.mark.parametrize("spectral_norm", [False, True])
+def test_reference_conditional_models_for_every_size(size, spectral_norm):
+    G = ConditionalDCGANGenerator(10, z_dim=8, width=4, image_size=size, channels=3)
+    D = ProjectionDiscriminator(10, width=4, image_size=size, channels=3, spectral_norm=spectral_norm)
+    y = torch.tensor([0, 3, 9])
+    x = G(torch.randn(3, 8), y)
+    assert x.shape == (3, 3, size, size) and x.abs().max() <= 1
+    logits = D(x, y)
+    assert logits.shape == (3,)
+    # The projection term: the same image judged as another class gets another logit.
+    assert not torch.allclose(D(x, y), D(x, (y + 1) % 10))
+    if spectral_norm:  # the largest singular value of each normalised weight is 1 (after a few power steps)
+        D.train()
+        for _ in range(20):
+            D(x.detach(), y)
+        weight = D.psi.weight
+        assert torch.linalg.matrix_norm(weight, ord=2).item() == pytest.approx(1.0, abs=1e-3)
+
+
+# -- sampling a chosen class -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_conditional_run(tmp_path_factory):
+    """A tiny run of the conditional example's model family, with an EMA and a checkpoint."""
+    reset_accelerate_state()
+    out = tmp_path_factory.mktemp("cond") / "run"
+    images = make_images(64).float().repeat(1, 1, 7, 7)  # 28x28
+    labels = make_labels(64)
+    G = ConditionalDCGANGenerator(NUM_CLASSES, z_dim=8, width=4)
+    D = ProjectionDiscriminator(NUM_CLASSES, width=4)
+    cfg = TrainConfig(max_steps=4, batch_size=8, z_dim=8, num_classes=NUM_CLASSES, ema_decay=0.5, num_samples=6,
+                      sample_every=2, checkpoint_every=2, output_dir=str(out), progress_bar=False,
+                      extra={"model": {"z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "conditional": True,
+                                       "num_classes": NUM_CLASSES}})
+    trainer = GANTrainer(G, D, DataLoader(TensorDataset(images, labels), batch_size=8, drop_last=True), cfg)
+    trainer.fit()
+    reset_accelerate_state()
+    return out, trainer
+
+
+def test_sample_a_chosen_class_from_the_run_and_from_a_checkpoint_as_the_run_does(finished_conditional_run):
+    from gan_accel.sampling import load_generator, sample_images
+
+    out, trainer = finished_conditional_run
+    G, info = load_generator(out)
+    assert info["conditional"] and info["num_classes"] == NUM_CLASSES and info["step"] == 4
+    images, labels = sample_images(G, info, num=5, label=2, seed=3)
+    assert images.shape == (5, 1, 28, 28) and labels.tolist() == [2] * 5
+    # The same latents and labels through the trainer's own sampling generator (the EMA) agree.
+    z = torch.randn(5, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(images, trainer.sampling_generator().eval()(z, torch.full((5,), 2)))
+    # A checkpoint's G is the EMA of that step: at the last step, the same weights as the export.
+    G_ckpt, info_ckpt = load_generator(out / "checkpoints" / "checkpoint_00000004")
+    assert info_ckpt["step"] == 4
+    assert all(torch.equal(a, b) for a, b in zip(G.state_dict().values(), G_ckpt.state_dict().values()))
+    from gan_accel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="label 3 is outside the run's classes 0..2"):
+        sample_images(G, info, num=2, label=3)
+
+
+def test_gan_accel_sample_label_png_and_npz(finished_conditional_run, tmp_path, capsys):
+    from gan_accel.cli import main
+
+    out, _ = finished_conditional_run
+    assert main(["sample", str(out), "--label", "1", "--num", "6", "--out", str(tmp_path / "ones.png")]) == 0
+    assert Image.open(tmp_path / "ones.png").size == (6 * (28 + 2) + 2, 28 + 4)  # 6 in one row (rows of 10)
+    assert main(["sample", str(out / "checkpoints" / "checkpoint_00000002"), "--format", "npz", "--num", "6",
+                 "--out", str(tmp_path / "all.npz")]) == 0
+    arrays = np.load(tmp_path / "all.npz")
+    assert arrays["images"].shape == (6, 1, 28, 28) and arrays["labels"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert main(["sample", str(out), "--label", "7", "--out", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: label 7 is outside the run's classes 0..2"
+
+
+def test_gan_accel_sample_label_on_an_unconditional_run_is_one_line(tmp_path, capsys):
+    from gan_accel.cli import main
+    from gan_accel.models import DCGANDiscriminator, DCGANGenerator
+
+    images = make_images(64).float().repeat(1, 1, 7, 7)
+    cfg = TrainConfig(max_steps=2, batch_size=8, z_dim=8, output_dir=str(tmp_path / "run"), progress_bar=False,
+                      extra={"model": {"z_dim": 8, "width": 4, "image_size": 28, "channels": 1}})
+    GANTrainer(DCGANGenerator(8, 4), DCGANDiscriminator(4), make_loader(images, 8), cfg).fit()
+    capsys.readouterr()
+    assert main(["sample", str(tmp_path / "run"), "--label", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: this run is unconditional (no num_classes): it cannot sample a chosen class; leave out "
+                   "the label"]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["num_classes"] is None
