@@ -73,8 +73,8 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
     if conditional:
         model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D")
-        model.add_argument("--label-distribution", choices=("uniform", "data"), default="uniform",
-                           help="G's labels: uniform over digits, or the real batch's labels")
+        model.add_argument("--label-distribution", choices=("uniform", "data"), default="data",
+                           help="G's labels: the real batch's labels (data), or uniform over digits")
     args = parser.parse_args(argv)
     args.conditional = conditional
     if args.fork and args.resume is None:

@@ -220,3 +220,20 @@ def test_gan_accel_sample_label_on_an_unconditional_run_is_one_line(tmp_path, ca
     assert err == ["error: this run is unconditional (no num_classes): it cannot sample a chosen class; leave out "
                    "the label"]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["num_classes"] is None
+
+
+def test_within_class_stddev_against_a_loop():
+    from gan_accel.models.conditional import within_class_stddev
+
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(9, 5, generator=generator, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 1, 2, 2, 2, 0, 1, 3])  # class 3 has one sample, class 4 none
+    total, count = 0.0, 0
+    for i in range(9):
+        same = features[labels == labels[i]]
+        total += float(((features[i] - same.mean(0)) ** 2).sum())
+        count += features.shape[1]
+    assert within_class_stddev(features, labels, 5).item() == pytest.approx((total / count + 1e-8) ** 0.5, rel=1e-12)
+    # A batch collapsed within each class (every class one image) scores ~0, whatever varies across classes.
+    collapsed = features[labels]  # row i = features[label_i]: identical within a class
+    assert within_class_stddev(collapsed, labels, 5).item() == pytest.approx(1e-4)
