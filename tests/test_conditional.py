@@ -237,3 +237,56 @@ def test_within_class_stddev_against_a_loop():
     # A batch collapsed within each class (every class one image) scores ~0, whatever varies across classes.
     collapsed = features[labels]  # row i = features[label_i]: identical within a class
     assert within_class_stddev(collapsed, labels, 5).item() == pytest.approx(1e-4)
+
+
+def test_conditional_evaluation_counts_agreement_per_requested_class(monkeypatch):
+    """A judge that reads the digit from an image's brightness, and a G that draws digit c when asked for c,
+    except for digit 1, where every other sample is a 2: agreement 50% for 1, 100% elsewhere."""
+    import types
+
+    import gan_accel.eval.mnist as mnist_eval
+
+    def code(c):
+        return (c + 0.5) / 10 * 2 - 1
+
+    class Judge(torch.nn.Module):
+        num_classes = 10
+
+        def __init__(self):
+            super().__init__()
+            self.features = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 1))
+            with torch.no_grad():
+                self.features[1].weight.fill_(1 / 784)
+                self.features[1].bias.zero_()
+            self.head = _Nearest(torch.tensor([code(c) for c in range(10)]))
+
+        def forward(self, x):
+            return self.head(self.features(x))
+
+    class OneTwoG(torch.nn.Module):
+        def forward(self, z, y):
+            digits = y.clone()
+            ones = (y == 1).nonzero().flatten()
+            digits[ones[::2]] = 2
+            return torch.tensor([code(int(d)) for d in digits]).view(-1, 1, 1, 1).expand(-1, 1, 28, 28).clone()
+
+    held = torch.full((100, 1, 28, 28), 127, dtype=torch.uint8)
+    fallback = types.SimpleNamespace(name="stub", images=torch.cat([held] * 6), labels=torch.zeros(600, dtype=torch.long))
+    monkeypatch.setattr(mnist_eval, "load_or_train_classifier", lambda *a, **k: Judge())
+    result = mnist_eval.evaluate_conditional_generator(OneTwoG(), "/nonexistent", z_dim=4, fallback=fallback,
+                                                       per_class=10)
+    assert result["agreement"] == [1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert result["mean_agreement"] == pytest.approx(0.95) and result["min_agreement"] == 0.5
+    assert "1:50.0%" in result["summary"] and result["num_samples"] == 100
+
+
+class _Nearest(torch.nn.Module):
+    """Logits = minus the squared distance of a 1-D feature to each class's centre."""
+
+    def __init__(self, centers):
+        super().__init__()
+        self.register_buffer("centers", centers)
+        self.weight = torch.nn.Parameter(torch.zeros(1))  # evaluate_mnist_samples reads head.weight.device
+
+    def forward(self, f):
+        return -(f - self.centers) ** 2

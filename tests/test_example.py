@@ -162,3 +162,27 @@ def test_cli_samples_from_a_finished_run(tmp_path):
         assert grid.size == (3 * 30 + 2, 3 * 30 + 2)  # 3x3 grid of 28px images with 2px padding
     missing = run([sys.executable, "-m", "gan_accel.cli", "sample", str(tmp_path / "nowhere")])
     assert missing.returncode == 2 and "is " in missing.stderr and "finished gan_accel run folder" in missing.stderr
+
+
+def test_conditional_example_on_two_gloo_processes(tmp_path):
+    """examples/conditional_mnist.py under accelerate launch: the labels reach D and G on both ranks,
+    the grids have one row per digit, and the run samples a chosen digit afterwards."""
+    out = tmp_path / "run"
+    example = str(ROOT / "examples" / "conditional_mnist.py")
+    result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  example, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                  *TINY], ACCELERATE_USE_CPU="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_classes"] == 10 and config["extra"]["model"]["conditional"] is True
+    assert torch.equal(torch.load(out / "fixed_labels.pt"), torch.arange(10).repeat_interleave(10))
+    with Image.open(out / "samples_final.png") as grid:
+        assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples
+    sample = run([sys.executable, "-m", "gan_accel.cli", "sample", str(out), "--label", "7", "--num", "5",
+                  "--format", "npz", "--out", str(tmp_path / "sevens.npz")])
+    assert sample.returncode == 0, sample.stderr
+    import numpy as np
+
+    arrays = np.load(tmp_path / "sevens.npz")
+    assert arrays["images"].shape == (5, 1, 28, 28) and arrays["labels"].tolist() == [7] * 5
