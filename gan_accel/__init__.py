@@ -3,7 +3,7 @@
 The public API, by job: the trainer and its config; phases and phase losses (the step as data);
 callbacks (side concerns); regularisers; errors. Data, models, evaluation and checkpoint helpers
 live in their sub-packages (``gan_accel.data``, ``gan_accel.models``, ``gan_accel.eval``,
-``gan_accel.state``).
+``gan_accel.state``); sampling a trained run in ``gan_accel.sampling``.
 """
 
 from .callbacks import Callback
@@ -11,7 +11,7 @@ from .config import TrainConfig
 from .engine import GANTrainer, Phase, StepContext, build_accelerator, default_phases, extract_images, r1_phase
 from .engine.schedules import lambda_scheduler, warmup_then_decay
 from .errors import (CallbackError, CheckpointError, ConfigError, DivergenceError, GanAccelError, LaunchError,
-                     PhaseError, PreflightError, PreflightWarning, TrainingInterrupted)
+                     PhaseError, PreflightError, PreflightWarning, RunFolderError, TrainingInterrupted)
 from .objectives import (LOSSES, GANLoss, discriminator_loss, generator_loss, get_loss, gradient_penalty, r1_penalty,
                          sum_losses)
 from .state.checkpoint import latest_checkpoint, list_checkpoints
@@ -23,7 +23,7 @@ __all__ = [
     "r1_penalty", "gradient_penalty",
     "Callback",
     "GanAccelError", "ConfigError", "PreflightError", "PreflightWarning", "PhaseError", "LaunchError",
-    "CheckpointError", "DivergenceError", "CallbackError", "TrainingInterrupted",
+    "CheckpointError", "DivergenceError", "CallbackError", "TrainingInterrupted", "RunFolderError",
     "latest_checkpoint", "list_checkpoints",
     "build_accelerator", "extract_images", "lambda_scheduler", "warmup_then_decay",
 ]

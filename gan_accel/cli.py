@@ -72,9 +72,11 @@ def _sample(G, info: dict, args: argparse.Namespace) -> int:
     else:
         from .visuals import save_grid
 
-        # one row per class; samples of one class (or of an unconditional run) in rows of 10
-        columns = len(images) // info["num_classes"] if info["conditional"] and args.label is None \
-            else min(10, len(images))
+        # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
+        if not info["conditional"]:
+            columns = None
+        else:
+            columns = len(images) // info["num_classes"] if args.label is None else min(10, len(images))
         save_grid(images, out, nrow=columns)
     what = f"class {args.label}" if args.label is not None else "every class" if info["conditional"] else "samples"
     print(f"wrote {out} ({len(images)} samples, {what}, step {info['step']})")
