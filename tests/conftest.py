@@ -112,77 +112,67 @@ def make_loader(images: torch.Tensor, batch_size: int, labels: torch.Tensor | No
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True)
 
 
-class TableLatents:
-    """Latents read in order from a fixed table: call c on process r of W gets the r-th slice of row c.
+class _Table:
+    """Values read in order from a fixed table: call c on process r of W gets the r-th slice of row c.
 
     The same table therefore feeds one process with batch W*b and W processes with batch b
     identically, and k micro-batches of b the same as one batch of k*b (rows are consumed in order).
     """
 
-    def __init__(self, rows: int, dtype: torch.dtype = torch.float64, seed: int = 7) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        self.flat = torch.randn(rows, Z_DIM, generator=generator, dtype=dtype)
+    flat: torch.Tensor
+
+    def __init__(self) -> None:
         self.cursor = 0
 
-    def rewind(self) -> "TableLatents":
-        """Start again at row 0 (the trainer's preflight dry forward draws once before training)."""
+    def rewind(self):
+        """Start again at row 0 (the trainer's preflight draws once before training)."""
         self.cursor = 0
         return self
 
-    def __call__(self, batch_size: int, device: torch.device) -> torch.Tensor:
+    def take(self, batch_size: int) -> torch.Tensor:
+        """This process's slice of the next ``batch_size * num_processes`` rows."""
         from accelerate import PartialState
 
         state = PartialState()
         world, rank = state.num_processes, state.process_index
         chunk = self.flat[self.cursor : self.cursor + batch_size * world]
         if chunk.shape[0] < batch_size * world:
-            raise RuntimeError("latent table exhausted: make it larger")
+            raise RuntimeError("table exhausted: make it larger")
         self.cursor += batch_size * world
-        return chunk[rank * batch_size : (rank + 1) * batch_size].to(device)
+        return chunk[rank * batch_size : (rank + 1) * batch_size]
 
 
-class TableLabels:
-    """G's labels read in order from a fixed table, sliced per process like :class:`TableLatents`."""
+class TableLatents(_Table):
+    """G's latents from a fixed table (see :class:`_Table`)."""
 
-    def __init__(self, rows: int = 8192, seed: int = 5) -> None:
-        self.flat = torch.randint(NUM_CLASSES, (rows,), generator=torch.Generator().manual_seed(seed))
-        self.cursor = 0
-
-    def rewind(self) -> "TableLabels":
-        self.cursor = 0
-        return self
+    def __init__(self, rows: int, dtype: torch.dtype = torch.float64, seed: int = 7) -> None:
+        super().__init__()
+        self.flat = torch.randn(rows, Z_DIM, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
     def __call__(self, batch_size: int, device: torch.device) -> torch.Tensor:
-        from accelerate import PartialState
-
-        state = PartialState()
-        world, rank = state.num_processes, state.process_index
-        chunk = self.flat[self.cursor : self.cursor + batch_size * world]
-        self.cursor += batch_size * world
-        return chunk[rank * batch_size : (rank + 1) * batch_size].to(device)
+        return self.take(batch_size).to(device)
 
 
-class TableEpsilon:
-    """GP mixing weights read in order from a fixed table, sliced per process like :class:`TableLatents`."""
+class TableLabels(_Table):
+    """G's labels from a fixed table (see :class:`_Table`)."""
+
+    def __init__(self, rows: int = 8192, seed: int = 5) -> None:
+        super().__init__()
+        self.flat = torch.randint(NUM_CLASSES, (rows,), generator=torch.Generator().manual_seed(seed))
+
+    def __call__(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        return self.take(batch_size).to(device)
+
+
+class TableEpsilon(_Table):
+    """GP mixing weights from a fixed table (see :class:`_Table`)."""
 
     def __init__(self, rows: int = 8192) -> None:
+        super().__init__()
         self.flat = torch.rand(rows, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
-        self.cursor = 0
-
-    def rewind(self) -> "TableEpsilon":
-        """Start again at row 0 (the trainer's preflight runs each phase once before training)."""
-        self.cursor = 0
-        return self
 
     def __call__(self, batch_size: int, like: torch.Tensor) -> torch.Tensor:
-        from accelerate import PartialState
-
-        state = PartialState()
-        world, rank = state.num_processes, state.process_index
-        chunk = self.flat[self.cursor : self.cursor + batch_size * world]
-        self.cursor += batch_size * world
-        mine = chunk[rank * batch_size : (rank + 1) * batch_size]
-        return mine.to(like).view(batch_size, *([1] * (like.dim() - 1)))
+        return self.take(batch_size).to(like).view(batch_size, *([1] * (like.dim() - 1)))
 
 
 def params(module: nn.Module) -> dict[str, torch.Tensor]:

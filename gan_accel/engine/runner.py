@@ -98,7 +98,7 @@ class PhaseRunner:
                     with acc.accumulate(net):
                         with acc.autocast():
                             loss = phase.loss(self.ctx)
-                        acc.backward(loss if phase.gain == 1.0 else loss * phase.gain)
+                        self.accelerator.backward(loss if phase.gain == 1.0 else loss * phase.gain)
                     loss = loss.detach()
                     total = loss if total is None else total + loss
                     self.means.add(f"loss/{phase.name}", loss)

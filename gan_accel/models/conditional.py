@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
-from .dcgan import _plan, dcgan_init
+from .dcgan import _plan, dcgan_init, generator_stack
 
 
 class ConditionalDCGANGenerator(nn.Module):
@@ -30,19 +30,10 @@ class ConditionalDCGANGenerator(nn.Module):
     def __init__(self, num_classes: int, z_dim: int = 100, width: int = 64, image_size: int = 28,
                  channels: int = 1, embed_dim: int | None = None) -> None:
         super().__init__()
-        base, stages = _plan(image_size)
         self.num_classes, self.z_dim, self.image_size, self.channels = num_classes, z_dim, image_size, channels
         self.embed_dim = embed_dim or min(z_dim, 50)
         self.embed = nn.Embedding(num_classes, self.embed_dim)
-        top = width * 2 ** (stages - 1)
-        layers: list[nn.Module] = [nn.ConvTranspose2d(z_dim + self.embed_dim, top, base, 1, 0, bias=False),
-                                   nn.BatchNorm2d(top), nn.ReLU(True)]
-        ch = top
-        for _ in range(stages - 1):
-            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
-            ch //= 2
-        layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1), nn.Tanh()]
-        self.net = nn.Sequential(*layers)
+        self.net = generator_stack(z_dim + self.embed_dim, width, image_size, channels)
         self.apply(dcgan_init)
         nn.init.normal_(self.embed.weight, 0.0, 1.0)  # on the latent's scale
 

@@ -30,25 +30,30 @@ def dcgan_init(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def generator_stack(in_channels: int, width: int, image_size: int, channels: int) -> nn.Sequential:
+    """(N, in_channels, 1, 1) -> (N, channels, S, S) in [-1, 1]: transposed convs with BatchNorm and ReLU."""
+    base, stages = _plan(image_size)
+    top = width * 2 ** (stages - 1)
+    layers: list[nn.Module] = [
+        nn.ConvTranspose2d(in_channels, top, base, 1, 0, bias=False),  # -> (N, top, base, base)
+        nn.BatchNorm2d(top),
+        nn.ReLU(True),
+    ]
+    ch = top
+    for _ in range(stages - 1):
+        layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
+        ch //= 2
+    layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
 class DCGANGenerator(nn.Module):
     """Transposed-conv generator with BatchNorm and ReLU, tanh output."""
 
     def __init__(self, z_dim: int = 100, width: int = 64, image_size: int = 28, channels: int = 1) -> None:
         super().__init__()
-        base, stages = _plan(image_size)
         self.z_dim, self.image_size, self.channels = z_dim, image_size, channels
-        top = width * 2 ** (stages - 1)
-        layers: list[nn.Module] = [
-            nn.ConvTranspose2d(z_dim, top, base, 1, 0, bias=False),  # (N, z, 1, 1) -> (N, top, base, base)
-            nn.BatchNorm2d(top),
-            nn.ReLU(True),
-        ]
-        ch = top
-        for _ in range(stages - 1):
-            layers += [nn.ConvTranspose2d(ch, ch // 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch // 2), nn.ReLU(True)]
-            ch //= 2
-        layers += [nn.ConvTranspose2d(ch, channels, 4, 2, 1), nn.Tanh()]
-        self.net = nn.Sequential(*layers)
+        self.net = generator_stack(z_dim, width, image_size, channels)
         self.apply(dcgan_init)
 
     def forward(self, z: Tensor) -> Tensor:
