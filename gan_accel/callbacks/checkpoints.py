@@ -35,4 +35,4 @@ class Checkpointer(Callback):
         except RunFolderError as error:
             raise RunFolderError(f"{error}. {trainer.checkpoint_note()}") from error
         trainer.last_checkpoint, trainer.last_checkpoint_step = path, trainer.step
-        trainer.run_folder.sync_checkpoints(trainer.step)
+        trainer.run_folder.sync_checkpoints()

@@ -84,7 +84,7 @@ class RunFolder:
         self.manifest["files"][self._relative(path)] = int(step)
         self._save()
 
-    def sync_checkpoints(self, step: int) -> None:
+    def sync_checkpoints(self) -> None:
         """Make the manifest's checkpoint entries the complete checkpoints now in ``checkpoints/``."""
         if not self.writer:
             return
