@@ -193,6 +193,21 @@ def mnist_dir() -> str | None:
     return path if os.path.isdir(os.path.join(path, "MNIST", "raw")) else None
 
 
+def leave_process_group() -> None:
+    """End of a launched function: a barrier, then close the gloo group on every rank alike.
+
+    Without it a rank that finishes first can close its sockets while the other is still tearing
+    down, which on a loaded machine aborted the slower rank at exit ("terminate called without an
+    active exception") after all its work was done and saved.
+    """
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
     """Like ``accelerate.debug_launcher`` (real gloo DDP on CPU processes), but with *spawned* processes.
 
