@@ -213,7 +213,8 @@ def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
 
     debug_launcher forks, and a fork taken after the test process has run torch ops in its OpenMP
     thread pool can deadlock the children: a suite-order-dependent hang. Spawned processes start clean.
-    ``function`` must be a module-level function of a test module (it is imported by name).
+    ``function`` must be a module-level function of a test module (it is imported by name); every
+    process runs it through :func:`run_then_exit`.
     """
     import socket
     import tempfile
@@ -228,4 +229,21 @@ def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
         world_size=num_processes, master_addr="127.0.0.1", master_port=str(port), accelerate_mixed_precision="no",
         accelerate_debug_rdv_file=rendezvous.name, accelerate_use_cpu="yes", omp_num_threads="1",
     ):
-        start_processes(PrepareForLaunch(function, debug=True), args=args, nprocs=num_processes, start_method="spawn")
+        start_processes(PrepareForLaunch(run_then_exit, debug=True), args=(function, tuple(args)),
+                        nprocs=num_processes, start_method="spawn")
+
+
+def run_then_exit(function, args) -> None:
+    """In each launched process: the test's function, then leave the gloo group together and exit at once.
+
+    ``os._exit`` skips the C++ static destructors, where a rank whose peer had already gone sometimes
+    aborted ("terminate called without an active exception") after all its work was saved: an exit
+    race, not a result of the test.
+    """
+    import sys
+
+    function(*args)
+    leave_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

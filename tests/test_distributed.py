@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from conftest import (NUM_CLASSES, TableEpsilon, TableLabels, TableLatents, assert_close_dicts, launch_two_processes,
-                      leave_process_group, make_images, make_labels, make_loader, make_models, params,
-                      reset_accelerate_state)
+                      make_images, make_labels, make_loader, make_models, params, reset_accelerate_state)
 from gan_accel.callbacks.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -138,7 +137,6 @@ def _paired(out_dir: str, resume: bool) -> None:
     rank = PartialState().process_index
     torch.save({"checked": D.checked, "mismatched": D.mismatched, "step": trainer.step},
                os.path.join(out_dir, f"paired_{int(resume)}_{rank}.pt"))
-    leave_process_group()
 
 
 def _paired_start(out_dir: str) -> None:

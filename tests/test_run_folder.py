@@ -298,9 +298,6 @@ def _agree(out_dir: str) -> None:
     attempt("lock", lambda: trainer_for(out / "held", reset=False).fit())
     rank = PartialState().process_index  # asked only now: asking first would set the state up without gloo
     (out / f"seen_{rank}.txt").write_text("\n".join(seen))
-    from conftest import leave_process_group
-
-    leave_process_group()
 
 
 @pytest.mark.slow
