@@ -11,12 +11,12 @@ across processes) and only the first prints it.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from typing import Any, Callable, NoReturn
 
 from .errors import GanAccelError, TrainingInterrupted
+from .state.files import write_failure_reason
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -66,10 +66,8 @@ def describe(error: BaseException) -> str | None:
     if isinstance(error, GanAccelError):
         return str(error)
     if isinstance(error, OSError):
-        name = errno.errorcode.get(error.errno, "") if error.errno else ""
-        reason = f"{error.strerror or error} ({name})" if name else str(error.strerror or error)
         where = f"{error.filename}: " if error.filename else ""
-        return f"{where}{reason}; check the path, its permissions and the free space"
+        return f"{where}{write_failure_reason(error)}; check the path, its permissions and the free space"
     return None
 
 

@@ -18,7 +18,7 @@ from ..collective import run_together
 from ..config import compare_configs
 from ..errors import CheckpointError, RunFolderError
 from ..state.checkpoint import checkpoint_root, checkpoint_step, load_checkpoint, read_marker, resolve_resume
-from ..state.run_folder import checkpoint_run_folder
+from ..state.run_folder import checkpoint_run_folder, listing
 from .schedules import scheduler_ticks_per_optimizer_step, warmup_then_decay
 
 if TYPE_CHECKING:
@@ -52,7 +52,8 @@ def open_run(trainer: "GANTrainer", resume_from: Any, fork: bool) -> Path | None
         run_together(acc, lambda: _start(trainer, event="fork", source=str(path), step=checkpoint_step(path)),
                      main_only=True)
     state = load_checkpoint(acc, path, acc.process_index)
-    _refuse_fixed_changes(path, state["config"], cfg.to_dict())
+    if "config" not in marker:  # a checkpoint from before the marker held the config
+        _refuse_fixed_changes(path, state["config"], cfg.to_dict())
     trainer.load_state_dict(state)
     _, changes = compare_configs(state["config"], cfg.to_dict())
     notes = apply_changes(trainer, state["config"], changes)
@@ -76,8 +77,8 @@ def _start(trainer: "GANTrainer", event: str, **fields: Any) -> None:
     folder.check_new_run(trainer.config.overwrite)
     removed = folder.clear() if trainer.config.overwrite else []
     if removed:
-        shown = ", ".join(removed[:8]) + (f" and {len(removed) - 8} more" if len(removed) > 8 else "")
-        print(f"gan_accel: overwrite: removed {len(removed)} file(s) the previous run in {folder.path} wrote: {shown}")
+        print(f"gan_accel: overwrite: removed {len(removed)} file(s) the previous run in {folder.path} wrote: "
+              f"{listing(removed)}")
         folder.log_event("overwrite", removed=removed)
     trainer.run_id = folder.start()
     folder.log_event(event, run_id=trainer.run_id, config=trainer.config.to_dict(), **fields)
@@ -91,12 +92,13 @@ def _resume(trainer: "GANTrainer", path: Path, changes: dict[str, Any], include_
     entry: dict[str, Any] = {"step": trainer.step, "checkpoint": str(path)}
     if changes:
         entry["changes"] = changes
+    branch = any("checkpoint_" in name for name in moved)  # a later checkpoint was left behind
     if moved:
         entry["moved_aside"] = str(dest)
-        if any("checkpoint_" in name for name in moved):
-            print(f"gan_accel: resuming step {trainer.step} starts a branch: the later checkpoints and samples "
-                  f"were moved to {dest} (nothing was deleted); 'latest' now means this branch")
-    folder.log_event("branch" if moved and any("checkpoint_" in n for n in moved) else "resume", **entry)
+    if branch:
+        print(f"gan_accel: resuming step {trainer.step} starts a branch: the later checkpoints and samples "
+              f"were moved to {dest} (nothing was deleted); 'latest' now means this branch")
+    folder.log_event("branch" if branch else "resume", **entry)
 
 
 def _refuse_fixed_changes(path: Path, saved: dict[str, Any], requested: dict[str, Any]) -> None:

@@ -97,8 +97,10 @@ class RunFolder:
 
     def _relative(self, path: str | os.PathLike) -> str:
         path = Path(path)
-        return (path.relative_to(self.path) if path.is_absolute() or path.parts[:len(self.path.parts)] == self.path.parts
-                else path).as_posix()
+        try:
+            return path.relative_to(self.path).as_posix()
+        except ValueError:  # already relative to the folder
+            return path.as_posix()
 
     def _save(self) -> None:
         if self.writer:
@@ -136,7 +138,7 @@ class RunFolder:
         foreign = [name for name in self.named_like_ours() if name not in ours]
         if not overwrite and (ours or foreign):
             checkpoints = list_checkpoints(self.path)
-            held = _listing(sorted(ours | set(foreign)))
+            held = listing(sorted(ours | set(foreign)))
             if checkpoints:
                 raise PreflightError(
                     f"output folder {self.path} already holds a run ({held}; latest checkpoint at step "
@@ -149,7 +151,7 @@ class RunFolder:
         if overwrite and foreign:
             raise PreflightError(
                 f"output folder {self.path} holds files named like a run's that no gan_accel run recorded as its own "
-                f"({_listing(foreign)}): overwrite only removes a run's recorded files, so these would be mixed into "
+                f"({listing(foreign)}): overwrite only removes a run's recorded files, so these would be mixed into "
                 "the new run; move them away or choose another output_dir")
 
     def clear(self) -> list[str]:
@@ -234,7 +236,8 @@ def _later_rows(path: Path, after_step: int) -> tuple[list[str], list[str]] | No
     return (kept, moved) if moved else None
 
 
-def _listing(names: list[str]) -> str:
+def listing(names: list[str]) -> str:
+    """The first names, then how many more: for messages."""
     shown = ", ".join(names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
