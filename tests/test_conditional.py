@@ -290,3 +290,69 @@ class _Nearest(torch.nn.Module):
 
     def forward(self, f):
         return -(f - self.centers) ** 2
+
+
+# -- the auxiliary class loss ------------------------------------------------------------------------------
+def test_projection_all_class_logits_hold_the_plain_logit_in_the_label_column():
+    from gan_accel.models import ProjectionDiscriminator
+
+    torch.manual_seed(0)
+    D = ProjectionDiscriminator(10, width=8).eval()
+    x, y = torch.randn(12, 1, 28, 28), torch.arange(12) % 10
+    every = D(x, y, all_classes=True)
+    assert every.shape == (12, 10)
+    torch.testing.assert_close(every[torch.arange(12), y], D(x, y), atol=1e-5, rtol=1e-5)
+
+
+def test_class_loss_is_the_cross_entropy_of_the_class_logits():
+    """The D phase loss with a class weight, against a hand computation with the same networks."""
+    import torch.nn.functional as F
+
+    from conftest import make_models
+    from gan_accel.engine.context import MicroBatch, StepContext
+    from gan_accel.objectives.adversarial import discriminator_loss, generator_loss
+    from gan_accel.objectives.losses import LOSSES
+
+    G, D = make_models(0, conditional=True)
+    real, y_real = torch.rand(6, 1, 4, 4, dtype=torch.float64) * 2 - 1, torch.tensor([0, 1, 2, 0, 1, 2])
+    z, y_fake = torch.randn(6, 4, dtype=torch.float64), torch.tensor([2, 2, 1, 0, 0, 1])
+    ctx = StepContext({"G": G, "D": D}, conditional=True)
+    ctx.micro = MicroBatch(real, y_real, z, y_fake)
+    loss = LOSSES["nonsaturating"]
+    d_phase, g_phase = discriminator_loss(loss, 0.3), generator_loss(loss, 0.3)
+    ctx.phase = type("P", (), {"net": "D"})()
+    fake = G(z, y_fake).detach()
+    expected_d = loss.d_loss(D(real, y_real), D(fake, y_fake)) + 0.3 * F.cross_entropy(
+        D(real, y_real, all_classes=True), y_real)
+    torch.testing.assert_close(d_phase(ctx), expected_d)
+    ctx.phase = type("P", (), {"net": "G"})()
+    expected_g = loss.g_loss(D(fake, y_fake)) + 0.3 * F.cross_entropy(D(fake, y_fake, all_classes=True), y_fake)
+    torch.testing.assert_close(g_phase(ctx), expected_g)
+
+
+def test_class_loss_needs_a_conditional_run_and_a_d_that_gives_every_class(tmp_path):
+    from conftest import NUM_CLASSES, make_images, make_labels, make_loader
+    from gan_accel import ConfigError, GANTrainer, PreflightError, TrainConfig
+
+    with pytest.raises(ConfigError, match="class_loss_weight=1.0 needs a conditional run"):
+        TrainConfig(class_loss_weight=1.0)
+    with pytest.raises(ConfigError, match="class_loss_weight=-1 is invalid"):
+        TrainConfig(class_loss_weight=-1, num_classes=3)
+
+    class PlainCondD(torch.nn.Module):  # D(x, y) without all_classes
+        def __init__(self):
+            super().__init__()
+            self.fc, self.embed = torch.nn.Linear(16, 1), torch.nn.Embedding(NUM_CLASSES, 16)
+
+        def forward(self, x, y):
+            h = x.flatten(1)
+            return self.fc(h).reshape(-1) + (self.embed(y) * h).sum(1)
+
+    from conftest import make_models
+
+    G, _ = make_models(0, dtype=torch.float32, conditional=True)
+    images = make_images(16, dtype=torch.float32)
+    config = TrainConfig(max_steps=1, batch_size=4, z_dim=4, num_classes=NUM_CLASSES, class_loss_weight=1.0,
+                         output_dir=str(tmp_path / "run"), progress_bar=False, num_samples=4)
+    with pytest.raises(PreflightError, match="this D does not take all_classes"):
+        GANTrainer(G, PlainCondD(), make_loader(images, 4, make_labels(16)), config)

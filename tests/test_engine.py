@@ -88,8 +88,9 @@ def test_each_update_leaves_the_other_network_unchanged_and_gradient_free(tmp_pa
 
 
 # -- (b) accumulation == larger batch -----------------------------------------------------------
-@pytest.mark.parametrize("k, conditional", [(2, False), (4, False), (2, True)], ids=["k2", "k4", "k2-conditional"])
-def test_accumulation_equals_larger_batch(tmp_path, k, conditional):
+@pytest.mark.parametrize("k, conditional, class_weight", [(2, False, 0.0), (4, False, 0.0), (2, True, 0.0), (2, True, 0.5)],
+                         ids=["k2", "k4", "k2-conditional", "k2-conditional-class-loss"])
+def test_accumulation_equals_larger_batch(tmp_path, k, conditional, class_weight):
     """k micro-batches of b with accumulation k == one batch of k*b, for G and D, over several steps.
 
     float64 networks: the two runs differ only by summation order (a sum of k partial means versus
@@ -100,8 +101,9 @@ def test_accumulation_equals_larger_batch(tmp_path, k, conditional):
     """
     b, steps = 4, 4
     images = make_images(k * b * steps * 2)
+    extra = {"class_loss_weight": class_weight} if class_weight else {}
     small = make_trainer(tmp_path / "small", batch_size=b, grad_accum_steps=k, max_steps=steps, images=images,
-                         conditional=conditional)
+                         conditional=conditional, **extra)
     counts = count_optimizer_steps(small)
     small.fit()
     assert counts == {"G": steps, "D": steps}
@@ -112,7 +114,8 @@ def test_accumulation_equals_larger_batch(tmp_path, k, conditional):
     from conftest import reset_accelerate_state
 
     reset_accelerate_state()
-    big = make_trainer(tmp_path / "big", batch_size=k * b, max_steps=steps, images=images, conditional=conditional)
+    big = make_trainer(tmp_path / "big", batch_size=k * b, max_steps=steps, images=images, conditional=conditional,
+                       **extra)
     big.fit()
     assert_close_dicts(small_G, params(big.G), atol=1e-10)
     assert_close_dicts(small_D, params(big.D), atol=1e-10)
@@ -130,12 +133,15 @@ def test_accumulation_windows_cross_epoch_ends(tmp_path):
 
 # -- (c) plain PyTorch twin ----------------------------------------------------------------------
 def plain_pytorch_gan(images, batch_size, steps, loss_name, latents, lr=1e-2, warmup_ratio=0.0, clip_D=None, clip_G=None,
-                      labels=None, fake_labels=None):
+                      labels=None, fake_labels=None, class_weight=0.0):
     """The textbook loop, no Accelerate: D step on detached fakes, then G step through a frozen D.
 
     With ``labels``: the conditional textbook loop, D(x, y) on real images with their labels, G(z, y)
-    with labels from ``fake_labels`` and D(G(z, y), y).
+    with labels from ``fake_labels`` and D(G(z, y), y). ``class_weight``: plus that times the
+    cross-entropy of D's class logits on real images (D's loss) and on G's samples (G's loss).
     """
+    import torch.nn.functional as F
+
     loss = LOSSES[loss_name]
     conditional = labels is not None
     G, D = make_models(0, conditional=conditional)
@@ -156,7 +162,10 @@ def plain_pytorch_gan(images, batch_size, steps, loss_name, latents, lr=1e-2, wa
             fake = G(latents(batch_size, torch.device("cpu")))
             d_real, d_fake, d_fake_for_G = (lambda: D(real)), (lambda: D(fake.detach())), (lambda: D(fake))
         opt_D.zero_grad()
-        loss.d_loss(d_real(), d_fake()).backward()
+        d_total = loss.d_loss(d_real(), d_fake())
+        if class_weight:
+            d_total = d_total + class_weight * F.cross_entropy(D(real, y_real, all_classes=True), y_real)
+        d_total.backward()
         if clip_D:
             torch.nn.utils.clip_grad_norm_(D.parameters(), clip_D)
         opt_D.step()
@@ -164,7 +173,10 @@ def plain_pytorch_gan(images, batch_size, steps, loss_name, latents, lr=1e-2, wa
         opt_G.zero_grad()
         for p in D.parameters():
             p.requires_grad_(False)
-        loss.g_loss(d_fake_for_G()).backward()
+        g_total = loss.g_loss(d_fake_for_G())
+        if class_weight:
+            g_total = g_total + class_weight * F.cross_entropy(D(fake, y_fake, all_classes=True), y_fake)
+        g_total.backward()
         for p in D.parameters():
             p.requires_grad_(True)
         if clip_G:
@@ -191,8 +203,9 @@ def test_engine_matches_plain_pytorch_loop(tmp_path, loss_name, clip):
     assert_close_dicts(params(trainer.D), twin_D, atol=1e-12)
 
 
-@pytest.mark.parametrize("label_distribution", ["sampler", "data"])
-def test_conditional_engine_matches_the_conditional_plain_loop(tmp_path, label_distribution):
+@pytest.mark.parametrize("label_distribution, class_weight", [("sampler", 0.0), ("data", 0.0), ("sampler", 0.7)],
+                         ids=["sampler", "data", "sampler-class-loss"])
+def test_conditional_engine_matches_the_conditional_plain_loop(tmp_path, label_distribution, class_weight):
     """Labels reach D with their own images, and G's labels reach both G and D's judgement of G's samples.
 
     ``data``: G is given the real batch's labels (the data's class frequencies)."""
@@ -210,13 +223,23 @@ def test_conditional_engine_matches_the_conditional_plain_loop(tmp_path, label_d
         twin_fake_labels = lambda n, device: next(fake_labels)  # noqa: E731 -- the real batch's labels
     else:
         trainer = make_trainer(tmp_path, batch_size=b, max_steps=steps, images=images, warmup_ratio=0.4,
-                               conditional=True)
+                               conditional=True, class_loss_weight=class_weight)
         twin_fake_labels = TableLabels()
     trainer.fit()
     twin_G, twin_D = plain_pytorch_gan(images, b, steps, "nonsaturating", TableLatents(4096), warmup_ratio=0.4,
-                                       labels=make_labels(len(images)), fake_labels=twin_fake_labels)
-    assert_close_dicts(params(trainer.G), twin_G, atol=1e-12)
-    assert_close_dicts(params(trainer.D), twin_D, atol=1e-12)
+                                       labels=make_labels(len(images)), fake_labels=twin_fake_labels,
+                                       class_weight=class_weight)
+    # The class loss reads D's logit from the all-class matrix (a matmul) where the twin calls D(x, y)
+    # (an elementwise sum): the same numbers up to round-off, which Adam's normalisation of tiny
+    # gradients (embedding rows of classes absent from a batch) lifts to ~1e-9; a real mistake moves
+    # parameters by ~lr = 1e-2.
+    atol = 1e-8 if class_weight else 1e-12
+    assert_close_dicts(params(trainer.G), twin_G, atol=atol)
+    assert_close_dicts(params(trainer.D), twin_D, atol=atol)
+    if class_weight:  # and the class loss really moved the networks
+        plain_G, _ = plain_pytorch_gan(images, b, steps, "nonsaturating", TableLatents(4096), warmup_ratio=0.4,
+                                       labels=make_labels(len(images)), fake_labels=TableLabels())
+        assert max((plain_G[k] - twin_G[k]).abs().max() for k in twin_G) > 1e-4
     # The twin with labels shuffled against their images ends elsewhere: pairing is what is tested.
     wrong_G, _ = plain_pytorch_gan(images, b, steps, "nonsaturating", TableLatents(4096), warmup_ratio=0.4,
                                    labels=make_labels(len(images)).roll(1), fake_labels=TableLabels())

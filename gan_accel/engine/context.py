@@ -112,6 +112,25 @@ class StepContext:
         """``D(x)``, or ``D(x, labels)`` in a conditional run: one logit per sample."""
         return self.nets["D"](x, labels) if self.conditional else self.nets["D"](x)
 
+    def class_logits(self, x: Tensor, labels: Tensor) -> Tensor:
+        """``D(x, labels, all_classes=True)``: D's logit for every class, shape (N, num_classes).
+
+        Column ``labels[i]`` of row i is D's plain logit for sample i, so one forward serves both the
+        adversarial loss and a class loss (one BatchNorm update, and every parameter used, as DDP needs).
+        """
+        try:
+            logits = self.nets["D"](x, labels, all_classes=True)
+        except TypeError as error:
+            if "all_classes" not in str(error):
+                raise
+            raise TypeError("class_loss_weight > 0 calls D(x, labels, all_classes=True) for one logit per class, "
+                            "shape (N, num_classes), and this D does not take all_classes: add it (see "
+                            "gan_accel.models.ProjectionDiscriminator) or set class_loss_weight=0") from error
+        if logits.dim() != 2 or logits.shape[0] != x.shape[0]:
+            raise ValueError(f"D(x, labels, all_classes=True) returned shape {tuple(logits.shape)}: a class loss "
+                             "needs one logit per class, shape (N, num_classes)")
+        return logits
+
     # -- helpers --------------------------------------------------------------------------------
     def log(self, key: str, value: Tensor) -> None:
         """Add a scalar to the running means logged as ``key`` (stays on the device: no sync)."""

@@ -86,7 +86,7 @@ def default_phases(config: "TrainConfig") -> list[Phase]:
     (``r1_every=1``) added to its loss; a lazy R1 phase after each D when ``r1_every > 1``; then G.
     """
     loss = config.loss_fn
-    d_terms = [discriminator_loss(loss)]
+    d_terms = [discriminator_loss(loss, config.class_loss_weight)]
     if config.gp_weight:
         d_terms.append(gradient_penalty(config.gp_weight))
     lazy_r1 = bool(config.r1_gamma) and config.r1_every > 1
@@ -98,7 +98,7 @@ def default_phases(config: "TrainConfig") -> list[Phase]:
     phases: list[Phase] = []
     for _ in range(config.n_critic):
         phases += [d_phase, r1] if r1 is not None else [d_phase]
-    phases.append(Phase("G", "G", generator_loss(loss)))
+    phases.append(Phase("G", "G", generator_loss(loss, config.class_loss_weight)))
     return phases
 
 

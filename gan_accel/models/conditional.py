@@ -69,11 +69,15 @@ class ProjectionDiscriminator(nn.Module):
             for module in [self.psi, self.embed, *(m for m in self.features if isinstance(m, nn.Conv2d))]:
                 _spectral_norm(module)
 
-    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+    def forward(self, x: Tensor, y: Tensor, all_classes: bool = False) -> Tensor:
+        """One logit per sample for its label ``y``; with ``all_classes=True``, the logit for every
+        class, shape (N, num_classes), whose column ``y`` is the plain logit (a class loss uses it)."""
         f = self.features(x)
         h = f.mean(dim=(2, 3))  # (N, ch)
         if self.class_stddev:
             h = torch.cat([h, within_class_stddev(f.flatten(1), y, self.num_classes).expand(len(x), 1)], dim=1)
+        if all_classes:
+            return self.psi(h) + h @ self.embed.weight.t()
         return self.psi(h).reshape(x.shape[0]) + (self.embed(y) * h).sum(dim=1)
 
 
