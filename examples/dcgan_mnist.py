@@ -22,7 +22,7 @@ import torch
 from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
-from gan_accel.scripts import ArgumentParser, fraction, nonnegative_int, positive_float, positive_int, run_script
+from gan_accel.scripts import ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, run_script
 
 
 DEFAULT_STEPS = {False: 5000, True: 4000}  # (conditional) sized to finish within a few minutes on 2 CPU cores
@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
     run.add_argument("--eval", action="store_true", help="after training, score 10k samples with an MNIST classifier")
+    run.add_argument("--eval-every", type=positive_int, default=None,
+                     help="also score --eval-samples samples every N steps (logged as eval/*), keeping the best "
+                          "checkpoint by Frechet distance (named in best.json)")
+    run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     model = parser.add_argument_group("model and optimisation")
     model.add_argument("--width", type=positive_int, default=32, help="DCGAN channel width (64 is the paper's)")
@@ -72,13 +76,23 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     model.add_argument("--beta1", type=fraction, default=0.5)
     model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
     model.add_argument("--n-critic", type=positive_int, default=1, help="D updates per G update")
-    model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples; 0 disables")
+    model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples (decay per step); 0 disables")
+    model.add_argument("--ema-half-life", type=positive_float, default=None,
+                       help="EMA half-life in training images instead of --ema-decay (StyleGAN2)")
+    model.add_argument("--ema-rampup", type=positive_float, default=None,
+                       help="with --ema-half-life: cap it at this times the images seen (StyleGAN2: 0.05)")
+    model.add_argument("--ema-batchnorm", choices=("copy", "recompute"), default="copy",
+                       help="the EMA's BatchNorm statistics: G's, or measured for the EMA's weights")
+    model.add_argument("--r1-gamma", type=positive_float, default=None, help="lazy R1 penalty on D (every 16 steps)")
+    model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D (no BatchNorm)")
     model.add_argument("--warmup-ratio", type=fraction, default=0.05)
     model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
     if conditional:
-        model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D")
         model.add_argument("--label-distribution", choices=("uniform", "data"), default="data",
                            help="G's labels: the real batch's labels (data), or uniform over digits")
+        model.add_argument("--class-weight", type=nonnegative_float, default=1.0,
+                           help="weight of the auxiliary class loss (D classifies real digits, G is pulled to "
+                                "its asked digit); 0 disables")
     args = parser.parse_args(argv)
     args.conditional = conditional
     if args.fork and args.resume is None:
@@ -105,18 +119,23 @@ def train(args: argparse.Namespace) -> int:
         max_steps=args.steps or 1, batch_size=args.batch_size, grad_accum_steps=args.grad_accum,
         n_critic=args.n_critic, loss=args.loss, z_dim=args.z_dim, lr_G=args.lr_g, lr_D=args.lr_d,
         betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule=args.lr_schedule,
-        warmup_ratio=args.warmup_ratio, ema_decay=args.ema_decay or None, mixed_precision=args.mixed_precision,
+        warmup_ratio=args.warmup_ratio,
+        ema_decay=None if args.ema_half_life else args.ema_decay or None, ema_half_life=args.ema_half_life,
+        ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma, mixed_precision=args.mixed_precision,
         sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
         label_distribution=getattr(args, "label_distribution", "uniform"),
+        class_loss_weight=getattr(args, "class_weight", 0.0),
     )
     accelerator = build_accelerator(config)
     dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
     loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
     config.max_steps = steps_for(args, len(loader) // accelerator.num_processes)
     model = {"z_dim": args.z_dim, "width": args.width, "image_size": 28, "channels": 1}
+    if args.spectral_norm:
+        model.update(spectral_norm=True)
     if args.conditional:
         model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm)
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes,
@@ -129,8 +148,9 @@ def train(args: argparse.Namespace) -> int:
         D = ProjectionDiscriminator(10, width=args.width, image_size=28, spectral_norm=args.spectral_norm)
     else:
         G = DCGANGenerator(z_dim=args.z_dim, width=args.width, image_size=28)
-        D = DCGANDiscriminator(width=args.width, image_size=28)
-    trainer = GANTrainer(G, D, loader, config, accelerator=accelerator)
+        D = DCGANDiscriminator(width=args.width, image_size=28, spectral_norm=args.spectral_norm)
+    callbacks = [mnist_evaluator(args, dataset, accelerator)] if args.eval_every else []
+    trainer = GANTrainer(G, D, loader, config, accelerator=accelerator, callbacks=callbacks)
     accelerator.print(
         f"gan_accel: {dataset.name} ({len(dataset.images)} images from {dataset.source}); {config.max_steps} steps of "
         f"{args.batch_size} x {args.grad_accum} x {accelerator.num_processes} process(es); "
@@ -153,6 +173,21 @@ def train(args: argparse.Namespace) -> int:
         accelerator.print(result["summary"])
     accelerator.wait_for_everyone()
     return 0
+
+
+def mnist_evaluator(args: argparse.Namespace, dataset, accelerator):
+    """Evaluation during training in the MNIST classifier's features, against held-out digits."""
+    from gan_accel.callbacks import Evaluator
+    from gan_accel.eval import compute_features
+    from gan_accel.eval.mnist import cache_dir, load_or_train_classifier, reference_digits
+    from gan_accel.data.loader import uint8_to_float
+
+    name, (train_x, train_y), (held_x, _) = reference_digits(args.data_dir, fallback=dataset)
+    classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
+    classifier.to(accelerator.device)
+    reference = compute_features(classifier.features, uint8_to_float(held_x[:10_000]))
+    return Evaluator(classifier.features, reference, every=args.eval_every, num_samples=args.eval_samples,
+                     metric="fd", logits=classifier)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,10 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     sample.add_argument("--format", choices=("png", "npz"), default="png",
                         help="png: a grid; npz: arrays 'images' (N, C, H, W) in [-1, 1] and 'labels'")
     sample.add_argument("--out", default=None, help="output path (default: <run_dir>/samples_cli.<format>)")
-    evaluate = commands.add_parser("eval", help="score 10k samples with the MNIST classifier")
-    evaluate.add_argument("run_dir")
-    evaluate.add_argument("--data-dir", default="./data")
-    evaluate.add_argument("--num", type=positive_int, default=10_000)
+    evaluate = commands.add_parser(
+        "eval", help="score a run or checkpoint: FD, KID, precision, recall and digit shares (MNIST classifier)")
+    evaluate.add_argument("run_dir", help="a finished run folder or any of its checkpoints/checkpoint_<step>")
+    evaluate.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_DATA_DIR", "./data"),
+                          help="where MNIST is (env GAN_ACCEL_DATA_DIR)")
+    evaluate.add_argument("--num", type=positive_int, default=10_000, help="samples to score")
+    evaluate.add_argument("--out", default=None, help="also write the scores as JSON here (an existing file is kept)")
     args = parser.parse_args(argv)
     return run_script(lambda: _run(args), debug=args.debug)
 
@@ -50,13 +54,30 @@ def _run(args: argparse.Namespace) -> int:
         return _sample(G, info, args)
     from .eval.mnist import evaluate_conditional_generator, evaluate_generator
 
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        raise CheckpointError(f"{out} exists: choose another --out (nothing is overwritten)")
+    fallback = _offline_digits(info)
     if info["conditional"]:
-        result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10))
+        result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10),
+                                                fallback=fallback)
     else:
-        result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num)
+        result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num, fallback=fallback)
     print(result.pop("summary"))
-    print(json.dumps(result))
+    result.update(source=str(args.run_dir), step=info["step"])
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
+
+
+def _offline_digits(info: dict):
+    """The built-in digit set when the run trained on it (its scores are then against that set)."""
+    if info["config"].get("extra", {}).get("dataset") in (None, "mnist"):
+        return None
+    from .data import resolve_dataset
+
+    return resolve_dataset("digits", ".", log=None)
 
 
 def _sample(G, info: dict, args: argparse.Namespace) -> int:

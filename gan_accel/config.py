@@ -44,7 +44,10 @@ class TrainConfig:
     betas_D: tuple[float, float] = (0.5, 0.999)
     lr_schedule: str = "linear"  # linear warmup then linear decay to 0, or warmup then constant
     warmup_ratio: float = 0.1  # share of each network's optimizer steps spent warming up
-    ema_decay: float | None = None  # e.g. 0.999: sample and export an EMA of G's weights
+    ema_decay: float | None = None  # e.g. 0.999: sample and export an EMA of G's weights (decay per G step)
+    ema_half_life: float | None = None  # or: the EMA's half-life in training images (StyleGAN2), e.g. 10_000
+    ema_rampup: float | None = None  # with ema_half_life: cap it at rampup x images seen (StyleGAN2: 0.05)
+    ema_batchnorm: str = "copy"  # the EMA's BatchNorm statistics: "copy" G's, or "recompute" them for its weights
     clip_grad_norm_G: float | None = None
     clip_grad_norm_D: float | None = None
     r1_gamma: float | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
@@ -52,6 +55,7 @@ class TrainConfig:
     gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
     num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
     label_distribution: str = "uniform"  # G's labels: "uniform" over classes, or "data" (the real batch's labels)
+    class_loss_weight: float = 0.0  # > 0: auxiliary class loss on D(x, y, all_classes=True) (conditional runs)
     mixed_precision: str = "no"
     sample_every: int = 500
     num_samples: int = 64
@@ -96,6 +100,7 @@ class TrainConfig:
                 _require_positive_float(name, value, hint="or None to disable the penalty")
         if self.ema_decay is not None and not (_is_number(self.ema_decay) and 0.0 < self.ema_decay < 1.0):
             raise ConfigError(f"ema_decay={self.ema_decay!r} is invalid: expected a number in (0, 1), or None for no EMA")
+        self._validate_ema()
         if not (_is_number(self.warmup_ratio) and 0.0 <= self.warmup_ratio < 1.0):
             raise ConfigError(f"warmup_ratio={self.warmup_ratio!r} is invalid: expected a number in [0, 1)")
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
@@ -117,11 +122,32 @@ class TrainConfig:
             )
         if self.num_classes is not None:
             _require_int("num_classes", self.num_classes, minimum=2, hint="or None for an unconditional run")
+        if not (_is_number(self.class_loss_weight) and self.class_loss_weight >= 0):
+            raise ConfigError(f"class_loss_weight={self.class_loss_weight!r} is invalid: expected a number >= 0 "
+                              "(0 turns the class loss off)")
+        if self.class_loss_weight and self.num_classes is None:
+            raise ConfigError(f"class_loss_weight={self.class_loss_weight!r} needs a conditional run: set num_classes "
+                              "as well, or class_loss_weight=0")
         if self.label_distribution not in LABEL_DISTRIBUTIONS:
             raise ConfigError(f"label_distribution={self.label_distribution!r} is invalid: choose "
                               f"{' or '.join(LABEL_DISTRIBUTIONS)}")
         if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
             raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
+
+    def _validate_ema(self) -> None:
+        """ema_decay or ema_half_life (not both); the ramp-up needs the half-life."""
+        if self.ema_half_life is not None:
+            if self.ema_decay is not None:
+                raise ConfigError("ema_decay and ema_half_life are both set: keep one (ema_half_life counts images, "
+                                  "ema_decay counts G steps)")
+            _require_positive_float("ema_half_life", self.ema_half_life, hint="training images, or None")
+        if self.ema_rampup is not None:
+            _require_positive_float("ema_rampup", self.ema_rampup, hint="e.g. 0.05, or None")
+            if self.ema_half_life is None:
+                raise ConfigError("ema_rampup needs ema_half_life: the ramp caps the half-life at rampup x images seen")
+        if self.ema_batchnorm not in ("copy", "recompute"):
+            raise ConfigError(f"ema_batchnorm={self.ema_batchnorm!r} is invalid: choose 'copy' (G's statistics) or "
+                              "'recompute' (measured for the EMA's weights)")
 
     # -- derived quantities -------------------------------------------------------------------
     @property
@@ -173,7 +199,7 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
                    "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution")
 NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
-_PRESENCE = ("r1_gamma", "gp_weight")  # on or off is fixed (it adds or removes a phase); the weight may change
+_PRESENCE = ("r1_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
 _FIXED_EXTRA = ("model", "conditional", "num_classes")  # the example scripts' model sizes
 
 

@@ -18,7 +18,7 @@ ALLOWED = {
     "state": {"errors", "collective", "state"},
     "data": {"errors", "data"},
     "objectives": {"errors", "objectives"},
-    "eval": {"errors", "batch", "data", "state", "eval"},
+    "eval": {"errors", "collective", "batch", "data", "state", "eval"},
     "callbacks": {"errors", "collective", "state", "visuals", "eval", "callbacks"},
     "engine": {"errors", "collective", "batch", "config", "objectives", "state", "callbacks", "engine"},
 }

@@ -33,9 +33,10 @@ def build_trainer(out_dir: str, init_seed: int = 0, conditional: bool = False, *
     # 10 batches per epoch, 2 per step: the stop at step 3 lands mid-epoch.
     dataset = TensorDataset(images, labels) if conditional else TensorDataset(images)
     loader = DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True)
-    config = TrainConfig(max_steps=N_STEPS, batch_size=4, grad_accum_steps=2, z_dim=8, ema_decay=0.9,
-                         log_every=1, sample_every=4, checkpoint_every=3, num_samples=4, warmup_ratio=0.25,
-                         output_dir=out_dir, progress_bar=False, **overrides)
+    settings = dict(max_steps=N_STEPS, batch_size=4, grad_accum_steps=2, z_dim=8, ema_decay=0.9,
+                    log_every=1, sample_every=4, checkpoint_every=3, num_samples=4, warmup_ratio=0.25,
+                    output_dir=out_dir, progress_bar=False)
+    config = TrainConfig(**{**settings, **overrides})
     return GANTrainer(G, D, loader, config)
 
 
@@ -102,8 +103,13 @@ def check_runs(out, ranks) -> None:
     assert (straight / "samples_000008.png").read_bytes() == (resumed / "samples_000008.png").read_bytes()
 
 
-@pytest.mark.parametrize("overrides", [{}, {"r1_gamma": 1.0, "r1_every": 4, "n_critic": 2}, {"conditional": True}],
-                         ids=["default phases", "n_critic 2 + lazy R1 every 4", "conditional"])
+STYLEGAN_EMA = {"ema_decay": None, "ema_half_life": 20.0, "ema_rampup": 0.5, "ema_batchnorm": "recompute"}
+
+
+@pytest.mark.parametrize("overrides", [{}, {"r1_gamma": 1.0, "r1_every": 4, "n_critic": 2}, {"conditional": True},
+                                       STYLEGAN_EMA],
+                         ids=["default phases", "n_critic 2 + lazy R1 every 4", "conditional",
+                              "EMA half-life, ramp-up, recomputed BatchNorm"])
 def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path, overrides):
     _straight(str(tmp_path), **overrides)
     reset_accelerate_state()
@@ -136,8 +142,16 @@ def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, condition
     for fn in steps:
         launch_two_processes(fn, args=(str(tmp_path),), num_processes=2)
     check_runs(tmp_path, ranks=[0, 1])
-    rng_files = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints" / "checkpoint_00000008").iterdir())
+    final = tmp_path / "resumed" / "checkpoints" / "checkpoint_00000008"
+    rng_files = sorted(p.name for p in final.iterdir())
     assert "random_states_0.pkl" in rng_files and "random_states_1.pkl" in rng_files
+    # One copy of the EMA per checkpoint: process 1's file points at process 0's (and resuming above used it).
+    from gan_accel.state.checkpoint import SHARED_STATE
+
+    main, other = (torch.load(final / f"gan_accel_state_{rank}.pt", weights_only=False) for rank in (0, 1))
+    assert other["callbacks"]["ema"] == SHARED_STATE
+    ema_weights = main["callbacks"]["ema"]["module"]
+    assert ema_weights and all(isinstance(v, torch.Tensor) for v in ema_weights.values())
 
 
 def test_resume_without_rng_restore_fails_loudly(tmp_path, monkeypatch):

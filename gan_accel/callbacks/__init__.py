@@ -8,13 +8,14 @@ built-in replaces it; ``disable_callbacks=("samples",)`` switches built-ins off.
 from .base import EVENTS, Callback, CallbackList
 from .checkpoints import Checkpointer
 from .ema import EMA, EMACallback
+from .evaluation import Evaluator
 from .export import WeightsExporter
 from .metrics_log import MetricsLog, MetricsLogger, read_metrics
 from .progress import ProgressBar
 from .samples import SampleSaver
 from .signals import SignalHandler
 
-__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "EMACallback", "WeightsExporter",
+__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "EMACallback", "Evaluator", "WeightsExporter",
            "MetricsLog", "MetricsLogger", "read_metrics", "ProgressBar", "SampleSaver", "SignalHandler",
            "default_callbacks", "BUILTIN_CALLBACKS"]
 
@@ -24,8 +25,9 @@ BUILTIN_CALLBACKS = ("ema", "metrics_log", "progress", "samples", "checkpoints",
 def default_callbacks(config) -> list[Callback]:
     """The built-in callbacks a :class:`~gan_accel.TrainConfig` asks for, in their fixed order."""
     callbacks: list[Callback] = []
-    if config.ema_decay:
-        callbacks.append(EMACallback(config.ema_decay))
+    if config.ema_decay or config.ema_half_life:
+        callbacks.append(EMACallback(config.ema_decay or None, half_life_images=config.ema_half_life,
+                                     rampup=config.ema_rampup, batchnorm=config.ema_batchnorm))
     callbacks.append(MetricsLogger())
     if config.progress_bar:
         callbacks.append(ProgressBar())

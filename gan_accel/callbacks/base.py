@@ -27,6 +27,7 @@ import re
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..errors import CallbackError, GanAccelError, RunFolderError
+from ..state.checkpoint import SHARED_STATE
 from ..state.files import is_write_failure, write_failure_reason
 
 if TYPE_CHECKING:
@@ -176,9 +177,15 @@ class CallbackList:
                 f"{type(error).__name__}: {error}. {note}".strip()
             ) from error
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, include_shared: bool = True) -> dict[str, Any]:
+        """Each callback's state by name. A callback with ``shared_state = True`` holds the same state
+        on every process (the EMA): with ``include_shared=False`` it is replaced by ``SHARED_STATE``, so
+        a checkpoint keeps one copy (the main process's) instead of one per process."""
         states = {}
         for callback in self._callbacks:
+            if not include_shared and getattr(callback, "shared_state", False):
+                states[_name_of(callback)] = SHARED_STATE
+                continue
             state = callback.state_dict() if hasattr(callback, "state_dict") else None
             if state is not None:
                 states[_name_of(callback)] = state

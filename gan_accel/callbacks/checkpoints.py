@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 
 class Checkpointer(Callback):
-    """Writes a complete checkpoint (collective: every process) and keeps the newest ``keep``."""
+    """Writes a complete checkpoint (collective: every process) and keeps the newest ``keep``, plus
+    those in ``trainer.protected_checkpoints`` (the best one, named by the evaluation callback)."""
 
     name = "checkpoints"
 
@@ -31,7 +32,7 @@ class Checkpointer(Callback):
         marker = {"run_id": trainer.run_id, "config": trainer.config.to_dict()}
         try:
             path = save_checkpoint(trainer.accelerator, trainer.output_dir, trainer.step, trainer.state_dict(),
-                                   self.keep, marker)
+                                   self.keep, marker, keep_also=trainer.protected_checkpoints)
         except RunFolderError as error:
             raise RunFolderError(f"{error}. {trainer.checkpoint_note()}") from error
         trainer.last_checkpoint, trainer.last_checkpoint_step = path, trainer.step

@@ -1,14 +1,32 @@
 """Exponential moving average of the generator's weights (a cheap, reliable sample-quality boost).
 
-The average lives outside Accelerate: it is a plain module on the same device, updated after every
+Two ways to set how fast the average forgets:
+
+* ``decay`` (per G step): ``shadow = decay * shadow + (1 - decay) * G``, with the short-run warmup
+  ``min(decay, (1 + n) / (10 + n))``.
+* ``half_life_images`` (StyleGAN2's way): the weight of an update halves after that many training
+  images, so the average means the same thing whatever the batch size or process count:
+  ``beta = 0.5 ** (images_per_update / half_life)``. With ``rampup`` (StyleGAN2 uses 0.05) the
+  half-life is at most ``rampup`` times the images seen so far, so early in training the average
+  follows G closely instead of dragging the random initialisation along.
+
+BatchNorm buffers (running mean and variance) are not weights and are handled deliberately:
+
+* ``batchnorm="copy"`` (StyleGAN2's choice): the average takes G's buffers as they are. Cheap, but
+  they are the statistics of G's weights, not of the averaged ones.
+* ``batchnorm="recompute"``: before the average is used (samples, evaluation, export), its
+  BatchNorm statistics are measured anew by running the averaged weights on a fixed set of latents
+  (the same on every process, drawn from a private RNG so the training noise is unchanged).
+
+The average lives outside Accelerate: a plain module on the same device, updated after every
 generator step from the unwrapped G. Under DDP every rank holds identical G weights, so every rank
-holds an identical average without any communication.
+holds an identical average without any communication, and a checkpoint keeps one copy of it.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -18,68 +36,144 @@ from .base import Callback
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
+BATCHNORM_MODES = ("copy", "recompute")
+
 
 class EMA:
-    """``shadow = decay * shadow + (1 - decay) * G`` after each G step; buffers are copied as they are.
+    """A moving average of a module's parameters (see the module docstring for the options).
 
-    ``warmup``: the effective decay is ``min(decay, (1 + step) / (10 + step))`` so that the
-    average does not drag the random initialisation along in short runs.
+    Args:
+        model: the module to average (unwrapped).
+        decay: per-update decay in (0, 1); exclusive with ``half_life_images``.
+        half_life_images: half-life of an update's weight, in training images.
+        rampup: with ``half_life_images``: cap the half-life at ``rampup * images seen``.
+        warmup: with ``decay``: use ``min(decay, (1 + n) / (10 + n))`` at update n.
+        batchnorm: ``"copy"`` G's BatchNorm buffers, or ``"recompute"`` them for the averaged weights.
     """
 
-    def __init__(self, model: nn.Module, decay: float = 0.999, warmup: bool = True) -> None:
-        if not 0.0 < decay < 1.0:
+    def __init__(self, model: nn.Module, decay: float | None = 0.999, *, half_life_images: float | None = None,
+                 rampup: float | None = None, warmup: bool = True, batchnorm: str = "copy") -> None:
+        if (decay is None) == (half_life_images is None):
+            raise ValueError("give the EMA either decay or half_life_images, not both or neither")
+        if decay is not None and not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
-        self.decay = decay
-        self.warmup = warmup
+        if half_life_images is not None and not half_life_images > 0:
+            raise ValueError(f"EMA half_life_images must be > 0, got {half_life_images}")
+        if rampup is not None and not rampup > 0:
+            raise ValueError(f"EMA rampup must be > 0 or None, got {rampup}")
+        if batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"EMA batchnorm={batchnorm!r} is invalid: choose {' or '.join(BATCHNORM_MODES)}")
+        self.decay, self.half_life_images, self.rampup = decay, half_life_images, rampup
+        self.warmup, self.batchnorm = warmup, batchnorm
         self.num_updates = 0
+        self.images_seen = 0
+        self.stale = batchnorm == "recompute"  # the buffers do not yet match the averaged weights
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
 
-    def current_decay(self) -> float:
-        if not self.warmup:
-            return self.decay
-        return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
+    def current_decay(self, images_per_update: int = 1) -> float:
+        """The decay the next update uses (``images_per_update``: training images in one G step)."""
+        if self.decay is not None:
+            if not self.warmup:
+                return self.decay
+            return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
+        half_life = self.half_life_images
+        if self.rampup is not None:
+            half_life = min(half_life, self.images_seen * self.rampup)
+        if half_life <= 0:  # nothing seen yet: the average starts as a copy of G
+            return 0.0
+        return 0.5 ** (images_per_update / half_life)
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        """Move the average towards ``model`` (the unwrapped G)."""
-        decay = self.current_decay()
+    def update(self, model: nn.Module, images_per_update: int = 1) -> None:
+        """Move the average towards ``model`` (the unwrapped G) after a G step on that many images."""
+        decay = self.current_decay(images_per_update)
         shadow = dict(self.module.named_parameters())
         for name, param in model.named_parameters():
             shadow[name].lerp_(param.detach().to(shadow[name].dtype), 1.0 - decay)
-        shadow_buffers = dict(self.module.named_buffers())
-        for name, buffer in model.named_buffers():
-            shadow_buffers[name].copy_(buffer)
+        if self.batchnorm == "copy":
+            shadow_buffers = dict(self.module.named_buffers())
+            for name, buffer in model.named_buffers():
+                shadow_buffers[name].copy_(buffer)
+        else:
+            self.stale = True
         self.num_updates += 1
+        self.images_seen += images_per_update
+
+    @torch.no_grad()
+    def recompute_batchnorm(self, batches: Iterable[Callable[[nn.Module], Any]]) -> None:
+        """Measure the average's BatchNorm statistics anew: each item of ``batches`` runs the module
+        once (e.g. ``lambda G: G(z)``); every BatchNorm layer ends with the plain mean of the batch
+        statistics (cumulative averaging), whatever its momentum."""
+        norms = [m for m in self.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                 and m.track_running_stats]
+        if norms:
+            momenta = [m.momentum for m in norms]
+            for m in norms:
+                m.reset_running_stats()
+                m.momentum = None  # cumulative average over the batches below
+            self.module.train()
+            try:
+                for run in batches:
+                    run(self.module)
+            finally:
+                self.module.eval()
+                for m, momentum in zip(norms, momenta):
+                    m.momentum = momentum
+        self.stale = False
 
     def state_dict(self) -> dict:
-        return {"module": self.module.state_dict(), "num_updates": self.num_updates, "decay": self.decay}
+        return {"module": self.module.state_dict(), "num_updates": self.num_updates, "decay": self.decay,
+                "images_seen": self.images_seen, "stale": self.stale}
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
         self.num_updates = int(state["num_updates"])
-        self.decay = float(state["decay"])
+        self.decay = state["decay"] if state["decay"] is None else float(state["decay"])
+        self.images_seen = int(state.get("images_seen", 0))
+        self.stale = bool(state.get("stale", False))
 
 
 class EMACallback(Callback):
-    """Keeps an :class:`EMA` of G, updated after every step; samples and the exported weights use it."""
+    """Keeps an :class:`EMA` of G, updated after every step; samples, evaluation and the exported
+    weights use it (through ``trainer.sampling_generator()``, which recomputes stale BatchNorm
+    statistics first when ``batchnorm="recompute"``)."""
 
     name = "ema"
+    shared_state = True  # identical on every process: a checkpoint keeps the main process's copy only
+    recompute_batches = 8  # batches of 256 latents measure the average's BatchNorm statistics
 
-    def __init__(self, decay: float) -> None:
-        self.decay = decay
+    def __init__(self, decay: float | None = None, *, half_life_images: float | None = None,
+                 rampup: float | None = None, batchnorm: str = "copy") -> None:
+        self.options = dict(decay=decay, half_life_images=half_life_images, rampup=rampup, batchnorm=batchnorm)
         self.ema: EMA | None = None
+        self._trainer: "GANTrainer | None" = None
 
     def setup(self, trainer: "GANTrainer") -> None:
-        self.ema = EMA(trainer.accelerator.unwrap_model(trainer.G), self.decay)
+        self._trainer = trainer
+        self.ema = EMA(trainer.accelerator.unwrap_model(trainer.G), **self.options)
 
     def on_step_end(self, trainer: "GANTrainer") -> None:
-        self.ema.update(trainer.accelerator.unwrap_model(trainer.G))
+        self.ema.update(trainer.accelerator.unwrap_model(trainer.G), trainer.images_per_step)
 
     @property
     def module(self) -> nn.Module:
+        """The averaged G, ready to sample from (BatchNorm statistics recomputed if they are stale)."""
+        if self.ema.stale and self._trainer is not None:
+            self.ema.recompute_batchnorm(self._batches(self._trainer))
         return self.ema.module
 
+    def _batches(self, trainer: "GANTrainer", size: int = 256) -> list[Callable[[nn.Module], Any]]:
+        """Fixed latents (labels cycling over the classes in a conditional run), the same on every
+        process, drawn without touching the training RNG."""
+        device = trainer.accelerator.device
+        latents = [trainer.draw_latents(size, trainer.config.seed + 1 + i, device) for i in range(self.recompute_batches)]
+        if not trainer.conditioning.conditional:
+            return [lambda G, z=z: G(z) for z in latents]
+        labels = (torch.arange(size) % trainer.config.num_classes).to(device)
+        return [lambda G, z=z: G(z, labels) for z in latents]
+
     def state_dict(self) -> dict:
+        self.module  # noqa: B018  (a checkpoint's EMA has BatchNorm statistics that fit its weights)
         return self.ema.state_dict()
 
     def load_state_dict(self, state: dict) -> None:

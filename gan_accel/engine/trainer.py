@@ -36,7 +36,8 @@ from .build import ExtraNetwork, collect_networks, prepare_run
 from .data_stream import DataStream
 from .guard import DivergenceGuard
 from .conditioning import conditioning_for
-from .latents import LabelSampler, LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples, leading_size
+from .latents import (LabelSampler, LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples,
+                      leading_size, map_tensors)
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
@@ -123,6 +124,8 @@ class GANTrainer:
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         self.last_checkpoint_step: int | None = None
+        # Checkpoint names never pruned (the best one), and values a callback adds to the next metrics row.
+        self.protected_checkpoints, self.pending_metrics = set[str](), dict[str, Any]()
         self._stop_signum: int | None = None
         # The run folder: its lock (held by the main process while fit runs), manifest and history.
         self.lock = RunLock(self.output_dir)
@@ -217,6 +220,8 @@ class GANTrainer:
         if self.guard is not None:
             row.update({f"skipped/{k}": v for k, v in self.guard.skipped.items()})
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
+        row.update(self.pending_metrics)
+        self.pending_metrics = {}
         self.last_metrics = row
         self.fire_agreed("on_log", row)
         return row
@@ -263,10 +268,21 @@ class GANTrainer:
         callback = self.callbacks.get("ema")
         return callback.ema if callback is not None else None
 
+    @property
+    def images_per_step(self) -> int:
+        """Latents G trains on in one step, over all processes (batch x accumulation x processes)."""
+        return self.config.batch_size * self.config.grad_accum_steps * self.accelerator.num_processes
+
     def sampling_generator(self) -> nn.Module:
         """The generator to sample from: the EMA when enabled, else the unwrapped G."""
-        ema = self.ema
-        return ema.module if ema is not None else self.accelerator.unwrap_model(self.G)
+        callback = self.callbacks.get("ema")
+        return callback.module if callback is not None else self.accelerator.unwrap_model(self.G)
+
+    def draw_latents(self, count: int, seed: int, device: torch.device | None = None) -> Any:
+        """``count`` latents of the run's sampler from ``seed`` (on CPU, or moved to ``device``): the same
+        on every process, and the training noise is not shifted (for evaluation and the EMA's statistics)."""
+        latents = draw_fixed_latents(self.sample_latents, count, seed)
+        return latents if device is None else map_tensors(latents, lambda t: t.to(device))
 
     def generate(self, latents: Any = None, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Samples from :meth:`sampling_generator` in eval mode: the fixed latents (and fixed labels)

@@ -17,7 +17,7 @@ def trainer_state(trainer: "GANTrainer") -> dict[str, Any]:
     return {
         "step": trainer.step, "data": trainer.data.state_dict(), "runner": trainer.runner.state_dict(),
         "means": trainer.means.state_dict(), "guard": trainer.guard.state_dict() if trainer.guard is not None else None,
-        "callbacks": trainer.callbacks.state_dict(), "fixed_latents": trainer.fixed_latents,
+        "callbacks": trainer.callbacks.state_dict(include_shared=trainer.accelerator.is_main_process), "fixed_latents": trainer.fixed_latents,
         "fixed_labels": trainer.fixed_labels, "config": trainer.config.to_dict(),
         "num_processes": trainer.accelerator.num_processes, "run_id": trainer.run_id,
         # Accelerate saves the main process's models only; BatchNorm statistics are per process

@@ -21,7 +21,6 @@ from ..data.mnist import load_mnist_uint8
 from ..errors import GanAccelError
 from ..state.files import atomic_path
 from .features import compute_features
-from .frechet import frechet_distance_from_features
 
 
 class ClassifierCacheError(GanAccelError, RuntimeError):
@@ -159,6 +158,7 @@ def evaluate_mnist_samples(
     real_images: Tensor,
     classifier: MnistClassifier,
     batch_size: int = 500,
+    reference: str = "mnist",
 ) -> dict[str, Any]:
     """Judge generated digits with an MNIST classifier.
 
@@ -166,16 +166,21 @@ def evaluate_mnist_samples(
         samples: generated images (N, 1, 28, 28) in [-1, 1].
         real_images: real images (M, 1, 28, 28) in [-1, 1] (uint8 is converted) to compare against.
         classifier: a trained :class:`MnistClassifier`.
+        reference: what ``real_images`` are (``"mnist"``, or the offline ``"digits"``): the report says so.
 
-    Returns a dict with:
-        ``fd``: Fréchet distance between classifier features of samples and of real images;
+    Returns a dict with, all in the classifier's 128-dim feature space (see
+    :func:`gan_accel.eval.score_features`):
+        ``fd``: Fréchet distance; ``kid`` / ``kid_std``: kernel inception distance (mean, std over
+        subsets); ``precision`` / ``recall``: k-NN manifold precision and recall (k = 3);
         ``class_share``: 10 floats, the share of samples predicted as each digit;
         ``min_class_share`` / ``max_class_share``: its extremes (a collapsed mode shows as ~0);
         ``class_entropy``: entropy (nats) of ``class_share``, ``log(10) ~ 2.303`` when balanced;
         ``mean_confidence``: mean max softmax probability (recognisable digits score high, but so can
         far off-distribution inputs such as noise, so read it next to ``fd``);
-        ``num_samples``, ``num_real``.
+        ``num_samples``, ``num_real``, ``reference``.
     """
+    from .scores import score_features
+
     for name, t in (("samples", samples), ("real_images", real_images)):
         if t.ndim != 4 or t.shape[1:] != (1, 28, 28):
             raise ValueError(f"{name} must have shape (N, 1, 28, 28), got {tuple(t.shape)}")
@@ -190,8 +195,9 @@ def evaluate_mnist_samples(
         probs = classifier.head(sample_feats.to(head_device)).float().softmax(dim=1).cpu()
     share = torch.bincount(probs.argmax(dim=1), minlength=MnistClassifier.num_classes).double() / len(probs)
     nonzero = share[share > 0]
+    scores = score_features(sample_feats, real_feats)
     return {
-        "fd": frechet_distance_from_features(sample_feats, real_feats),
+        **{k: scores[k] for k in ("fd", "kid", "kid_std", "precision", "recall")},
         "class_share": share.tolist(),
         "min_class_share": float(share.min()),
         "max_class_share": float(share.max()),
@@ -199,16 +205,29 @@ def evaluate_mnist_samples(
         "mean_confidence": float(probs.max(dim=1).values.mean()),
         "num_samples": len(samples),
         "num_real": len(real_images),
+        "reference": reference,
     }
+
+
+def reference_title(reference: str) -> str:
+    """How a report names what the samples were compared with."""
+    if reference == "mnist":
+        return "MNIST evaluation"
+    what = "the built-in offline digit set" if reference == "offline-digits" else f"the {reference!r} digit set"
+    return f"evaluation against {what}, NOT MNIST (the scores are not MNIST scores)"
 
 
 def format_evaluation(result: dict[str, Any]) -> str:
     """A short multi-line summary of :func:`evaluate_mnist_samples` output."""
     shares = " ".join(f"{d}:{s:.1%}" for d, s in enumerate(result["class_share"]))
+    reference = result.get("reference", "mnist")
     return "\n".join(
         [
-            f"MNIST evaluation ({result['num_samples']} samples vs {result['num_real']} real)",
-            f"  Frechet distance (classifier features): {result['fd']:.3f}",
+            f"{reference_title(reference)} ({result['num_samples']} samples vs {result['num_real']} real, "
+            f"in the {reference} classifier's features)",
+            f"  Frechet distance: {result['fd']:.3f}",
+            f"  KID x 1000: {1000 * result['kid']:.3f} +- {1000 * result['kid_std']:.3f}",
+            f"  precision {result['precision']:.3f}, recall {result['recall']:.3f} (k-NN manifolds, k = 3)",
             f"  mean confidence: {result['mean_confidence']:.3f}",
             f"  class entropy: {result['class_entropy']:.3f} nats (balanced = {math.log(10):.3f})",
             f"  class share min/max: {result['min_class_share']:.1%} / {result['max_class_share']:.1%}",
@@ -248,13 +267,21 @@ def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | 
 
 
 def reference_digits(data_dir: str | os.PathLike, fallback=None) -> tuple[str, tuple, tuple]:
-    """(name, (train images, labels), (held-out images, labels)): real MNIST, else the fallback set."""
+    """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set
+    (a ``DatasetInfo``) when MNIST cannot be read or when the run trained on that set (the offline
+    digits): samples are judged against what the run learned, and the report names it."""
+    if fallback is not None and fallback.name != "mnist":
+        return _split(fallback)
     try:
         return ("mnist", load_mnist_uint8(data_dir, train=True, download=False),
                 load_mnist_uint8(data_dir, train=False, download=False))
     except (RuntimeError, OSError):
         if fallback is None:
             raise
+    return _split(fallback)
+
+
+def _split(fallback) -> tuple[str, tuple, tuple]:
     # Offline digits: train the judge on the first 5/6, compare against the last 1/6.
     cut = len(fallback.images) * 5 // 6
     return (fallback.name, (fallback.images[:cut], fallback.labels[:cut]),
@@ -271,8 +298,7 @@ def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, de
     name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback)
     classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
     samples = generate_samples(G, num_samples, z_dim, device)
-    result = evaluate_mnist_samples(samples, held_x[:num_samples], classifier)
-    result["reference"] = name
+    result = evaluate_mnist_samples(samples, held_x[:num_samples], classifier, reference=name)
     result["summary"] = format_evaluation(result)
     return result
 
@@ -290,15 +316,17 @@ def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_
     classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
     labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
     samples = generate_samples(G, len(labels), z_dim, device, labels=labels)
-    result = evaluate_mnist_samples(samples, held_x[:len(samples)], classifier)
+    result = evaluate_mnist_samples(samples, held_x[:len(samples)], classifier, reference=name)
     predicted = compute_features(classifier, samples, 500).argmax(dim=1)
     agreement = [float((predicted[labels == d] == d).float().mean()) for d in range(MnistClassifier.num_classes)]
     result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement),
                   reference=name)
     result["summary"] = "\n".join([
-        f"conditional MNIST evaluation ({per_class} samples per digit, judged by a classifier trained on {name})",
+        f"conditional {reference_title(name)} ({per_class} samples per digit, judged by a classifier trained on "
+        f"{name})",
         "  agreement per digit: " + " ".join(f"{d}:{a:.1%}" for d, a in enumerate(agreement)),
         f"  mean agreement {result['mean_agreement']:.1%}, lowest {result['min_agreement']:.1%}",
-        f"  Frechet distance (classifier features, all {len(samples)} samples): {result['fd']:.3f}",
+        f"  Frechet distance (classifier features, all {len(samples)} samples): {result['fd']:.3f}, "
+        f"KID x 1000 {1000 * result['kid']:.3f}, precision {result['precision']:.3f}, recall {result['recall']:.3f}",
     ])
     return result

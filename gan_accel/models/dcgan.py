@@ -8,6 +8,7 @@ first; each layer doubles it towards the 4x4 (or 7x7 for 28x28) bottleneck.
 from __future__ import annotations
 
 from torch import Tensor, nn
+from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
 SUPPORTED_SIZES = (28, 32, 64)
 
@@ -61,20 +62,31 @@ class DCGANGenerator(nn.Module):
 
 
 class DCGANDiscriminator(nn.Module):
-    """Strided-conv discriminator with LeakyReLU(0.2), BatchNorm after the first layer, one logit out."""
+    """Strided-conv discriminator with LeakyReLU(0.2), BatchNorm after the first layer, one logit out.
 
-    def __init__(self, width: int = 64, image_size: int = 28, channels: int = 1) -> None:
+    ``spectral_norm=True`` puts spectral normalisation (Miyato et al., 2018) on every conv and drops
+    the BatchNorm layers (the normalisation then bounds D's Lipschitz constant instead).
+    """
+
+    def __init__(self, width: int = 64, image_size: int = 28, channels: int = 1, spectral_norm: bool = False) -> None:
         super().__init__()
         base, stages = _plan(image_size)
         self.image_size, self.channels = image_size, channels
-        layers: list[nn.Module] = [nn.Conv2d(channels, width, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True)]
+        layers: list[nn.Module] = [nn.Conv2d(channels, width, 4, 2, 1, bias=spectral_norm), nn.LeakyReLU(0.2, True)]
         ch = width
         for _ in range(stages - 1):
-            layers += [nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ch * 2), nn.LeakyReLU(0.2, True)]
+            layers.append(nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=spectral_norm))
+            if not spectral_norm:
+                layers.append(nn.BatchNorm2d(ch * 2))
+            layers.append(nn.LeakyReLU(0.2, True))
             ch *= 2
         layers += [nn.Conv2d(ch, 1, base, 1, 0)]  # (N, ch, base, base) -> (N, 1, 1, 1)
         self.net = nn.Sequential(*layers)
         self.apply(dcgan_init)
+        if spectral_norm:  # after the initialisation: it then normalises the initial weights
+            for module in self.net:
+                if isinstance(module, nn.Conv2d):
+                    _spectral_norm(module)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x).reshape(x.shape[0])

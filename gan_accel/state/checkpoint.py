@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from accelerate import Accelerator
@@ -34,6 +34,7 @@ from .files import is_write_failure, write_failure_reason
 PREFIX = "checkpoint_"
 ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/: the newer checkpoints of a branch left behind
 TMP_PREFIX = ".tmp-"
+SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0.pt holds
 ENGINE_STATE = "gan_accel_state_{rank}.pt"  # per process: metric sums differ between ranks
 COMPLETE = "COMPLETE"
 
@@ -56,6 +57,11 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 def is_complete(path: Path) -> bool:
     return path.is_dir() and path.name.startswith(PREFIX) and (path / COMPLETE).is_file()
+
+
+def checkpoint_name(step: int) -> str:
+    """The folder name of the checkpoint written at ``step``."""
+    return f"{PREFIX}{step:08d}"
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -93,14 +99,18 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int,
-                    engine_state: dict[str, Any], keep_last: int, marker: dict[str, Any] | None = None) -> Path:
+                    engine_state: dict[str, Any], keep_last: int, marker: dict[str, Any] | None = None,
+                    keep_also: Iterable[str | os.PathLike] = ()) -> Path:
     """Collective: call on every rank. Returns the final folder.
+
+    The newest ``keep_last`` complete checkpoints are kept, and those named in ``keep_also`` (the
+    best one by an evaluation metric); older ones are removed.
 
     A write failure on any process raises :class:`RunFolderError` on every process (naming the path
     and the reason); the complete checkpoints already there are untouched.
     """
     root = checkpoint_root(output_dir)
-    final = root / f"{PREFIX}{step:08d}"
+    final = root / checkpoint_name(step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
 
     def prepare() -> None:
@@ -121,7 +131,10 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync_dir(root)
+            protected = {Path(p).name for p in keep_also}
             for old in list_checkpoints(output_dir)[:-keep_last]:
+                if old.name in protected:
+                    continue
                 shutil.rmtree(old, ignore_errors=True)
 
     # Each part ends in an agreement instead of a bare barrier: every rank's files are on disk before
@@ -164,6 +177,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
     except Exception as error:  # truncated pickle, ...
         raise CheckpointError(f"cannot read {state_file} (truncated or corrupt?): {error}") from error
+    engine_state = _with_shared_states(path, engine_state, rank)
     try:
         accelerator.load_state(str(path))
     except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
@@ -171,6 +185,21 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         hint = " (a model of another shape or width?)" if "size mismatch" in str(error) or "Missing key" in str(error) else ""
         raise CheckpointError(f"cannot restore {path}{hint}: {first}") from error
     check_rng_restored(accelerator, path)
+    return engine_state
+
+
+def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Fill in the callback states that only the main process's file holds (e.g. the EMA: one copy)."""
+    callbacks = engine_state.get("callbacks", {})
+    shared = [name for name, state in callbacks.items() if isinstance(state, str) and state == SHARED_STATE]
+    if shared and rank != 0:
+        main_file = path / ENGINE_STATE.format(rank=0)
+        try:
+            main_state = torch.load(main_file, map_location="cpu", weights_only=False)
+        except Exception as error:
+            raise CheckpointError(f"cannot read {main_file} (truncated or corrupt?): {error}") from error
+        for name in shared:
+            callbacks[name] = main_state["callbacks"][name]
     return engine_state
 
 

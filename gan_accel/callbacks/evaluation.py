@@ -1,0 +1,157 @@
+"""Evaluation during training: every N steps, score the sampling generator on a fixed sample budget,
+log the scores with the other metrics and keep the best checkpoint.
+
+    extractor = classifier.features                       # any images -> (N, F) features
+    reference = compute_features(extractor, real_images)  # once, before training
+    evaluator = Evaluator(extractor, reference, every=1000, num_samples=5000, metric="fd")
+    GANTrainer(G, D, loader, config, callbacks=[evaluator])
+
+At each evaluation every process generates and featurises its share of the samples (the same latents
+whatever the process count, see :mod:`gan_accel.eval.distributed`), the main process scores them, and
+the scores reach every process, so all agree on the best step. The scores appear as ``eval/<name>``
+(and ``eval/step``) in the next row of ``metrics.jsonl``; set ``every`` to a multiple of
+``log_every`` to have them in the row of the same step. When the chosen metric improves, a
+checkpoint is written at that step (if there is none), it is never pruned while it is the best,
+and ``best.json`` in the run folder names it with its score.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..collective import run_together
+from ..eval.distributed import generated_features
+from ..eval.features import FeatureExtractor
+from ..eval.scores import score_features
+from ..state.checkpoint import checkpoint_name
+from ..state.files import write_bytes_synced
+from .base import Callback
+
+if TYPE_CHECKING:
+    from ..engine.trainer import GANTrainer
+
+LOWER_IS_BETTER = {"fd": True, "kid": True, "precision": False, "recall": False, "is": False}
+BEST_FILE = "best.json"
+
+
+class Evaluator(Callback):
+    """Scores samples of the sampling generator (the EMA when enabled) against reference features.
+
+    Args:
+        extractor: images (N, C, H, W) -> features (N, F); the reference was computed with it.
+        reference: features (M, F) of real data.
+        every: evaluate every ``every`` steps, and at the last step.
+        num_samples: samples generated per evaluation (shared across processes).
+        metric: the score that picks the best checkpoint: ``fd``, ``kid``, ``precision``, ``recall``
+            or ``is`` (``is`` needs ``logits``).
+        logits: optional images -> class logits (N, K) for the Inception score.
+        seed: the evaluation latents' seed (the same samples at every evaluation).
+        keep_best: write and keep the best checkpoint and ``best.json``.
+    """
+
+    name = "evaluation"
+
+    def __init__(self, extractor: FeatureExtractor, reference: Tensor, *, every: int, num_samples: int = 2000,
+                 metric: str = "fd", logits: Callable[[Tensor], Tensor] | None = None, seed: int = 1234,
+                 keep_best: bool = True, batch_size: int = 250) -> None:
+        if metric not in LOWER_IS_BETTER:
+            raise ValueError(f"metric={metric!r} is unknown: choose one of {', '.join(LOWER_IS_BETTER)}")
+        if metric == "is" and logits is None:
+            raise ValueError("metric='is' needs logits= (the Inception score is computed from class logits)")
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every={every!r} must be an integer >= 1 (steps between evaluations)")
+        if not isinstance(num_samples, int) or num_samples < 2:
+            raise ValueError(f"num_samples={num_samples!r} must be an integer >= 2")
+        if reference.ndim != 2 or len(reference) < 2:
+            raise ValueError(f"reference must be features (M, F) with M >= 2, got shape {tuple(reference.shape)}")
+        self.extractor, self.reference, self.logits = extractor, reference.float().cpu(), logits
+        self.every, self.num_samples, self.metric, self.seed = every, num_samples, metric, seed
+        self.keep_best, self.batch_size = keep_best, batch_size
+        self.best: dict[str, Any] | None = None  # {"step", "value", "checkpoint", "scores"}
+        self.history: list[dict[str, Any]] = []
+
+    # -- events --------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: "GANTrainer") -> None:
+        if self.best is not None:  # resumed: the best as of the checkpoint (later ones may be set aside)
+            trainer.protected_checkpoints.add(self.best["checkpoint"])
+            self._write_best(trainer)
+
+    def on_step_end(self, trainer: "GANTrainer") -> None:
+        if trainer.step % self.every and trainer.step != trainer.config.max_steps:
+            return
+        scores = self.evaluate(trainer)
+        trainer.pending_metrics.update({f"eval/{k}": v for k, v in scores.items()})
+        trainer.pending_metrics["eval/step"] = trainer.step
+        self.history.append({"step": trainer.step, **scores})
+        if self.keep_best and self._improves(scores[self.metric]):
+            # The new best is set before its checkpoint is written, so that checkpoint knows it is the
+            # best (a resume from it keeps it); the old best is no longer protected from pruning.
+            if self.best is not None:
+                trainer.protected_checkpoints.discard(self.best["checkpoint"])
+            name = checkpoint_name(trainer.step)
+            self.best = {"step": trainer.step, "metric": self.metric, "value": scores[self.metric],
+                         "checkpoint": name, "scores": scores}
+            trainer.protected_checkpoints.add(name)
+            trainer.fire_agreed("on_checkpoint")  # a checkpoint at this step (none is written twice)
+            run_together(trainer.accelerator, lambda: self._write_best(trainer))
+
+    # -- scoring -------------------------------------------------------------------------------
+    def evaluate(self, trainer: "GANTrainer") -> dict[str, float]:
+        """Collective: every process generates its share; the scores are returned on every process."""
+        acc = trainer.accelerator
+
+        def latents(_generator: torch.Generator, count: int) -> Any:
+            return trainer.draw_latents(count, self.seed)  # the run's sampler on a private seed
+
+        labels = None
+        if trainer.conditioning.conditional:
+            labels = torch.arange(self.num_samples) % trainer.config.num_classes
+        extractor, feature_dim = self.extractor, None
+        if self.logits is not None:
+            feature_dim = int(self.reference.shape[1])
+            extractor = _joined(self.extractor, self.logits)
+        feats = generated_features(acc, trainer.sampling_generator(), extractor, self.num_samples, latents=latents,
+                                   labels=labels, seed=self.seed, batch_size=self.batch_size)
+        result: list[Any] = [None]
+        if acc.is_main_process:
+            fake, fake_logits = (feats, None) if feature_dim is None else (feats[:, :feature_dim], feats[:, feature_dim:])
+            result[0] = score_features(fake, self.reference, fake_logits, seed=self.seed,
+                                       kid_subset_size=min(1000, self.num_samples, len(self.reference)))
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(result, from_process=0)
+        return result[0]
+
+    def _improves(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value < self.best["value"] if LOWER_IS_BETTER[self.metric] else value > self.best["value"]
+
+    def _write_best(self, trainer: "GANTrainer") -> None:
+        if not trainer.accelerator.is_main_process:
+            return
+        path = trainer.output_dir / BEST_FILE
+        text = json.dumps({**self.best, "checkpoint": f"checkpoints/{self.best['checkpoint']}"}, indent=2)
+        write_bytes_synced(path, (text + "\n").encode())
+        trainer.run_folder.record(path, self.best["step"])
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "history": self.history}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.history = state["best"], list(state["history"])
+
+
+def _joined(features: FeatureExtractor, logits: Callable[[Tensor], Tensor]) -> FeatureExtractor:
+    """One extractor returning [features, logits] side by side (one pass over the samples)."""
+
+    def both(images: Tensor) -> Tensor:
+        return torch.cat([features(images).float(), logits(images).float()], dim=1)
+
+    return both

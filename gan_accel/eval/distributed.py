@@ -1,0 +1,161 @@
+"""Sample metrics over several processes: each process generates and featurises its share of N samples,
+then the features are gathered so that exactly N rows exist, in the order one process would give.
+
+The split is by contiguous index ranges (:func:`share_of`); the latent of sample ``i`` is drawn from one
+seeded generator for all N samples, so it is the same whatever the number of processes. Gathering pads
+every share to the largest one (collectives need equal shapes) and drops the padding again using the
+known share sizes, so no sample is duplicated and none is missing: unlike a dataloader's even split,
+which repeats samples to fill the last batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..collective import raise_together
+from .features import FeatureExtractor, compute_features
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def share_of(total: int, num_processes: int, rank: int) -> range:
+    """The contiguous sample indices that process ``rank`` of ``num_processes`` handles out of ``total``.
+
+    Shares are consecutive ranges covering ``range(total)`` exactly once, in rank order; the first
+    ``total % num_processes`` ranks get one sample more than the others. A share may be empty when
+    ``total < num_processes``.
+
+    Raises:
+        TypeError: an argument is not an int.
+        ValueError: ``total < 0``, ``num_processes < 1``, or ``rank`` not in ``[0, num_processes)``.
+    """
+    _check_int("total", total, 0)
+    _check_int("num_processes", num_processes, 1)
+    _check_int("rank", rank, 0)
+    if rank >= num_processes:
+        raise ValueError(f"rank must be < num_processes ({num_processes}), got {rank}")
+    base, extra = divmod(total, num_processes)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (1 if rank < extra else 0))
+
+
+def gather_exact(accelerator: Any, local: Tensor, total: int) -> Tensor:
+    """Collective (call on every process): all ``total`` rows, in index order, on every process.
+
+    Each process passes the rows of its share (:func:`share_of` for its ``process_index``), shape
+    ``(len(share), ...)``; a process with an empty share may pass any tensor with 0 rows (its trailing
+    shape and dtype are taken from the other processes). Shares are padded to the largest one, gathered
+    with ``accelerator.gather`` (a no-op on one process) and the padding is dropped again, so the result
+    has exactly ``total`` rows with no duplicates, row ``i`` being sample ``i``: the same tensor one
+    process would hold. Returned on CPU with the input's dtype (float32 for :func:`compute_features`).
+
+    Raises (on every process alike, so none is left waiting in the gather):
+        ValueError: a process passed a row count other than its share's size, or the processes'
+            trailing shapes or dtypes differ.
+    """
+    from accelerate.utils import gather_object
+
+    _check_int("total", total, 0)
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if local.ndim == 0:
+        raise ValueError("local must have a leading row dimension, got a 0-dim tensor")
+    # One small exchange of (rows, trailing shape, dtype) lets every process check every share, and
+    # tells a process with an empty share what shape and dtype its padding must have.
+    reports = gather_object([(int(local.shape[0]), tuple(local.shape[1:]), str(local.dtype))])
+    sizes = [len(share_of(total, world, r)) for r in range(world)]
+    for r, (rows, _, _) in enumerate(reports):
+        if rows != sizes[r]:
+            raise ValueError(
+                f"process {r} passed {rows} rows to gather_exact, but its share of {total} samples over "
+                f"{world} processes has {sizes[r]} rows"
+            )
+    layouts = {(shape, dtype) for rows, shape, dtype in reports if rows > 0}
+    if len(layouts) > 1:
+        raise ValueError(f"processes passed rows of different trailing shapes/dtypes: {sorted(layouts)}")
+    if not layouts:  # total == 0: nothing to gather
+        return local.detach().cpu()
+    tail, dtype_name = layouts.pop()
+    dtype = getattr(torch, dtype_name.removeprefix("torch."))
+    largest = max(sizes)
+    padded = torch.zeros((largest, *tail), dtype=dtype, device=accelerator.device)
+    if sizes[rank]:
+        padded[: sizes[rank]] = local.detach().to(accelerator.device)
+    gathered = accelerator.gather(padded).cpu()  # (world * largest, *tail), rank r's block at r * largest
+    return torch.cat([gathered[r * largest : r * largest + sizes[r]] for r in range(world)])
+
+
+def _all_latents(num_samples: int, latents: Callable[[torch.Generator, int], Tensor] | None, z_dim: int | None,
+                 seed: int) -> Tensor:
+    """Every sample's latent, drawn on CPU from one generator seeded with ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    if latents is None:
+        return torch.randn(num_samples, _check_int("z_dim", z_dim, 1), generator=generator)
+    z_all = latents(generator, num_samples)
+    if not isinstance(z_all, Tensor) or z_all.ndim < 1 or z_all.shape[0] != num_samples:
+        shape = tuple(z_all.shape) if isinstance(z_all, Tensor) else type(z_all).__name__
+        raise ValueError(f"latents(generator, {num_samples}) must return {num_samples} rows (one tensor), got {shape}")
+    return z_all
+
+
+def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtractor, num_samples: int, *,
+                       latents: Callable[[torch.Generator, int], Tensor] | None = None, z_dim: int | None = None,
+                       labels: Tensor | None = None, seed: int = 1234, batch_size: int = 250) -> Tensor:
+    """Collective (call on every process): features (num_samples, F) of ``num_samples`` samples of ``G``,
+    each process generating and featurising only its share.
+
+    Guarantees: exactly ``num_samples`` rows on every process, row ``i`` being sample ``i`` (no padding
+    duplicates); sample ``i``'s latent and label are the same for any number of processes (all latents
+    are drawn on CPU from one generator seeded with ``seed``: ``torch.randn(num_samples, z_dim)`` or
+    ``latents(generator, num_samples)``), so the result equals a one-process evaluation row for row;
+    the global RNG is never used, and G's train/eval modes are restored, also on error.
+
+    ``G`` (bare or prepared) runs in eval mode, without gradients, in batches on ``accelerator.device``;
+    an error on one process is raised on every process."""
+    _check_int("num_samples", num_samples, 1)
+    _check_int("batch_size", batch_size, 1)
+    if latents is None and z_dim is None:
+        raise ValueError("give z_dim (for torch.randn latents) or a latents(generator, n) callable")
+    if labels is not None and (labels.ndim < 1 or labels.shape[0] != num_samples):
+        raise ValueError(f"labels must have {num_samples} rows (one per sample), got shape {tuple(labels.shape)}")
+
+    share = share_of(num_samples, accelerator.num_processes, accelerator.process_index)
+    device = accelerator.device
+    # Generate with the bare module. Calling a DDP wrapper runs DDP's forward hooks, which may issue
+    # collectives (buffer broadcast, reducer bookkeeping); with uneven shares the processes make
+    # different numbers of forward calls (or none), so such a collective would wait forever.
+    net = accelerator.unwrap_model(G)
+    modes = [(module, module.training) for module in G.modules()]
+    local, error = torch.empty(0), None
+    try:
+        z_mine = _all_latents(num_samples, latents, z_dim, seed)[share.start : share.stop]
+        y_mine = None if labels is None else labels[share.start : share.stop]
+
+        def images() -> Iterator[Tensor]:
+            for start in range(0, len(share), batch_size):
+                z = z_mine[start : start + batch_size].to(device)
+                if y_mine is None:
+                    yield net(z)
+                else:
+                    yield net(z, y_mine[start : start + batch_size].to(device))
+
+        if len(share):  # an empty share (num_samples < processes) has nothing to generate
+            G.eval()
+            with torch.no_grad():
+                local = compute_features(extractor, images(), batch_size)
+    except Exception as caught:  # reported to every process below, so none waits in the gather
+        error = caught
+    finally:
+        for module, training in modes:
+            module.training = training
+    raise_together(accelerator, error)
+    return gather_exact(accelerator, local, num_samples)

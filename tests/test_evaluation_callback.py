@@ -1,0 +1,134 @@
+"""Evaluation during training: the logged scores are those of an independent computation, the best
+checkpoint survives pruning and is named in best.json, and a resumed run keeps knowing it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import Z_DIM, make_images, make_loader, make_models
+from gan_accel import Callback, GANTrainer, TrainConfig, list_checkpoints
+from gan_accel.callbacks import Evaluator
+from gan_accel.callbacks.metrics_log import read_metrics
+from gan_accel.eval import frechet_distance_from_features
+
+
+def flatten(images: torch.Tensor) -> torch.Tensor:
+    return images.flatten(1).double()
+
+
+def config_for(tmp_path, **overrides) -> TrainConfig:
+    settings = dict(max_steps=6, batch_size=4, z_dim=Z_DIM, log_every=2, sample_every=100, checkpoint_every=100,
+                    num_samples=4, output_dir=str(tmp_path / "run"), progress_bar=False)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+class ExpectedFD(Callback):
+    """Computes, before the evaluator, the FD it should log: seeded randn latents through the sampling G."""
+
+    name = "expected_fd"
+
+    def __init__(self, reference: torch.Tensor, every: int, num: int, seed: int) -> None:
+        self.reference, self.every, self.num, self.seed = reference, every, num, seed
+        self.values: dict[int, float] = {}
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.step % self.every:
+            return
+        G = trainer.sampling_generator()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            z = torch.randn(self.num, Z_DIM)
+        with torch.no_grad():
+            fake = G.eval()(z.to(next(G.parameters()).dtype))
+        G.train()
+        self.values[trainer.step] = frechet_distance_from_features(flatten(fake), self.reference)
+
+
+def test_logged_scores_equal_an_independent_computation(tmp_path):
+    G, D = make_models(dtype=torch.float32)
+    images = make_images(64, dtype=torch.float32)
+    reference = flatten(images)
+    expected = ExpectedFD(reference, every=2, num=50, seed=7)
+    evaluator = Evaluator(flatten, reference, every=2, num_samples=50, seed=7, keep_best=False)
+    trainer = GANTrainer(G, D, make_loader(images, 4), config_for(tmp_path), callbacks=[expected, evaluator])
+    trainer.fit()
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval/fd" in r]
+    assert [r["eval/step"] for r in rows] == [2, 4, 6]
+    for row in rows:
+        assert row["eval/fd"] == pytest.approx(expected.values[row["step"]], rel=1e-6)
+        assert {"eval/kid", "eval/kid_std", "eval/precision", "eval/recall"} <= set(row)
+    assert len({r["eval/fd"] for r in rows}) == 3  # G moved between evaluations
+    assert not (tmp_path / "run" / "best.json").exists()
+
+
+class Scripted(Evaluator):
+    """An evaluator whose scores are given, to place the best step where the test wants it."""
+
+    name = "evaluation"
+
+    def __init__(self, values: list[float], **kwargs) -> None:
+        super().__init__(flatten, torch.zeros(4, 16, dtype=torch.float64), **kwargs)
+        self.values = list(values)
+
+    def evaluate(self, trainer) -> dict[str, float]:
+        return {"fd": self.values[trainer.step // self.every - 1]}
+
+
+def test_best_checkpoint_is_kept_and_named(tmp_path):
+    # Checkpoints every 2 steps, keep 1: without protection only checkpoint 8 would be left.
+    evaluator = Scripted([5.0, 3.0, 4.0, 6.0], every=2)
+    G, D = make_models(dtype=torch.float32)
+    trainer = GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
+                         config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
+                         callbacks=[evaluator])
+    trainer.fit()
+    run = tmp_path / "run"
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000004", "checkpoint_00000008"]
+    best = json.loads((run / "best.json").read_text())
+    assert best["step"] == 4 and best["value"] == 3.0 and best["metric"] == "fd"
+    assert best["checkpoint"] == "checkpoints/checkpoint_00000004"
+    assert "best.json" in json.loads((run / "manifest.json").read_text())["files"]
+    # The best checkpoint's own state knows it is the best: a run resumed from it keeps it.
+    state = torch.load(run / "checkpoints" / "checkpoint_00000004" / "gan_accel_state_0.pt", weights_only=False)
+    assert state["callbacks"]["evaluation"]["best"]["step"] == 4
+
+
+def test_a_better_score_later_releases_the_old_best(tmp_path):
+    evaluator = Scripted([5.0, 3.0, 2.0, 6.0], every=2)
+    G, D = make_models(dtype=torch.float32)
+    trainer = GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
+                         config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
+                         callbacks=[evaluator])
+    trainer.fit()
+    run = tmp_path / "run"
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000006", "checkpoint_00000008"]
+    assert json.loads((run / "best.json").read_text())["step"] == 6
+
+
+def test_resumed_run_keeps_protecting_the_best(tmp_path):
+    def trainer_with(values):
+        G, D = make_models(dtype=torch.float32)
+        return GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
+                          config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
+                          callbacks=[Scripted(values, every=2)])
+
+    trainer_with([1.0, 3.0, 4.0, 6.0]).fit(stop_at_step=4)  # best at step 2
+    trainer_with([1.0, 3.0, 4.0, 6.0]).fit(resume_from="latest")
+    run = tmp_path / "run"
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000002", "checkpoint_00000008"]
+    assert json.loads((run / "best.json").read_text())["step"] == 2
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"metric": "sharpness"}, "metric='sharpness' is unknown"),
+    ({"metric": "is"}, "needs logits="),
+    ({"every": 0}, "every=0 must be an integer >= 1"),
+    ({"num_samples": 1}, "num_samples=1 must be an integer >= 2"),
+])
+def test_bad_evaluator_options_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Evaluator(flatten, torch.zeros(4, 16), **{"every": 2, **kwargs})
