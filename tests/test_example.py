@@ -186,3 +186,30 @@ def test_conditional_example_on_two_gloo_processes(tmp_path):
 
     arrays = np.load(tmp_path / "sevens.npz")
     assert arrays["images"].shape == (5, 1, 28, 28) and arrays["labels"].tolist() == [7] * 5
+
+
+def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp_path):
+    """--eval-every logs eval/* rows and names the best checkpoint; `gan-accel eval` scores the run against
+    the set it trained on and says that it is not MNIST; an existing --out is never overwritten."""
+    out, cache = tmp_path / "run", {"GAN_ACCEL_CACHE": str(tmp_path / "cache")}
+    result = run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"),
+                  "--output-dir", str(out), *TINY, "--eval-every", "2", "--eval-samples", "60"], **cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "eval/fd" in r]
+    assert [r["eval/step"] for r in rows] == [2, 4]
+    assert {"eval/kid", "eval/precision", "eval/recall", "eval/is"} <= set(rows[0])
+    best = json.loads((out / "best.json").read_text())
+    best_fd = min(r["eval/fd"] for r in rows)
+    assert best["value"] == best_fd and (out / best["checkpoint"]).is_dir()
+
+    scores = tmp_path / "scores.json"
+    evaluate = run([sys.executable, "-m", "gan_accel.cli", "eval", str(out), "--num", "200", "--out", str(scores)],
+                   **cache)
+    assert evaluate.returncode == 0, evaluate.stderr[-2000:]
+    assert "NOT MNIST" in evaluate.stdout.splitlines()[0]
+    report = json.loads(scores.read_text())
+    assert report["reference"] == "offline-digits" and report["num_samples"] == 200 and report["step"] == 4
+    assert {"fd", "kid", "precision", "recall", "class_share", "mean_confidence"} <= set(report)
+    again = run([sys.executable, "-m", "gan_accel.cli", "eval", str(out), "--out", str(scores)], **cache)
+    assert again.returncode == 2 and again.stderr.startswith("error:") and "exists" in again.stderr
+    assert json.loads(scores.read_text()) == report

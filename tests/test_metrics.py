@@ -245,8 +245,19 @@ def test_evaluate_real_vs_noise_vs_collapsed(mnist):
     assert collapsed["class_entropy"] < 0.5
     assert collapsed["fd"] > 5 * good["fd"]
 
+    # Precision and recall split realism from coverage: real ones are realistic but cover one digit of
+    # ten; noise covers nothing. (Noise's *precision* is not low here: a classifier maps noise onto a
+    # few points that can fall inside the real manifold, which is why recall and FD are read with it.)
+    assert good["precision"] > 0.6 and good["recall"] > 0.6
+    assert collapsed["precision"] > 0.8 and collapsed["recall"] < 0.5 * good["recall"]
+    assert bad["recall"] < 0.05
+    assert bad["kid"] > 10 * good["kid"] and collapsed["kid"] > 10 * good["kid"]
+
     text = format_evaluation(good)
-    assert f"{good['fd']:.3f}" in text and "mean confidence" in text and len(text.splitlines()) >= 4
+    assert text.startswith("MNIST evaluation")
+    assert f"{good['fd']:.3f}" in text and "mean confidence" in text and "recall" in text and "KID" in text
+    offline = format_evaluation({**good, "reference": "offline-digits"})
+    assert "offline digit set, NOT MNIST" in offline.splitlines()[0]
 
 
 def test_evaluate_rejects_wrong_image_shape(mnist):
