@@ -31,6 +31,10 @@ def test_readme_python_blocks_run_and_do_what_they_say(tmp_path, monkeypatch):
     # the phase example: its extra phases ran and were logged
     last = read_metrics(runs / "readme_phases" / "metrics.jsonl")[-1]
     assert {"loss/D", "loss/R1", "loss/G", "loss/brightness"} <= set(last)
+    # the evaluation example: scores logged, the best checkpoint named and kept
+    best = json.loads((runs / "readme_eval" / "best.json").read_text())
+    assert (runs / "readme_eval" / best["checkpoint"]).is_dir()
+    assert "eval/fd" in read_metrics(runs / "readme_eval" / "metrics.jsonl")[-1]
     # the callback example
     gaps = json.loads((runs / "readme_callback" / "logit_gap.json").read_text())
     assert [step for step, _ in gaps] == [5, 10, 15, 20]
