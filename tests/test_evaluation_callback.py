@@ -132,3 +132,33 @@ def test_resumed_run_keeps_protecting_the_best(tmp_path):
 def test_bad_evaluator_options_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Evaluator(flatten, torch.zeros(4, 16), **{"every": 2, **kwargs})
+
+
+def _two_process_evaluation(out_dir: str) -> None:
+    from conftest import make_loader as loader_of
+
+    G, D = make_models(dtype=torch.float32)
+    images = make_images(64, dtype=torch.float32)
+    reference = flatten(images)
+    expected = ExpectedFD(reference, every=2, num=51, seed=7)  # every rank computes all 51 samples itself
+    evaluator = Evaluator(flatten, reference, every=2, num_samples=51, seed=7)
+    config = TrainConfig(max_steps=4, batch_size=4, z_dim=Z_DIM, log_every=2, sample_every=100, checkpoint_every=100,
+                         num_samples=4, output_dir=out_dir, progress_bar=False)
+    trainer = GANTrainer(G, D, loader_of(images, 4), config, callbacks=[expected, evaluator])
+    trainer.fit()
+    rank = trainer.accelerator.process_index
+    torch.save({"history": evaluator.history, "best": evaluator.best, "expected": expected.values},
+               f"{out_dir}/eval_{rank}.pt")
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_samples_and_agree_on_the_scores(tmp_path):
+    from conftest import launch_two_processes
+
+    launch_two_processes(_two_process_evaluation, args=(str(tmp_path),))
+    rank0, rank1 = (torch.load(tmp_path / f"eval_{r}.pt", weights_only=False) for r in (0, 1))
+    assert rank0["history"] == rank1["history"] and rank0["best"] == rank1["best"]
+    for entry in rank0["history"]:  # 26 + 25 samples generated apart, scored as the 51 of one process
+        assert entry["fd"] == pytest.approx(rank0["expected"][entry["step"]], rel=1e-6)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["step"] == rank0["best"]["step"] and (tmp_path / best["checkpoint"]).is_dir()
