@@ -78,14 +78,16 @@ class Scripted(Evaluator):
         return {"fd": self.values[trainer.step // self.every - 1]}
 
 
-def test_best_checkpoint_is_kept_and_named(tmp_path):
-    # Checkpoints every 2 steps, keep 1: without protection only checkpoint 8 would be left.
-    evaluator = Scripted([5.0, 3.0, 4.0, 6.0], every=2)
+def scripted_trainer(tmp_path, values: list[float]) -> GANTrainer:
+    """8 steps, an evaluation and a checkpoint every 2, keep 1: without protection only checkpoint 8 is left."""
     G, D = make_models(dtype=torch.float32)
-    trainer = GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
-                         config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
-                         callbacks=[evaluator])
-    trainer.fit()
+    return GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
+                      config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
+                      callbacks=[Scripted(values, every=2)])
+
+
+def test_best_checkpoint_is_kept_and_named(tmp_path):
+    scripted_trainer(tmp_path, [5.0, 3.0, 4.0, 6.0]).fit()
     run = tmp_path / "run"
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000004", "checkpoint_00000008"]
     best = json.loads((run / "best.json").read_text())
@@ -98,26 +100,15 @@ def test_best_checkpoint_is_kept_and_named(tmp_path):
 
 
 def test_a_better_score_later_releases_the_old_best(tmp_path):
-    evaluator = Scripted([5.0, 3.0, 2.0, 6.0], every=2)
-    G, D = make_models(dtype=torch.float32)
-    trainer = GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
-                         config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
-                         callbacks=[evaluator])
-    trainer.fit()
+    scripted_trainer(tmp_path, [5.0, 3.0, 2.0, 6.0]).fit()
     run = tmp_path / "run"
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000006", "checkpoint_00000008"]
     assert json.loads((run / "best.json").read_text())["step"] == 6
 
 
 def test_resumed_run_keeps_protecting_the_best(tmp_path):
-    def trainer_with(values):
-        G, D = make_models(dtype=torch.float32)
-        return GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4),
-                          config_for(tmp_path, max_steps=8, checkpoint_every=2, keep_checkpoints=1),
-                          callbacks=[Scripted(values, every=2)])
-
-    trainer_with([1.0, 3.0, 4.0, 6.0]).fit(stop_at_step=4)  # best at step 2
-    trainer_with([1.0, 3.0, 4.0, 6.0]).fit(resume_from="latest")
+    scripted_trainer(tmp_path, [1.0, 3.0, 4.0, 6.0]).fit(stop_at_step=4)  # best at step 2
+    scripted_trainer(tmp_path, [1.0, 3.0, 4.0, 6.0]).fit(resume_from="latest")
     run = tmp_path / "run"
     assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000002", "checkpoint_00000008"]
     assert json.loads((run / "best.json").read_text())["step"] == 2
