@@ -153,3 +153,12 @@ def test_two_processes_share_the_samples_and_agree_on_the_scores(tmp_path):
         assert entry["fd"] == pytest.approx(rank0["expected"][entry["step"]], rel=1e-6)
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["step"] == rank0["best"]["step"] and (tmp_path / best["checkpoint"]).is_dir()
+
+
+def test_best_without_checkpoints_is_named_but_points_nowhere(tmp_path):
+    G, D = make_models(dtype=torch.float32)
+    GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4), config_for(tmp_path, max_steps=4),
+               callbacks=[Scripted([2.0, 1.0], every=2)], disable_callbacks=("checkpoints",)).fit()
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert best["step"] == 4 and best["checkpoint"] is None
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -50,7 +50,10 @@ class Evaluator(Callback):
             or ``is`` (``is`` needs ``logits``).
         logits: optional images -> class logits (N, K) for the Inception score.
         seed: the evaluation latents' seed (the same samples at every evaluation).
-        keep_best: write and keep the best checkpoint and ``best.json``.
+        keep_best: write and keep the best checkpoint and ``best.json`` (its ``checkpoint`` is null when
+            the ``checkpoints`` callback is switched off).
+
+    The run's latent sampler must return one tensor per batch here (the evaluation slices it by sample).
     """
 
     name = "evaluation"
@@ -77,7 +80,8 @@ class Evaluator(Callback):
     # -- events --------------------------------------------------------------------------------
     def on_fit_start(self, trainer: "GANTrainer") -> None:
         if self.best is not None:  # resumed: the best as of the checkpoint (later ones may be set aside)
-            trainer.protected_checkpoints.add(self.best["checkpoint"])
+            if self.best["checkpoint"] is not None:
+                trainer.protected_checkpoints.add(self.best["checkpoint"])
             self._write_best(trainer)
 
     def on_step_end(self, trainer: "GANTrainer") -> None:
@@ -97,6 +101,9 @@ class Evaluator(Callback):
                          "checkpoint": name, "scores": scores}
             trainer.protected_checkpoints.add(name)
             trainer.fire_agreed("on_checkpoint")  # a checkpoint at this step (none is written twice)
+            if trainer.last_checkpoint_step != trainer.step:  # the checkpoints callback is switched off
+                trainer.protected_checkpoints.discard(name)
+                self.best["checkpoint"] = None
             run_together(trainer.accelerator, lambda: self._write_best(trainer))
 
     # -- scoring -------------------------------------------------------------------------------
@@ -136,7 +143,8 @@ class Evaluator(Callback):
         if not trainer.accelerator.is_main_process:
             return
         path = trainer.output_dir / BEST_FILE
-        text = json.dumps({**self.best, "checkpoint": f"checkpoints/{self.best['checkpoint']}"}, indent=2)
+        name = self.best["checkpoint"]
+        text = json.dumps({**self.best, "checkpoint": name and f"checkpoints/{name}"}, indent=2)
         write_bytes_synced(path, (text + "\n").encode())
         trainer.run_folder.record(path, self.best["step"])
 
