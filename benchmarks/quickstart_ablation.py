@@ -32,6 +32,7 @@ CONFIGS = {
     "+ EMA BatchNorm statistics recomputed": "--ema-batchnorm recompute",
     "+ EMA half-life 10k images, ramp-up 0.05": "--ema-half-life 10000 --ema-rampup 0.05",
     "+ spectral norm in D": "--spectral-norm",
+    "+ 12,000 steps (the 8-minute budget)": "--steps 12000",
     "+ TTUR (lr G 5e-4, D 1e-3)": "--lr-g 5e-4",
     "+ hinge loss": "--loss hinge",
     "+ lazy R1 (gamma 0.1)": "--r1-gamma 0.1",
@@ -106,12 +107,12 @@ def table(rows: list[tuple[str, list[dict], list[dict]]]) -> str:
         mean = sum(values) / len(values)
         return " / ".join(format(v, fmt) for v in values) + f" (**{format(mean, fmt)}**)"
 
-    lines = ["| configuration | wall s | FD | KID x1000 | precision | recall | digit share min-max |",
+    lines = ["| configuration | wall s | FD | KID | precision | recall | digit share min-max |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, records, scores in rows:
         seconds = " / ".join(f"{r['seconds']:.0f}" for r in records)
         shares = " / ".join(f"{s['min_class_share']:.1%}-{s['max_class_share']:.1%}" for s in scores)
-        kid = both([1000 * s["kid"] for s in scores], ".1f") if "kid" in scores[0] else "-"
+        kid = both([s["kid"] for s in scores], ".2f") if "kid" in scores[0] else "-"
         precision = both([s["precision"] for s in scores], ".2f") if "precision" in scores[0] else "-"
         recall = both([s["recall"] for s in scores], ".2f") if "recall" in scores[0] else "-"
         lines.append(f"| {name} | {seconds} | {both([s['fd'] for s in scores], '.1f')} | {kid} | {precision} | "
