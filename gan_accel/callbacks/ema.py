@@ -158,9 +158,13 @@ class EMACallback(Callback):
     @property
     def module(self) -> nn.Module:
         """The averaged G, ready to sample from (BatchNorm statistics recomputed if they are stale)."""
+        self.refresh_batchnorm()
+        return self.ema.module
+
+    def refresh_batchnorm(self) -> None:
+        """Recompute the average's BatchNorm statistics if its weights moved since the last time."""
         if self.ema.stale and self._trainer is not None:
             self.ema.recompute_batchnorm(self._batches(self._trainer))
-        return self.ema.module
 
     def _batches(self, trainer: "GANTrainer", size: int = 256) -> list[Callable[[nn.Module], Any]]:
         """Fixed latents (labels cycling over the classes in a conditional run), the same on every
@@ -173,7 +177,7 @@ class EMACallback(Callback):
         return [lambda G, z=z: G(z, labels) for z in latents]
 
     def state_dict(self) -> dict:
-        self.module  # noqa: B018  (a checkpoint's EMA has BatchNorm statistics that fit its weights)
+        self.refresh_batchnorm()  # a checkpoint's EMA has BatchNorm statistics that fit its weights
         return self.ema.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
