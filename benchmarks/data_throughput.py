@@ -15,6 +15,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,37 @@ def train_step_seconds(batch: torch.Tensor, steps: int) -> float:
     return statistics.median(times)
 
 
+LABELS = {
+    "per-item": "torchvision per-item (PIL + ToTensor + Normalize), DataLoader",
+    "fast": "gan_accel in-memory uint8, batched `__getitems__` + collate",
+}
+
+
+def measure_paths(info, data_dir: str, batch_size: int, batches: int, rounds: int,
+                  train_steps: int) -> dict[str, Any]:
+    """Both data paths over the same images, alternating for ``rounds`` rounds, and a DCGAN step.
+
+    Returns ``{"per-item": [(images/s, s/batch) per round], "fast": [...], "batches": n, "step_s": s}``.
+    """
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
+    if info.name == "mnist":
+        from torchvision.datasets import MNIST
+
+        per_item_ds: Dataset = MNIST(data_dir, train=True, download=False, transform=tf)
+    else:
+        per_item_ds = PerItemPIL(info.images, info.labels, tf)
+    per_item = DataLoader(per_item_ds, batch_size=batch_size, shuffle=True, num_workers=0)
+    fast = make_dataloader(info.images, info.labels, batch_size, shuffle=True, num_workers=0)
+    batches = min(batches, len(fast))
+    results: dict[str, Any] = {"per-item": [], "fast": []}
+    for _ in range(rounds):
+        results["per-item"].append(images_per_second(per_item, batches))
+        results["fast"].append(images_per_second(fast, batches))
+    real, _ = next(iter(fast))
+    results["batches"], results["step_s"] = batches, train_step_seconds(real, train_steps)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default="data", help="folder holding MNIST/raw (default: ./data)")
@@ -95,47 +127,27 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     info = resolve_dataset(args.dataset, args.data_dir, download=args.download)
-    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
-    if info.name == "mnist":
-        from torchvision.datasets import MNIST
-
-        per_item_ds: Dataset = MNIST(args.data_dir, train=True, download=False, transform=tf)
-    else:
-        per_item_ds = PerItemPIL(info.images, info.labels, tf)
-
     bs = args.batch_size
-    per_item = DataLoader(per_item_ds, batch_size=bs, shuffle=True, num_workers=0)
-    fast = make_dataloader(info.images, info.labels, bs, shuffle=True, num_workers=0)
-    batches = min(args.batches, len(fast))
-
-    results: dict[str, list[tuple[float, float]]] = {"per-item": [], "fast": []}
-    for _ in range(args.rounds):
-        results["per-item"].append(images_per_second(per_item, batches))
-        results["fast"].append(images_per_second(fast, batches))
-    best = {name: max(runs) for name, runs in results.items()}  # max images/s == min time per batch
+    results = measure_paths(info, args.data_dir, bs, args.batches, args.rounds, args.train_steps)
+    best = {name: max(results[name]) for name in LABELS}  # max images/s == min time per batch
 
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(
         f"\ndataset: {info.name} ({len(info)} images, {info.source}); torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {load}; "
-        f"batch {bs}, {batches} batches x {args.rounds} rounds\n"
+        f"batch {bs}, {results['batches']} batches x {args.rounds} rounds\n"
     )
     print("| data path | images/s (best) | images/s (median) | ms / batch |")
     print("|---|---:|---:|---:|")
-    labels = {
-        "per-item": "torchvision per-item (PIL + ToTensor + Normalize), DataLoader",
-        "fast": "gan_accel in-memory uint8, batched `__getitems__` + collate",
-    }
-    for name in ("per-item", "fast"):
+    for name in LABELS:
         median = statistics.median(r[0] for r in results[name])
-        print(f"| {labels[name]} | {best[name][0]:,.0f} | {median:,.0f} | {best[name][1] * 1e3:.3f} |")
+        print(f"| {LABELS[name]} | {best[name][0]:,.0f} | {median:,.0f} | {best[name][1] * 1e3:.3f} |")
     print(f"\nspeed-up of the fast path: {best['fast'][0] / best['per-item'][0]:.1f}x\n")
 
-    real, _ = next(iter(fast))
-    step_s = train_step_seconds(real, args.train_steps)
+    step_s = results["step_s"]
     print(f"| data path | fetch ms / batch | CPU DCGAN step ms (batch {bs}) | data wait share of a step |")
     print("|---|---:|---:|---:|")
-    for name in ("per-item", "fast"):
+    for name in LABELS:
         fetch_s = best[name][1]
         share = fetch_s / (fetch_s + step_s)
         print(f"| {name} | {fetch_s * 1e3:.3f} | {step_s * 1e3:.1f} | {share:.2%} |")

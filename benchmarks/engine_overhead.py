@@ -66,8 +66,9 @@ class PlainLoop:
 
     def __init__(self, build, data: torch.Tensor, batch: int) -> None:
         self.G, self.D, self.z_dim = build()
-        self.opt_G = torch.optim.Adam(self.G.parameters(), lr=2e-4, betas=(0.5, 0.999))
-        self.opt_D = torch.optim.Adam(self.D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+        # fused, as the engine builds its default optimizers: the same optimizers on both sides
+        self.opt_G = torch.optim.Adam(self.G.parameters(), lr=2e-4, betas=(0.5, 0.999), fused=True)
+        self.opt_D = torch.optim.Adam(self.D.parameters(), lr=2e-4, betas=(0.5, 0.999), fused=True)
         self.batch = batch
         loader = loader_for(data, batch)
         self.stream = (b for _ in iter(int, 1) for b in loader)
@@ -114,20 +115,26 @@ class Lockstep(Callback):
         self.mark = time.perf_counter()
 
 
+def quiet_trainer(build, data: torch.Tensor, batch: int, max_steps: int, output_dir: str, callbacks=(),
+                  **overrides) -> GANTrainer:
+    """The engine as the benchmarks run it: defaults (guard, metrics, schedulers) but no files written,
+    constant learning rate; ``overrides`` are TrainConfig fields (mixed_precision, channels_last, ...)."""
+    G, D, z_dim = build()
+    config = TrainConfig(max_steps=max_steps, batch_size=batch, z_dim=z_dim, lr_schedule="constant",
+                         warmup_ratio=0.0, log_every=50, sample_every=10**9, checkpoint_every=10**9,
+                         output_dir=output_dir, progress_bar=False, **overrides)
+    return GANTrainer(G, D, loader_for(data, batch), config, callbacks=list(callbacks), disable_callbacks=QUIET)
+
+
 def measure(build, data, batch: int, steps: int, warmup: int, **overrides) -> tuple[float, float]:
     """Median images/s of (plain loop, engine), stepped alternately in one run."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    G, D, z_dim = build()
     lockstep = Lockstep(PlainLoop(build, data, batch), warmup)
     with tempfile.TemporaryDirectory() as tmp:
-        config = TrainConfig(max_steps=warmup + steps, batch_size=batch, z_dim=z_dim, lr_schedule="constant",
-                             warmup_ratio=0.0, log_every=50, sample_every=10**9, checkpoint_every=10**9,
-                             output_dir=tmp, progress_bar=False, **overrides)
-        trainer = GANTrainer(G, D, loader_for(data, batch), config, callbacks=[lockstep], disable_callbacks=QUIET)
-        trainer.fit()
+        quiet_trainer(build, data, batch, warmup + steps, tmp, [lockstep], **overrides).fit()
     return batch / statistics.median(lockstep.plain_times), batch / statistics.median(lockstep.engine_times)
 
 
@@ -136,6 +143,15 @@ CASES = {
     "DCGAN width 64, batch 64": (dcgan(64), "image", 64),
     "MLP GAN (3x128), batch 256": (mlp, "mlp", 256),
 }
+
+
+def compare(case: str, repeats: int, steps: int, warmup: int) -> tuple[float, float, float]:
+    """Medians over ``repeats`` lockstep runs of one case: plain images/s, engine images/s, engine / plain."""
+    build, kind, batch = CASES[case]
+    data = data_for(kind)
+    plain, engine = zip(*(measure(build, data, batch, steps, warmup) for _ in range(repeats)))
+    ratios = [e / p for e, p in zip(engine, plain)]
+    return statistics.median(plain), statistics.median(engine), statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,12 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| case | plain loop, images/s | engine, images/s | engine / plain |")
     print("| --- | ---: | ---: | ---: |")
     for name in args.cases:
-        build, kind, batch = CASES[name]
-        data = data_for(kind)
-        plain, engine = zip(*(measure(build, data, batch, args.steps, args.warmup) for _ in range(args.repeats)))
-        ratios = [e / p for e, p in zip(engine, plain)]
-        print(f"| {name} | {statistics.median(plain):,.0f} | {statistics.median(engine):,.0f} | "
-              f"{statistics.median(ratios):.3f} |", flush=True)
+        plain, engine, ratio = compare(name, args.repeats, args.steps, args.warmup)
+        print(f"| {name} | {plain:,.0f} | {engine:,.0f} | {ratio:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ class TrainConfig:
     num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
     label_distribution: str = "uniform"  # G's labels: "uniform" over classes, or "data" (the real batch's labels)
     class_loss_weight: float = 0.0  # > 0: auxiliary class loss on D(x, y, all_classes=True) (conditional runs)
-    mixed_precision: str = "no"
+    mixed_precision: str = "no"  # "bf16": autocast in bfloat16 (also on CPU); "fp16": CUDA only
+    channels_last: bool = False  # convolution weights (hence activations) in channels-last memory format
+    compile: bool = False  # torch.compile G and D; phases with a double backward (R1, GP) run eagerly
     sample_every: int = 500
     num_samples: int = 64
     log_every: int = 50
@@ -64,7 +66,7 @@ class TrainConfig:
     overwrite: bool = False  # replace a previous run in output_dir instead of refusing
     checkpoint_every: int = 1000  # steps between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2  # the newest K complete checkpoints are kept
-    nan_guard: bool = True  # skip non-finite updates (one host sync per optimizer step)
+    nan_guard: bool = True  # skip non-finite updates on the device; counters read at log rows and checkpoints
     max_bad_updates: int = 10  # stop after this many consecutive skipped updates of one network
     seed: int = 0
     progress_bar: bool = True
@@ -107,6 +109,7 @@ class TrainConfig:
             raise ConfigError(
                 f"mixed_precision={self.mixed_precision!r} is invalid: choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
             )
+        self._validate_speed_options()
         if self.lr_schedule not in LR_SCHEDULE_CHOICES:
             raise ConfigError(
                 f"lr_schedule={self.lr_schedule!r} is invalid: choose one of {', '.join(LR_SCHEDULE_CHOICES)}"
@@ -133,6 +136,12 @@ class TrainConfig:
                               f"{' or '.join(LABEL_DISTRIBUTIONS)}")
         if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
             raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
+
+    def _validate_speed_options(self) -> None:
+        """channels_last and compile are switches (see gan_accel.engine.speed)."""
+        for name in ("channels_last", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: expected True or False")
 
     def _validate_ema(self) -> None:
         """ema_decay or ema_half_life (not both); the ramp-up needs the half-life."""

@@ -35,6 +35,8 @@ from gan_accel.objectives.losses import nonsaturating_d, nonsaturating_g
         ("warmup_ratio", 1.0, "expected a number in [0, 1)"),
         ("betas_G", (0.5, 1.5), "two numbers in [0, 1)"),
         ("clip_grad_norm_D", 0.0, "or None to disable clipping"),
+        ("compile", 1, "compile=1 is invalid: expected True or False"),
+        ("channels_last", "yes", "channels_last='yes' is invalid: expected True or False"),
     ],
 )
 def test_invalid_field_is_rejected_with_its_name_and_allowed_values(field, value, expected):

@@ -24,6 +24,8 @@ class Checkpointer(Callback):
     def on_checkpoint(self, trainer: "GANTrainer") -> None:
         if trainer.last_checkpoint is not None and trainer.last_checkpoint_step == trainer.step:
             return  # this step is saved already
+        if trainer.guard is not None:  # its counters live on the device: a divergence is noticed here at the latest
+            trainer.guard.check(trainer.step)
         if not parameters_finite(*trainer.networks.values()):
             raise DivergenceError(
                 f"refusing to write a checkpoint at step {trainer.step}: a network holds non-finite weights; "

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 from torch import Tensor, nn
 
+from ..errors import PhaseError
 from ..objectives.regularizers import scaled_input_gradients
+from .speed import eager_module
 
 if TYPE_CHECKING:
     from .phases import Phase
@@ -35,7 +37,10 @@ class StepContext:
     """The step as a phase loss sees it (one object per trainer, pointed at the current micro-batch).
 
     Attributes:
-        nets: the prepared networks by name (``ctx.nets["G"]``, ``ctx.nets["D"]``, extras).
+        nets: the prepared networks by name (``ctx.nets["G"]``, ``ctx.nets["D"]``, extras). With
+            ``compile=True`` these are the compiled G and D, except in a phase marked
+            ``double_backward=True``, which sees the eager modules (same parameters): torch.compile
+            does not support a double backward.
         phase: the phase being run.
         step: steps completed before this one.
     """
@@ -43,7 +48,9 @@ class StepContext:
     def __init__(self, nets: Mapping[str, nn.Module], *, conditional: bool = False,
                  log: Callable[[str, Tensor], None] | None = None, scaler: Any | None = None,
                  versions: Mapping[str, int] | None = None) -> None:
-        self.nets = nets
+        self._nets = nets
+        self._eager = {name: eager_module(net) for name, net in nets.items()}
+        self.compiled = any(self._eager[name] is not net for name, net in nets.items())
         self.conditional = conditional
         self.scaler = scaler
         self._log = log
@@ -97,6 +104,13 @@ class StepContext:
 
     # -- the networks ---------------------------------------------------------------------------
     @property
+    def nets(self) -> Mapping[str, nn.Module]:
+        """The networks by name: compiled views if compiled, the eager modules in a double-backward phase."""
+        if self.compiled and self.phase is not None and self.phase.double_backward:
+            return self._eager
+        return self._nets
+
+    @property
     def G(self) -> nn.Module:
         return self.nets["G"]
 
@@ -139,4 +153,9 @@ class StepContext:
 
     def input_gradients(self, output: Tensor, inputs: Tensor) -> Tensor:
         """``d output / d inputs`` with a graph, correct under fp16 loss scaling (for gradient penalties)."""
+        if self.compiled and not (self.phase is not None and self.phase.double_backward):
+            name = self.phase.name if self.phase is not None else "?"
+            raise PhaseError(f"phase {name!r} takes input gradients (a double backward) through the compiled networks, "
+                             "which torch.compile does not support: create it with Phase(..., double_backward=True) "
+                             "so it runs on the eager modules, or set compile=False")
         return scaled_input_gradients(output, inputs, self.scaler)

@@ -12,9 +12,11 @@ This is the only code that knows those rules, so every phase, built in or yours,
   a gradient that will not come.
 * **Autocast around the loss, ``accelerator.backward`` for every backward** (fp16 loss scaling, the
   1/k of accumulation), the loss multiplied by the phase's gain.
-* **After the window**: the divergence guard's verdict, clipping of this network only (under fp16
-  only its optimizer is unscaled), ``step``, the scheduler if the phase ticks it, then ``zero_grad``
-  (after ``step``: a leading ``zero_grad`` would wipe the accumulated micro-batches).
+* **After the window**: the divergence guard's verdict (a device tensor agreed by all ranks on the
+  device; the host does not read it: a flagged step is skipped on the device, see skip_step.py),
+  clipping of this network only (under fp16 only its optimizer is unscaled), ``step``, the
+  scheduler if the phase ticks it, then ``zero_grad`` (after ``step``: a leading ``zero_grad``
+  would wipe the accumulated micro-batches).
 * **G forward once**: without accumulation, when a phase that trains G follows a D phase in the same
   window, G's samples are made once with their graph before D's phase; D sees them detached, G's
   phase backpropagates through them (as pytorch/examples' DCGAN does).
@@ -33,10 +35,11 @@ from ..errors import PhaseError
 from ..batch import RealBatch
 from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
-from .guard import DivergenceGuard, grads_and_loss_finite
+from .guard import DivergenceGuard, non_finite_flag
 from .latents import LatentSampler
 from .phases import Phase, PhasePlan
 from .running_means import RunningMeans
+from .skip_step import SkippableStep
 
 
 class PhaseRunner:
@@ -54,6 +57,7 @@ class PhaseRunner:
         self.means = means
         self.clip_norms = dict(clip_norms)
         self.guard = guard
+        self.skippable = SkippableStep(accelerator.scaler)  # how a flagged update is skipped (engine/skip_step.py)
         self.k = accelerator.gradient_accumulation_steps
         self.versions = {name: 0 for name in self.nets}  # updates of each network so far (cache key of G's samples)
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
@@ -109,37 +113,39 @@ class PhaseRunner:
     def _update(self, phase: Phase, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> None:
         """Guard, clip, step, tick, zero_grad: the window ended on the sync micro-batch."""
         name = phase.net
-        if self._update_is_finite(name, net, window_loss):
-            max_norm = self.clip_norms.get(name)
-            if max_norm is not None:
-                # fp16: the GradScaler is shared by all optimizers; unscale only this network's
-                # gradients (accelerator.clip_grad_norm_ would unscale every optimizer).
-                self.accelerator.unscale_gradients(optimizer=optimizer)
-                self.means.add(f"grad_norm/{name}", torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm))
-            if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
-                self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
+        flag = self._skip_flag(name, net, optimizer, window_loss)
+        max_norm = self.clip_norms.get(name)
+        if max_norm is not None:
+            # fp16: the GradScaler is shared by all optimizers; unscale only this network's
+            # gradients (accelerator.clip_grad_norm_ would unscale every optimizer).
+            self.accelerator.unscale_gradients(optimizer=optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+            self.means.add(f"grad_norm/{name}", norm, keep=None if flag is None else flag == 0)  # not of skipped ones
+        if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
+            self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
+        if flag is None:
             optimizer.step()
+        else:
+            self.skippable.step(optimizer, flag)  # skipped on the device if the flag is set
         if phase.tick_scheduler:
             self.schedulers[name].step()  # a skipped update still uses up its step of the schedule
         optimizer.zero_grad(set_to_none=True)
         self.versions[name] += 1
         self.phase_runs[phase.name] += 1
 
-    def _update_is_finite(self, name: str, net: nn.Module, window_loss: torch.Tensor) -> bool:
-        """The divergence guard's verdict on this update, agreed by all ranks (one host sync)."""
+    def _skip_flag(self, name: str, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> torch.Tensor | None:
+        """The divergence guard's verdict on this update: a 0-dim device tensor, 1.0 = skip, agreed by all
+        ranks on the device (an all-reduce, no host sync), counted by the guard. None without the guard."""
         if self.guard is None:
-            return True
+            return None
         acc = self.accelerator
         # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
-        finite = grads_and_loss_finite(net, window_loss, check_grads=acc.scaler is None)
+        flag = non_finite_flag(net, window_loss, check_grads=acc.scaler is None)
         if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
-            finite = acc.reduce(finite.float(), reduction="sum") == acc.num_processes
-        ok = bool(finite.item())
-        if not ok:
-            acc.print(f"gan_accel: step {self.ctx.step}: non-finite {name} loss or gradients; update skipped")
-            net.zero_grad(set_to_none=True)
-        self.guard.record(name, ok, self.ctx.step)
-        return ok
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        self.guard.record(name, flag)
+        self.skippable.mark_gradients(optimizer, flag)  # fp16: the scaler will see it
+        return flag
 
     # -- data -----------------------------------------------------------------------------------
     def _draw_micro_batch(self, keep_graph: bool) -> MicroBatch:

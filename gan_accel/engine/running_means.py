@@ -17,16 +17,20 @@ class RunningMeans:
 
     def __init__(self) -> None:
         self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, int] = {}
+        self._counts: dict[str, int | torch.Tensor] = {}
 
-    def add(self, key: str, value: torch.Tensor) -> None:
-        """Add one detached scalar observation (stays on its device: no sync)."""
+    def add(self, key: str, value: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Add one detached scalar observation (stays on its device: no sync). ``keep``: a 0-dim bool
+        device tensor; when False the observation is left out (a device-side select, no sync)."""
         value = value.detach().float()
+        count: int | torch.Tensor = 1
+        if keep is not None:
+            value, count = torch.where(keep, value, 0.0), keep.float()
         self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
-        self._counts[key] = self._counts.get(key, 0) + 1
+        self._counts[key] = self._counts.get(key, 0) + count
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: (self._sums[k].cpu(), self._counts[k]) for k in self._sums}
+        return {k: (self._sums[k].cpu(), _host(self._counts[k])) for k in self._sums}
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self._sums = {k: total.to(device) for k, (total, _) in state.items()}
@@ -45,3 +49,7 @@ class RunningMeans:
         self._sums.clear()
         self._counts.clear()
         return dict(zip(keys, means))
+
+
+def _host(count: int | torch.Tensor) -> int:
+    return int(count.item()) if isinstance(count, torch.Tensor) else count

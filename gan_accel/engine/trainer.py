@@ -116,8 +116,8 @@ class GANTrainer:
         self.step = 0  # passes over the phase list (generator steps with the default list)
         self.data = DataStream(self.train_dataloader, accelerator)
         self.means = RunningMeans()
-        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets)) if config.nan_guard else None
-        self.runner = PhaseRunner(accelerator, self.networks, self.optimizers, self.schedulers, plan,
+        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print) if config.nan_guard else None
+        self.runner = PhaseRunner(accelerator, prepared.train_networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D})
         self.last_metrics: dict[str, float] = {}
@@ -217,8 +217,8 @@ class GANTrainer:
         row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.data.epoch}
         row.update(self.means.reduce(acc))
         row.update(self.runner.lr_used)
-        if self.guard is not None:
-            row.update({f"skipped/{k}": v for k, v in self.guard.skipped.items()})
+        if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
+            row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
         row.update(self.pending_metrics)
         self.pending_metrics = {}

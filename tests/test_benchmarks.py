@@ -1,0 +1,44 @@
+"""The benchmark suite runs end to end: ``benchmarks/run.py --quick`` prints its report with every section.
+
+Only the report's shape is checked, never its numbers (timings belong in the README, not in asserts).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+def section_titles() -> dict[str, str]:
+    """The SECTIONS table of benchmarks/run.py, read without importing it."""
+    for node in ast.parse(RUN.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SECTIONS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("benchmarks/run.py has no SECTIONS table")
+
+
+@pytest.mark.slow  # a dozen fresh processes and a first torch.compile: about a minute or more on 2 cores
+def test_quick_benchmark_prints_the_machine_and_a_table_for_every_section():
+    result = subprocess.run([sys.executable, str(RUN), "--quick"], capture_output=True, text=True, timeout=1500)
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "## gan_accel benchmarks" in out and "Machine: " in out and "torch " in out and "accelerate " in out
+    titles = section_titles()
+    assert set(titles) == {"engine", "data", "options", "processes", "memory", "gpu"}
+    for key, title in titles.items():
+        header = f"### {title}"
+        assert header in out, f"section {key!r} missing"
+        body = out.split(header, 1)[1].split("\n### ", 1)[0]
+        if key == "gpu" and not torch.cuda.is_available():
+            assert "not measured (no CUDA device)" in body
+        else:
+            assert "| --- |" in body and "failed" not in body, f"section {key!r}:\n{body}"
+    for word in ("target", "met", "all-reduce share", "compile", "channels_last", "bf16", "peak RSS"):
+        assert word in out

@@ -1,0 +1,94 @@
+"""The opt-in speed options: channels_last and compile train, match the eager default, and refuse what cannot work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from conftest import TableLatents, make_images, make_loader, make_models, params
+from gan_accel import GANTrainer, Phase, PhaseError, PreflightError, TrainConfig, generator_loss
+from gan_accel.models import DCGANDiscriminator, DCGANGenerator
+from gan_accel.objectives.losses import LOSSES
+from gan_accel.objectives.regularizers import r1_penalty
+
+
+def train(tmp_path, name: str, G, D, images, *, accelerator=None, phases=None, fit=True, **overrides) -> GANTrainer:
+    """A few steps on unshuffled data with tabled latents: runs differing only in ``overrides`` see the same numbers."""
+    cfg = dict(max_steps=4, batch_size=8, z_dim=4, log_every=1, sample_every=1000, num_samples=4, warmup_ratio=0.0,
+               lr_G=1e-2, lr_D=1e-2, output_dir=str(tmp_path / name), progress_bar=False)
+    cfg.update(overrides)
+    latents = TableLatents(4096)
+    trainer = GANTrainer(G, D, make_loader(images, cfg["batch_size"]), TrainConfig(**cfg), accelerator=accelerator,
+                         latent_sampler=latents, phases=phases)
+    latents.rewind()
+    if fit:
+        trainer.fit()
+    return trainer
+
+
+def small_dcgan() -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    return (DCGANGenerator(z_dim=4, width=4, image_size=28).double(),
+            DCGANDiscriminator(width=4, image_size=28).double())
+
+
+def reset() -> None:
+    from conftest import reset_accelerate_state
+
+    reset_accelerate_state()
+
+
+def test_channels_last_trains_convolutions_in_channels_last_and_matches_the_default(tmp_path):
+    images = make_images(64, dtype=torch.float64).repeat(1, 1, 7, 7)  # 28x28
+    eager = train(tmp_path, "eager", *small_dcgan(), images)
+    reset()
+    fast = train(tmp_path, "channels_last", *small_dcgan(), images, channels_last=True)
+    conv_weights = [p for net in (fast.G, fast.D) for p in net.parameters() if p.dim() == 4]
+    assert conv_weights and all(p.is_contiguous(memory_format=torch.channels_last) for p in conv_weights)
+    for net in ("G", "D"):
+        for (key, a), (_, b) in zip(params(eager.networks[net]).items(), params(fast.networks[net]).items()):
+            torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9, msg=f"{net}.{key}")
+    assert fast.last_metrics["loss/D"] == pytest.approx(eager.last_metrics["loss/D"], rel=1e-9)
+
+
+@pytest.mark.slow  # torch.compile's first compilation takes tens of seconds on a small CPU
+@pytest.mark.parametrize("penalty", [dict(r1_gamma=1.0, r1_every=2), dict(loss="wasserstein", gp_weight=10.0)],
+                         ids=["lazy_r1_phase", "gradient_penalty_in_D"])
+def test_compile_trains_g_and_d_compiled_runs_double_backward_phases_eagerly_and_matches_eager(tmp_path, penalty):
+    images = make_images(64, dtype=torch.float64)
+    eager = train(tmp_path, "eager", *make_models(0), images, **penalty)
+    reset()
+    compiled = train(tmp_path, "compiled", *make_models(0), images, compile=True, **penalty)
+    runner_nets = compiled.runner.nets
+    assert all(type(runner_nets[n]).__name__ == "OptimizedModule" for n in ("G", "D"))
+    # The trainer's own networks stay eager: checkpoints, EMA and sampling see plain modules.
+    assert not any(type(net).__name__ == "OptimizedModule" for net in compiled.networks.values())
+    assert compiled.d_step == eager.d_step == 4
+    for net in ("G", "D"):
+        for (key, a), (_, b) in zip(params(eager.networks[net]).items(), params(compiled.networks[net]).items()):
+            torch.testing.assert_close(b, a, rtol=1e-7, atol=1e-9, msg=f"{net}.{key}")
+
+
+@pytest.mark.slow
+def test_compile_refuses_a_phase_taking_input_gradients_without_double_backward_flag(tmp_path):
+    images = make_images(64, dtype=torch.float64)
+    loss = LOSSES["nonsaturating"]
+    unflagged = [Phase("D", "D", r1_penalty(1.0), new_data=True), Phase("G", "G", generator_loss(loss))]
+    trainer = train(tmp_path, "run", *make_models(0), images, phases=unflagged, compile=True, fit=False)
+    with pytest.raises(PhaseError, match=r"phase 'D' takes input gradients .* double_backward=True.* compile=False"):
+        trainer.fit()
+
+
+def test_compile_with_an_accelerator_that_compiles_too_is_refused_before_training(tmp_path):
+    images = make_images(64, dtype=torch.float64)
+    with pytest.raises(PreflightError, match="compile=True and the Accelerator's dynamo_backend='EAGER' both compile"):
+        train(tmp_path, "run", *make_models(0), images, accelerator=Accelerator(dynamo_backend="eager"),
+              compile=True, fit=False)
+
+
+def test_an_accelerator_that_compiles_is_refused_with_a_double_backward_phase(tmp_path):
+    images = make_images(64, dtype=torch.float64)
+    with pytest.raises(PreflightError, match=r"phase 'R1' needs a double backward.*TrainConfig\(compile=True\)"):
+        train(tmp_path, "run", *make_models(0), images, accelerator=Accelerator(dynamo_backend="eager"),
+              r1_gamma=1.0, r1_every=2, fit=False)
