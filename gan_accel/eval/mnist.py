@@ -226,7 +226,7 @@ def format_evaluation(result: dict[str, Any]) -> str:
             f"{reference_title(reference)} ({result['num_samples']} samples vs {result['num_real']} real, "
             f"in the {reference} classifier's features)",
             f"  Frechet distance: {result['fd']:.3f}",
-            f"  KID x 1000: {1000 * result['kid']:.3f} +- {1000 * result['kid_std']:.3f}",
+            f"  KID: {result['kid']:.3f} +- {result['kid_std']:.3f}",
             f"  precision {result['precision']:.3f}, recall {result['recall']:.3f} (k-NN manifolds, k = 3)",
             f"  mean confidence: {result['mean_confidence']:.3f}",
             f"  class entropy: {result['class_entropy']:.3f} nats (balanced = {math.log(10):.3f})",
@@ -327,6 +327,6 @@ def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_
         "  agreement per digit: " + " ".join(f"{d}:{a:.1%}" for d, a in enumerate(agreement)),
         f"  mean agreement {result['mean_agreement']:.1%}, lowest {result['min_agreement']:.1%}",
         f"  Frechet distance (classifier features, all {len(samples)} samples): {result['fd']:.3f}, "
-        f"KID x 1000 {1000 * result['kid']:.3f}, precision {result['precision']:.3f}, recall {result['recall']:.3f}",
+        f"KID {result['kid']:.3f}, precision {result['precision']:.3f}, recall {result['recall']:.3f}",
     ])
     return result
