@@ -90,11 +90,6 @@ class DivergenceGuard:
         """Skipped updates per network so far (reads the device: call at log intervals)."""
         return {name: row[1] for name, row in self._read().items()}
 
-    @property
-    def consecutive(self) -> dict[str, int]:
-        """Current run of consecutive skipped updates per network (reads the device)."""
-        return {name: row[0] for name, row in self._read().items()}
-
     def check(self, step: int) -> dict[str, int]:
         """Raise :class:`DivergenceError` if a network skipped ``max_consecutive`` updates in a row since
         the last check; else return the metrics ``{"skipped/<net>": count}``. Reads the device: call at
