@@ -39,7 +39,7 @@ from .guard import DivergenceGuard, non_finite_flag
 from .latents import LatentSampler
 from .phases import Phase, PhasePlan
 from .running_means import RunningMeans
-from .skip_step import SkippableStep
+from .skip_step import SkippableStep, direct_stepper
 
 
 class PhaseRunner:
@@ -58,6 +58,10 @@ class PhaseRunner:
         self.clip_norms = dict(clip_norms)
         self.guard = guard
         self.skippable = SkippableStep(accelerator.scaler)  # how a flagged update is skipped (engine/skip_step.py)
+        self._steppers = {name: direct_stepper(accelerator, opt) for name, opt in self.optimizers.items()}
+        # Accelerate's autocast() is a nullcontext without mixed precision, after a generator-based
+        # context manager and a state lookup per entry: skip those where they do nothing.
+        self._autocast = accelerator.autocast if accelerator.native_amp else contextlib.nullcontext
         self.k = accelerator.gradient_accumulation_steps
         self.versions = {name: 0 for name in self.nets}  # updates of each network so far (cache key of G's samples)
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
@@ -100,7 +104,7 @@ class PhaseRunner:
                         self.window.append(self._draw_micro_batch(False))
                     self.ctx.micro = self.window[index]
                     with acc.accumulate(net):
-                        with acc.autocast():
+                        with self._autocast():
                             loss = phase.loss(self.ctx)
                         self.accelerator.backward(loss if phase.gain == 1.0 else loss * phase.gain)
                     loss = loss.detach()
@@ -123,13 +127,14 @@ class PhaseRunner:
             self.means.add(f"grad_norm/{name}", norm, keep=None if flag is None else flag == 0)  # not of skipped ones
         if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
             self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
+        stepper = self._steppers[name]
         if flag is None:
-            optimizer.step()
+            stepper.step()
         else:
-            self.skippable.step(optimizer, flag)  # skipped on the device if the flag is set
+            self.skippable.step(stepper, flag)  # skipped on the device if the flag is set
         if phase.tick_scheduler:
             self.schedulers[name].step()  # a skipped update still uses up its step of the schedule
-        optimizer.zero_grad(set_to_none=True)
+        stepper.zero_grad(set_to_none=True)
         self.versions[name] += 1
         self.phase_runs[phase.name] += 1
 
@@ -159,7 +164,7 @@ class PhaseRunner:
         if keep_graph:
             # Part of G's coming phase, hoisted: made while G is trainable and outside no_sync(G), so
             # the G phase's backward all-reduces G's gradients as usual.
-            with self.accelerator.autocast():
+            with self._autocast():
                 micro.fake = self.ctx.generate(latents, fake_labels)
             micro.fake_version, micro.fake_has_graph = self.versions["G"], True
         return micro
