@@ -92,3 +92,44 @@ def test_an_accelerator_that_compiles_is_refused_with_a_double_backward_phase(tm
     with pytest.raises(PreflightError, match=r"phase 'R1' needs a double backward.*TrainConfig\(compile=True\)"):
         train(tmp_path, "run", *make_models(0), images, accelerator=Accelerator(dynamo_backend="eager"),
               r1_gamma=1.0, r1_every=2, fit=False)
+
+
+def test_optimizers_are_stepped_directly_without_a_scaler_and_match_accelerates_wrapper(tmp_path, monkeypatch):
+    """Without fp16's GradScaler the runner calls the torch optimizer's step()/zero_grad() itself (Accelerate's
+    wrapper adds only package lookups there); the weights are bitwise those of a run through the wrapper."""
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    from gan_accel.engine import runner as runner_module
+
+    images = make_images(64, seed=3).repeat(1, 1, 7, 7)  # 28x28
+    wrapper_steps = []
+    original = AcceleratedOptimizer.step
+    monkeypatch.setattr(AcceleratedOptimizer, "step", lambda self, *a, **k: (wrapper_steps.append(1), original(self, *a, **k))[1])
+    direct = train(tmp_path, "direct", *small_dcgan(), images)
+    assert wrapper_steps == []  # every update went to the torch optimizer itself
+    assert all(stepper is opt.optimizer for stepper, opt in
+               zip(direct.runner._steppers.values(), direct.runner.optimizers.values()))
+    reset()
+    monkeypatch.setattr(runner_module, "direct_stepper", lambda accelerator, optimizer: optimizer)
+    wrapped = train(tmp_path, "wrapped", *small_dcgan(), images)
+    assert len(wrapper_steps) == 2 * 4  # D and G, 4 steps
+    for net in ("G", "D"):
+        a, b = params(direct.networks[net]), params(wrapped.networks[net])
+        assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_the_wrapper_is_kept_where_it_does_work():
+    """fp16's GradScaler steps, unscales and skips overflows inside AcceleratedOptimizer.step: kept there."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from gan_accel.engine.skip_step import direct_stepper
+
+    inner = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
+    wrapper = SimpleNamespace(optimizer=inner)
+    plain = SimpleNamespace(scaler=None, distributed_type=DistributedType.NO)
+    assert direct_stepper(plain, wrapper) is inner
+    assert direct_stepper(SimpleNamespace(scaler=object(), distributed_type=DistributedType.NO), wrapper) is wrapper
+    assert direct_stepper(SimpleNamespace(scaler=None, distributed_type=DistributedType.XLA), wrapper) is wrapper
+    assert direct_stepper(plain, inner) is inner  # not wrapped at all
