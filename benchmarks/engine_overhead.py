@@ -31,7 +31,7 @@ from gan_accel import Callback, GANTrainer, TrainConfig  # noqa: E402
 from gan_accel.data import make_dataloader  # noqa: E402
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator, MLPDiscriminator, MLPGenerator  # noqa: E402
 
-QUIET = ("samples", "checkpoints", "export", "progress", "signals")
+QUIET = ("samples", "plot", "checkpoints", "export", "progress", "signals")
 
 
 def dcgan(width: int):

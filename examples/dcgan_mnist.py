@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
     run.add_argument("--sample-every", type=positive_int, default=500, help="save a fixed-noise grid every N steps")
     run.add_argument("--log-every", type=positive_int, default=50, help="metrics row every N steps")
+    run.add_argument("--log-with", nargs="+", default=[], metavar="TRACKER",
+                     help="also log metrics and sample grids to these trackers through Accelerate (space or comma "
+                          "separated): tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, "
+                          "or all (the installed ones); TensorBoard writes to <output-dir>/trackers/<project>")
+    run.add_argument("--tracker-project", default=None,
+                     help="the trackers' project (experiment) name (default: the output folder's name)")
     run.add_argument("--seed", type=nonnegative_int, default=0)
     run.add_argument("--resume", default=None, metavar="latest|PATH",
                      help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
@@ -126,6 +132,8 @@ def train(args: argparse.Namespace) -> int:
         ema_decay=None if args.ema_half_life else args.ema_decay or None, ema_half_life=args.ema_half_life,
         ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma or None, mixed_precision=args.mixed_precision,
         sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
+        log_with=tuple(name.strip() for names in args.log_with for name in names.split(",") if name.strip()),
+        tracker_project=args.tracker_project,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,

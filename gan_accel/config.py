@@ -70,11 +70,17 @@ class TrainConfig:
     max_bad_updates: int = 10  # stop after this many consecutive skipped updates of one network
     seed: int = 0
     progress_bar: bool = True
+    log_with: tuple[str, ...] = ()  # experiment trackers through Accelerate: "tensorboard", "mlflow", "wandb", ..., "all"
+    tracker_project: str | None = None  # the trackers' project (experiment) name; None: the output folder's name
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
 
     def __post_init__(self) -> None:
         self.betas_G = tuple(self.betas_G)  # JSON round-trips give lists
         self.betas_D = tuple(self.betas_D)
+        if isinstance(self.log_with, str):  # "tensorboard" or "tensorboard,mlflow"
+            self.log_with = tuple(name.strip() for name in self.log_with.split(",") if name.strip())
+        elif isinstance(self.log_with, list):  # JSON round-trips give lists
+            self.log_with = tuple(self.log_with)
         self.validate()
 
     # -- validation ---------------------------------------------------------------------------
@@ -136,6 +142,21 @@ class TrainConfig:
                               f"{' or '.join(LABEL_DISTRIBUTIONS)}")
         if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
             raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
+        self._validate_trackers()
+
+    def _validate_trackers(self) -> None:
+        """log_with names trackers Accelerate knows (or registered with accelerate.tracking.register_tracker_class)."""
+        choices = tracker_choices()
+        if not isinstance(self.log_with, (tuple, list)) or not all(isinstance(n, str) for n in self.log_with):
+            raise ConfigError(f"log_with={self.log_with!r} is invalid: expected tracker names, e.g. ('tensorboard',), "
+                              f"from {', '.join(choices)}")
+        unknown = [name for name in self.log_with if name not in choices]
+        if unknown:
+            raise ConfigError(f"log_with={tuple(self.log_with)!r} is invalid: {unknown[0]!r} is not a tracker Accelerate "
+                              f"knows; choose from {', '.join(choices)}")
+        if self.tracker_project is not None and not (isinstance(self.tracker_project, str) and self.tracker_project.strip()):
+            raise ConfigError(f"tracker_project={self.tracker_project!r} is invalid: expected a non-empty name, or None "
+                              "for the output folder's name")
 
     def _validate_speed_options(self) -> None:
         """channels_last and compile are switches (see gan_accel.engine.speed)."""
@@ -164,6 +185,13 @@ class TrainConfig:
         """The loss pair this run trains with."""
         return LOSSES[self.loss] if isinstance(self.loss, str) else self.loss
 
+    @property
+    def tracker_project_name(self) -> str:
+        """The project (experiment) name the trackers log under: ``tracker_project``, else the output folder's name."""
+        if self.tracker_project:
+            return self.tracker_project
+        return Path(self.output_dir).name or Path(self.output_dir).resolve().name or "gan_accel"
+
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; a custom loss is recorded by its name."""
@@ -184,6 +212,19 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown config field(s) {unknown}: known fields are {sorted(known)}")
         return cls(**data)
+
+
+def tracker_choices() -> tuple[str, ...]:
+    """The names ``log_with`` accepts: Accelerate's trackers (``LoggerType``, "all" included) and any tracker class
+    registered with ``accelerate.tracking.register_tracker_class`` before the config is built."""
+    from accelerate.utils import LoggerType
+
+    names = {str(getattr(t, "value", t)) for t in LoggerType}
+    try:
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+    except ImportError:  # pragma: no cover - very old accelerate
+        LOGGER_TYPE_TO_CLASS = {}
+    return tuple(sorted(names | set(LOGGER_TYPE_TO_CLASS), key=lambda n: (n != "all", n)))
 
 
 def _is_number(value: Any) -> bool:

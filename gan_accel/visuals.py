@@ -50,6 +50,36 @@ def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return [round(first + i * step, 10) for i in range(int((high - first) / step) + 1)]
 
 
+class PlotArea:
+    """A rectangle of a PIL image showing ``x_range`` × ``y_range``: maps data to pixels, draws the frame
+    and the ticks. ``clamp``: points outside the ranges are drawn on the border (else off the frame)."""
+
+    def __init__(self, draw, box: tuple[float, float, float, float], x_range: tuple[float, float],
+                 y_range: tuple[float, float], clamp: bool = False) -> None:
+        self.draw, self.box, self.x_range, self.y_range, self.clamp = draw, box, x_range, y_range, clamp
+
+    def to_pixel(self, x: float, y: float) -> tuple[float, float]:
+        left, top, right, bottom = self.box
+        u = (x - self.x_range[0]) / (self.x_range[1] - self.x_range[0])
+        v = (y - self.y_range[0]) / (self.y_range[1] - self.y_range[0])
+        if self.clamp:
+            u, v = min(max(u, 0.0), 1.0), min(max(v, 0.0), 1.0)
+        return left + u * (right - left), top + (1 - v) * (bottom - top)
+
+    def draw_axes(self, colour: str = "black") -> None:
+        """The frame, with ticks and their values below the x axis and left of the y axis."""
+        left, top, right, bottom = self.box
+        self.draw.rectangle([left, top, right, bottom], outline=colour)
+        for tick in _nice_ticks(*self.x_range):
+            x, _ = self.to_pixel(tick, self.y_range[0])
+            self.draw.line([x, bottom, x, bottom + 4], fill=colour)
+            self.draw.text((x, bottom + 6), f"{tick:g}", fill=colour, anchor="mt")
+        for tick in _nice_ticks(*self.y_range):
+            _, y = self.to_pixel(self.x_range[0], tick)
+            self.draw.line([left - 4, y, left, y], fill=colour)
+            self.draw.text((left - 6, y), f"{tick:g}", fill=colour, anchor="rm")
+
+
 def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch.Tensor | None = None,
                  title: str | None = None, size: int = 480) -> Path:
     """A scatter plot PNG of 2-D points (blue), with ``reference`` points (orange, e.g. real data) on top.
@@ -71,29 +101,15 @@ def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch
     margin, inner = 48, size - 64
     image = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(image)
-
-    def to_pixel(x: float, y: float) -> tuple[float, float]:
-        u = (x - low_x) / (2 * half)
-        v = (y - low_y) / (2 * half)
-        u, v = min(max(u, 0.0), 1.0), min(max(v, 0.0), 1.0)
-        return margin + u * inner, top + (1 - v) * inner
-
-    top, bottom = margin - 16, margin - 16 + inner
-    draw.rectangle([margin, top, margin + inner, bottom], outline="black")
-    for tick in _nice_ticks(low_x, low_x + 2 * half):
-        x, _ = to_pixel(tick, low_y)
-        draw.line([x, bottom, x, bottom + 4], fill="black")
-        draw.text((x, bottom + 6), f"{tick:g}", fill="black", anchor="mt")
-    for tick in _nice_ticks(low_y, low_y + 2 * half):
-        _, y = to_pixel(low_x, tick)
-        draw.line([margin - 4, y, margin, y], fill="black")
-        draw.text((margin - 6, y), f"{tick:g}", fill="black", anchor="rm")
+    area = PlotArea(draw, (margin, margin - 16, margin + inner, margin - 16 + inner),
+                    (low_x, low_x + 2 * half), (low_y, low_y + 2 * half), clamp=True)
+    area.draw_axes()
     # Samples first, real points on top, small: a collapsed or shifted mode shows as orange without blue.
     for batch, colour, radius in ((pts, (31, 90, 200), 2.0), (ref, (230, 120, 20), 1.2)):
         if batch is None:
             continue
         for x, y in batch[torch.isfinite(batch).all(1)].tolist():
-            px, py = to_pixel(x, y)
+            px, py = area.to_pixel(x, y)
             draw.ellipse([px - radius, py - radius, px + radius, py + radius], fill=colour)
     if title:
         draw.text((size / 2, 8), title, fill="black", anchor="mt")

@@ -19,7 +19,7 @@ ALLOWED = {
     "data": {"errors", "data"},
     "objectives": {"errors", "objectives"},
     "eval": {"errors", "collective", "batch", "data", "state", "eval"},
-    "callbacks": {"errors", "collective", "state", "visuals", "eval", "callbacks"},
+    "callbacks": {"errors", "collective", "state", "visuals", "plots", "eval", "callbacks"},
     "engine": {"errors", "collective", "batch", "config", "objectives", "state", "callbacks", "engine"},
 }
 

@@ -13,7 +13,7 @@ Events, in the order the trainer fires them (see ``GANTrainer.fit``)::
     on_close                          always, last, also after an error (release what on_fit_start took)
 
 Within one event, callbacks run in list order: the built-ins first (``ema``, ``metrics_log``,
-``progress``, ``samples``, ``checkpoints``, ``export``, ``signals``), then yours. Events fire on
+``health``, ``progress``, ``samples``, ``plot``, ``checkpoints``, ``export``, ``signals``), then yours. Events fire on
 every process: write files only where ``trainer.accelerator.is_main_process``, and run a collective
 (``accelerator.reduce``, ``save_state``) on every process or on none.
 

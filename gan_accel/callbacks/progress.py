@@ -17,7 +17,7 @@ class ProgressBar(Callback):
 
     name = "progress"
 
-    def __init__(self, keys: tuple[str, ...] = ("loss/D", "loss/G", "images/s")) -> None:
+    def __init__(self, keys: tuple[str, ...] = ("loss/D", "loss/G", "D(x)", "D(G(z))", "images/s")) -> None:
         self.keys = keys
         self.bar: Any = None
 

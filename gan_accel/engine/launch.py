@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType,
-                              GradientAccumulationPlugin)
+                              GradientAccumulationPlugin, ProjectConfiguration)
 
+from ..callbacks.trackers import TRACKERS_DIR, resolve_trackers, tracker_name
 from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
 
@@ -23,6 +25,9 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
       eval mode, where the main process's copy is the one used for samples and saved.
     - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
       reproducible and lets a resumed run skip to the same position.
+    - trackers: ``log_with=`` the trackers of ``config.log_with`` whose package is installed (the
+      ``trackers`` callback names the missing ones), ``project_dir=`` the run folder and its
+      ``trackers/`` subfolder as the logging folder (TensorBoard writes ``<run>/trackers/<project>/``).
     """
     check_sharding_not_requested()  # before Accelerate tries to set DeepSpeed or FSDP up
     accelerator = Accelerator(
@@ -34,6 +39,9 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
         # data_seed: without it the sampler seeds itself from torch's initial seed, which differs per
         # process once noise is seeded per process, and the ranks would shard different permutations.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        log_with=resolve_trackers(config.log_with)[0] or None,
+        project_config=ProjectConfiguration(project_dir=str(config.output_dir),
+                                            logging_dir=str(Path(config.output_dir) / TRACKERS_DIR)),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
     return accelerator
@@ -101,4 +109,30 @@ def check_accelerator(accelerator: Accelerator, config: TrainConfig) -> None:
             "the accelerator forces an optimizer step at every epoch end (sync_with_dataloader=True), so "
             "accumulation windows would be cut short: pass GradientAccumulationPlugin(num_steps=..., "
             "sync_with_dataloader=False), or let the trainer build the Accelerator"
+        )
+    check_trackers(accelerator, config)
+
+
+def check_trackers(accelerator: Accelerator, config: TrainConfig) -> None:
+    """A user-built Accelerator must log with the installed trackers ``config.log_with`` names (more are fine).
+
+    ``log_with=("all",)`` takes the Accelerator's trackers as they are; with ``log_with`` empty gan_accel
+    logs nothing to them (and says so once).
+    """
+    have = [tracker_name(t) for t in accelerator.log_with]
+    if not config.log_with:
+        if have:
+            accelerator.print(f"gan_accel: note: the Accelerator you passed has trackers ({', '.join(have)}) but "
+                              "config.log_with is empty: gan_accel logs nothing to them; set log_with=('all',) to log "
+                              "the metrics and samples to them")
+        return
+    if "all" in config.log_with:
+        return
+    wanted = resolve_trackers(config.log_with)[0]
+    lacking = [name for name in wanted if name not in have]
+    if lacking:
+        raise ConfigError(
+            f"config.log_with asks for {', '.join(lacking)} but the Accelerator you passed logs with "
+            f"{', '.join(have) or 'no tracker'}: build it with Accelerator(log_with={wanted!r}, "
+            "project_dir=config.output_dir), or with gan_accel.build_accelerator(config), or leave it out"
         )

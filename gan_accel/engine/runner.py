@@ -67,6 +67,7 @@ class PhaseRunner:
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
         self.lr_used: dict[str, float] = {}
         self.images_seen = 0  # real samples drawn, on this process
+        self.measure_grad_norm = False  # set by the trainer for the step that ends a log interval
         # The parameters each network trains: freezing a network touches only these, so a user's own
         # frozen sub-module stays frozen when the network is unfrozen again.
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
@@ -123,8 +124,11 @@ class PhaseRunner:
             # fp16: the GradScaler is shared by all optimizers; unscale only this network's
             # gradients (accelerator.clip_grad_norm_ would unscale every optimizer).
             self.accelerator.unscale_gradients(optimizer=optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
-            self.means.add(f"grad_norm/{name}", norm, keep=None if flag is None else flag == 0)  # not of skipped ones
+            self._log_grad_norm(name, torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm), flag)
+        elif self.measure_grad_norm:  # the log interval's last step only: foreach norms on the device, no host read
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self._trainable[name] if p.grad is not None])
+            scale = None if self.accelerator.scaler is None else self.accelerator.scaler._get_scale_async()
+            self._log_grad_norm(name, norm if scale is None else norm / scale, flag)  # fp16: still scaled here
         if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
             self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
         stepper = self._steppers[name]
@@ -137,6 +141,12 @@ class PhaseRunner:
         stepper.zero_grad(set_to_none=True)
         self.versions[name] += 1
         self.phase_runs[phase.name] += 1
+
+    def _log_grad_norm(self, name: str, norm: torch.Tensor, flag: torch.Tensor | None) -> None:
+        """``grad_norm/<net>`` of the updates that were kept: a non-finite norm is a skipped update (the guard's
+        or an fp16 overflow the scaler skips) and must not turn the interval's mean into inf/NaN."""
+        keep = torch.isfinite(norm) if flag is None else torch.isfinite(norm) & (flag == 0)
+        self.means.add(f"grad_norm/{name}", norm, keep=keep)
 
     def _skip_flag(self, name: str, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> torch.Tensor | None:
         """The divergence guard's verdict on this update: a 0-dim device tensor, 1.0 = skip, agreed by all

@@ -48,6 +48,11 @@ from .running_means import RunningMeans
 from .schedules import LRMultiplier
 
 
+def loss_scale(accelerator: Accelerator) -> dict[str, float]:
+    """``{"loss_scale": s}`` with an fp16 GradScaler (a host read: at log rows only), else ``{}``."""
+    return {} if accelerator.scaler is None else {"loss_scale": float(accelerator.scaler.get_scale())}
+
+
 def _entry(table: str, name: str) -> property:
     return property(lambda self: getattr(self, table)[name], doc=f"``self.{table}[{name!r}]``")
 
@@ -171,6 +176,7 @@ class GANTrainer:
             self.callbacks.fire("on_fit_start")
             while self.step < target:
                 self.runner.ctx.step = self.step
+                self.runner.measure_grad_norm = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == cfg.max_steps
                 self.runner.run_step(self._phase_end)
                 self.step += 1
                 self.callbacks.fire("on_step_end")
@@ -216,7 +222,7 @@ class GANTrainer:
         self._interval_start = (now, images)
         row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.data.epoch}
         row.update(self.means.reduce(acc))
-        row.update(self.runner.lr_used)
+        row.update({**self.runner.lr_used, **loss_scale(acc)})
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
             row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)

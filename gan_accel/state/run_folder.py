@@ -31,7 +31,7 @@ HISTORY = "history.jsonl"
 METRICS = "metrics.jsonl"
 # Names gan_accel writes; one that exists but is not in the manifest is someone else's.
 RUN_FILES = ("config.json", METRICS, "fixed_noise.pt", "fixed_labels.pt", "generator.safetensors", "eval.json", "progress.gif",
-             "best.json")
+             "best.json", "training_plot.png", "trackers")
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", "checkpoints/checkpoint_*")
 _SHOWN = 6  # files named in a message before "and N more"
 

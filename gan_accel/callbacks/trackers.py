@@ -1,0 +1,298 @@
+"""Experiment trackers through Accelerate: TensorBoard, MLflow, W&B, trackio, Aim, Comet, ClearML, DVCLive, SwanLab.
+
+The engine builds the Accelerator with ``log_with=`` the trackers of ``TrainConfig.log_with`` whose
+package is installed and with the run folder as its project folder (``engine/launch.py``). This
+callback, ``trackers``, then drives them:
+
+* ``setup``: one warning line per requested tracker whose package is missing (Accelerate drops those
+  silently), naming the pip extra that installs it;
+* ``on_fit_start``: ``accelerator.init_trackers(project)`` and the config as flat hyperparameters;
+  a resumed run continues the same tracker run where the tracker allows it (see :func:`init_kwargs`);
+* ``on_log(row)``: every numeric value of the metrics row, at the row's step;
+* ``on_sample``: the fixed-latent samples as one picture (the grid ``samples_<step>.png`` shows, or the
+  scatter plot of 2-D points) to each tracker that takes images;
+* ``on_close``: each tracker's ``finish()``, also after an error. Not ``accelerator.end_training()``:
+  that also destroys the process group, which a later ``fit()`` of the same trainer still needs.
+
+Trackers live on the main process only (``init_trackers`` runs there), so every event is a no-op on
+the others. Files of the trackers that write locally go under ``<run>/trackers/``, which the run
+records as its own (``overwrite`` removes it with the rest of the run).
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+from ..visuals import is_image_batch, is_point_batch, save_scatter, to_grid
+from .base import Callback
+
+if TYPE_CHECKING:
+    from ..engine.trainer import GANTrainer
+
+# The trackers Accelerate ships; each has a gan_accel extra of the same name (pip install 'gan_accel[mlflow]').
+BUILTIN_TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab")
+TRACKERS_DIR = "trackers"  # <run>/trackers: Accelerate's logging_dir (TensorBoard, Aim), W&B's and DVCLive's files
+RUN_IDS = "runs.json"  # <run>/trackers/runs.json: the tracker runs a resume continues (MLflow, Aim)
+IMAGE_KEY = "samples"
+_STRICT_KEYS = ("mlflow", "swanlab")  # metric names limited to letters, digits and _ - . / space: "D(x)" -> "D_x"
+
+
+def tracker_available(name: str) -> bool:
+    """Whether ``name``'s package is installed (Accelerate's ``is_<name>_available``); a registered custom tracker is."""
+    import accelerate.utils
+
+    check = getattr(accelerate.utils, f"is_{name}_available", None)
+    return True if check is None or name not in BUILTIN_TRACKERS else bool(check())
+
+
+def resolve_trackers(log_with: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(the trackers to give Accelerate, the requested ones whose package is missing), in the order asked.
+
+    ``"all"`` stands for every built-in tracker whose package is installed; when none is, it is "missing".
+    """
+    available: list[str] = []
+    missing: list[str] = []
+    for requested in log_with:
+        names = [n for n in BUILTIN_TRACKERS if tracker_available(n)] if requested == "all" else [requested]
+        if requested == "all" and not names:
+            names = ["all"]
+        for name in names:
+            if name not in available and name not in missing:
+                (available if name != "all" and tracker_available(name) else missing).append(name)
+    return available, missing
+
+
+def missing_tracker_warning(name: str) -> str:
+    """The one line printed for a requested tracker whose package is not installed."""
+    if name == "all":
+        return ("gan_accel: warning: log_with 'all' found no tracker package installed: pip install "
+                "'gan_accel[tensorboard]' (or another tracker's extra); training continues without trackers")
+    return (f"gan_accel: warning: tracker {name!r} needs its package: pip install 'gan_accel[{name}]'; "
+            "training continues without it")
+
+
+def tracker_name(tracker: Any) -> str:
+    """The name of an entry of ``accelerator.log_with`` or ``accelerator.trackers`` (enum, string or tracker)."""
+    value = getattr(tracker, "value", None)  # accelerate.utils.LoggerType
+    if isinstance(value, str):
+        return value
+    name = getattr(tracker, "name", None)
+    return name if isinstance(name, str) else str(tracker)
+
+
+def metric_key(tracker: str, key: str) -> str:
+    """``key`` as ``tracker`` accepts it: MLflow and SwanLab refuse brackets, so ``D(G(z))`` becomes ``D_G_z``."""
+    if tracker not in _STRICT_KEYS:
+        return key
+    return re.sub(r"[^0-9A-Za-z_\-./ ]+", "_", key).strip("_") or "_"
+
+
+def metric_values(row: dict[str, Any]) -> dict[str, float | int]:
+    """The numeric values of a metrics row (non-finite ones included), without its ``step``."""
+    return {key: (int(value) if isinstance(value, numbers.Integral) else float(value)) for key, value in row.items()
+            if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)}
+
+
+def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """A config dict as the flat ``{name: bool/int/float/str}`` every tracker takes: nested dicts (``extra``) as
+    ``extra.model.width``, tuples joined by commas, None left out."""
+    flat: dict[str, bool | int | float | str] = {}
+
+    def add(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for inner, item in value.items():
+                add(f"{key}.{inner}", item)
+        elif isinstance(value, (list, tuple)):
+            flat[metric_key("mlflow", key)] = ",".join(str(item) for item in value)
+        elif isinstance(value, (bool, int, float, str)):
+            flat[metric_key("mlflow", key)] = value
+
+    for key, value in config.items():
+        add(key, value)
+    return flat
+
+
+def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Per-tracker arguments so files land in the run folder and a resumed run continues the tracker's run.
+
+    TensorBoard: ``purge_step`` (events past the checkpoint, from a crash or an abandoned branch, are hidden);
+    W&B: the run folder's id with ``resume="allow"``, files under ``<run>/trackers`` unless ``WANDB_DIR`` is
+    set; DVCLive: ``<run>/trackers/dvclive``, resumed; MLflow and Aim: the run id saved in ``runs.json``.
+    """
+    folder, step, kwargs = trainer.output_dir / TRACKERS_DIR, trainer.step, {}
+    if "tensorboard" in names and step > 0:
+        kwargs["tensorboard"] = {"purge_step": step + 1}
+    if "wandb" in names:
+        wandb = {"id": trainer.run_id, "resume": "allow"} if trainer.run_id else {}
+        kwargs["wandb"] = wandb if os.environ.get("WANDB_DIR") else {**wandb, "dir": str(folder)}
+    if "dvclive" in names:
+        kwargs["dvclive"] = {"dir": str(folder / "dvclive"), "resume": step > 0}
+    if "mlflow" in names:
+        kwargs["mlflow"] = {"run_id": ids["mlflow"]} if ids.get("mlflow") else {"run_name": trainer.output_dir.name}
+    if "aim" in names and ids.get("aim"):
+        kwargs["aim"] = {"run_hash": ids["aim"]}
+    return kwargs
+
+
+def sample_picture(trainer: "GANTrainer") -> Any:
+    """The fixed-latent samples as an (H, W, 3) uint8 array: the grid of ``samples_<step>.png`` (same pixels), or
+    the scatter plot of 2-D points; None for samples of another form."""
+    samples = trainer.generate()
+    if is_image_batch(samples):
+        columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
+            else None
+        grid = to_grid(samples, nrow=columns)  # rounded as torchvision's save_image rounds the PNG
+        return grid.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
+    if is_point_batch(samples):
+        import numpy as np
+        from PIL import Image
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = save_scatter(samples, Path(tmp) / "scatter.png", reference=trainer.reference_samples,
+                                title=f"step {trainer.step}")
+            with Image.open(path) as image:
+                return np.asarray(image.convert("RGB")).copy()
+    return None
+
+
+def log_picture(tracker: Any, picture: Any, step: int) -> bool:
+    """Log an (H, W, 3) uint8 picture in the form ``tracker`` takes; False when it takes no images."""
+    name = tracker_name(tracker)
+    if name == "tensorboard":  # SummaryWriter.add_images wants a batch
+        tracker.log_images({IMAGE_KEY: picture[None]}, step=step, dataformats="NHWC")
+        tracker.writer.flush()
+    elif name in ("aim", "clearml"):  # one image per key
+        tracker.log_images({IMAGE_KEY: picture}, step=step)
+    elif name == "mlflow":  # Accelerate's MLflow tracker has no log_images; mlflow itself has (>= 2.12)
+        import mlflow
+
+        if not hasattr(mlflow, "log_image"):
+            return False
+        mlflow.log_image(picture, key=IMAGE_KEY, step=step)
+    elif callable(getattr(tracker, "log_images", None)):  # wandb, swanlab, custom trackers: a list of images
+        tracker.log_images({IMAGE_KEY: [picture]}, step=step)
+    else:
+        return False
+    return True
+
+
+class TrackerLogger(Callback):
+    """Logs the metrics rows, the config and the progress samples to the Accelerator's trackers (``log_with``).
+
+    With an Accelerator whose trackers were started before ``fit`` (``init_trackers`` called by you), those
+    are used as they are, and left open at the end.
+    """
+
+    name = "trackers"
+
+    def __init__(self) -> None:
+        self._owned: list[Any] = []  # the trackers this callback started (and finishes)
+        self._start_failed = False
+        self._no_images: set[str] = set()
+
+    def setup(self, trainer: "GANTrainer") -> None:
+        if trainer.accelerator.is_main_process:
+            for name in resolve_trackers(trainer.config.log_with)[1]:
+                print(missing_tracker_warning(name), flush=True)
+
+    def on_fit_start(self, trainer: "GANTrainer") -> None:
+        acc = trainer.accelerator
+        if not acc.is_main_process or acc.trackers or not acc.log_with:
+            return
+        names = [tracker_name(t) for t in acc.log_with]
+        project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        ids = _read_ids(folder).get(project, {})
+        try:
+            acc.init_trackers(project, init_kwargs=init_kwargs(trainer, names, ids))
+        except BaseException:
+            self._owned, self._start_failed = list(acc.trackers), True
+            raise
+        self._owned = list(acc.trackers)
+        hyperparameters = flat_hyperparameters(trainer.config.to_dict())
+        for tracker in self._owned:
+            _store_config(tracker, hyperparameters, continued=tracker_name(tracker) in ids)
+        _write_ids(folder, project, {**ids, **_run_ids(self._owned)})
+        if TRACKERS_DIR not in trainer.run_folder.manifest["files"]:
+            trainer.run_folder.record(folder, 0)  # appended to by every resume: never moved aside with a branch
+
+    def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
+        values = metric_values(row)
+        for tracker in trainer.accelerator.trackers:
+            name = tracker_name(tracker)
+            tracker.log({metric_key(name, k): v for k, v in values.items()}, step=trainer.step)
+
+    def on_sample(self, trainer: "GANTrainer") -> None:
+        trackers = trainer.accelerator.trackers
+        if not trackers:
+            return
+        picture = sample_picture(trainer)
+        if picture is None:
+            return
+        for tracker in trackers:
+            name = tracker_name(tracker)
+            if not log_picture(tracker, picture, trainer.step) and name not in self._no_images:
+                self._no_images.add(name)
+                print(f"gan_accel: note: tracker {name!r} takes no images through Accelerate; the progress samples "
+                      f"are in {trainer.output_dir}", flush=True)
+
+    def on_close(self, trainer: "GANTrainer") -> None:
+        owned, self._owned = self._owned, []
+        acc = trainer.accelerator
+        acc.trackers = [t for t in acc.trackers if all(t is not o for o in owned)]
+        for tracker in owned:
+            try:
+                tracker.finish()
+            except Exception as error:  # the values are logged already: closing must not fail the run
+                if not self._start_failed:
+                    print(f"gan_accel: warning: tracker {tracker_name(tracker)!r} did not close cleanly: "
+                          f"{type(error).__name__}: {error}", flush=True)
+        self._start_failed = False
+
+
+def _store_config(tracker: Any, values: dict[str, Any], continued: bool) -> None:
+    """The hyperparameters; a continued MLflow run keeps the parameters it has (MLflow refuses to change one)."""
+    if tracker_name(tracker) == "mlflow" and continued:
+        import mlflow
+
+        logged = mlflow.get_run(tracker.active_run.info.run_id).data.params
+        changed = sorted(k for k, v in values.items() if k in logged and logged[k] != str(v))
+        values = {k: v for k, v in values.items() if k not in logged}
+        if changed:
+            print(f"gan_accel: note: mlflow keeps a run's parameters: {', '.join(changed)} keep their first values "
+                  "there (the changes are dated in history.jsonl)", flush=True)
+    if values:
+        tracker.store_init_configuration(values)
+
+
+def _run_ids(trackers: list[Any]) -> dict[str, str]:
+    ids = {}
+    for tracker in trackers:
+        name = tracker_name(tracker)
+        if name == "mlflow":
+            ids[name] = tracker.active_run.info.run_id
+        elif name == "aim" and getattr(tracker.writer, "hash", None):
+            ids[name] = tracker.writer.hash
+    return ids
+
+
+def _read_ids(folder: Path) -> dict[str, dict[str, str]]:
+    try:
+        return json.loads((folder / RUN_IDS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_ids(folder: Path, project: str, ids: dict[str, str]) -> None:
+    if ids:
+        saved = _read_ids(folder)
+        saved[project] = ids
+        (folder / RUN_IDS).write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")

@@ -1,0 +1,232 @@
+"""Training health: gradient norms, D's outputs, the fp16 loss scale and diversity in the metrics rows,
+and the health warnings, each shown on a run built to fail that way (and absent from a healthy one)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from conftest import IMAGE_SHAPE, Z_DIM, make_images, make_loader, make_models, reset_accelerate_state
+from gan_accel import GANTrainer, TrainConfig, default_phases
+from gan_accel.callbacks import HealthMonitor, ProgressBar
+from gan_accel.callbacks.health import mean_pairwise_distance
+from gan_accel.callbacks.metrics_log import read_metrics
+
+WARNING = "gan_accel: warning:"
+
+
+def run(tmp_path, name="run", G=None, images=None, phases=None, accelerator=None, stop_at_step=None,
+        resume=False, **overrides):
+    """A tiny float32 run (4x4 images, MLP G and D); returns (trainer, metrics rows)."""
+    settings = dict(max_steps=40, batch_size=8, z_dim=Z_DIM, log_every=2, sample_every=4, checkpoint_every=1000,
+                    num_samples=16, output_dir=str(tmp_path / name), progress_bar=False)
+    config = TrainConfig(**{**settings, **overrides})
+    g, D = make_models(dtype=torch.float32)
+    images = make_images(256, dtype=torch.float32) if images is None else images
+    trainer = GANTrainer(G or g, D, make_loader(images, 8), config, accelerator=accelerator,
+                         phases=phases(config) if phases else None)
+    trainer.fit(resume_from="latest" if resume else None, stop_at_step=stop_at_step)
+    return trainer, read_metrics(tmp_path / name / "metrics.jsonl")
+
+
+def warnings_about(out: str, what: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(WARNING) and what in line]
+
+
+# -- the constructed failures ---------------------------------------------------------------------
+EASY_DATA = make_images(256, dtype=torch.float32) * 0.1 + 0.8  # near-constant bright images: easy to tell apart
+D_WINS = dict(images=EASY_DATA, lr_D=0.05, lr_G=1e-8)  # a fast D against a G that cannot move
+
+
+class ConstantG(nn.Module):
+    """Ignores its latents: every sample is the same image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = nn.Parameter(torch.zeros(*IMAGE_SHAPE))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.image).expand(z.shape[0], *IMAGE_SHAPE) + 0 * z.sum()
+
+
+def collapsing(config):
+    """G trained to shrink the spread of its samples: its diversity falls step by step."""
+    d_phase, g_phase = default_phases(config)
+    return [d_phase, dataclasses.replace(g_phase, loss=lambda ctx: 10 * ctx.fake.var(0).sum())]
+
+
+def exploding(config):
+    """G's logged loss jumps by 50 from step 20 on (its gradients are unchanged)."""
+    d_phase, g_phase = default_phases(config)
+    return [d_phase, dataclasses.replace(g_phase, loss=lambda ctx: g_phase.loss(ctx) + (50.0 if ctx.step >= 20 else 0.0))]
+
+
+def nan_at_step(step):
+    def phases(config):
+        d_phase, g_phase = default_phases(config)
+        nan = lambda ctx: g_phase.loss(ctx) * (math.nan if ctx.step == step else 1.0)  # noqa: E731
+        return [d_phase, dataclasses.replace(g_phase, loss=nan)]
+    return phases
+
+
+# -- the metrics ------------------------------------------------------------------------------------
+def test_a_healthy_run_logs_grad_norms_lrs_d_outputs_and_diversity_and_warns_nothing(tmp_path, capsys):
+    trainer, rows = run(tmp_path)
+    for row in rows:
+        for key in ("grad_norm/G", "grad_norm/D", "lr/G", "lr/D", "D(x)", "D(G(z))"):
+            assert math.isfinite(row[key]), (row["step"], key)
+        assert row["grad_norm/G"] > 0 and row["grad_norm/D"] > 0
+        assert "loss_scale" not in row  # no fp16 GradScaler here
+    # Diversity: measured at each sample step (4, 8, ...), before that step's row, so it lands in it.
+    assert [r["step"] for r in rows if "health/diversity" in r] == list(range(4, 41, 4))
+    assert all(r["health/diversity"] > 0.1 for r in rows if "health/diversity" in r)
+    assert trainer.callbacks.get("health").warnings == []
+    assert WARNING not in capsys.readouterr().out
+
+
+def test_the_progress_bar_shows_d_outputs():
+    shown = {}
+    bar = ProgressBar()
+    bar.bar = SimpleNamespace(set_postfix=shown.update)
+    bar.on_log(None, {"loss/D": 1.0, "loss/G": 2.0, "D(x)": 0.5, "D(G(z))": -0.25, "images/s": 10.0, "step": 2})
+    assert shown == {"loss/D": "1", "loss/G": "2", "D(x)": "0.5", "D(G(z))": "-0.25", "images/s": "10"}
+
+
+def test_grad_norm_is_the_total_norm_of_the_last_step_of_each_log_interval(tmp_path):
+    # Clipping at a norm never reached logs the norm of every update without changing any gradient:
+    # the reference. Without clipping, the norm is taken on the log interval's last step only.
+    no_clip = dict(max_steps=9, sample_every=100)
+    _, every_step = run(tmp_path, "clipped", log_every=1, clip_grad_norm_G=1e9, clip_grad_norm_D=1e9, **no_clip)
+    reset_accelerate_state()
+    _, each_row = run(tmp_path, "plain_1", log_every=1, **no_clip)
+    reset_accelerate_state()
+    _, every_third = run(tmp_path, "plain_3", log_every=3, **no_clip)
+    norms = lambda rows: [(r["step"], r["grad_norm/G"], r["grad_norm/D"]) for r in rows]  # noqa: E731
+    assert norms(each_row) == norms(every_step)
+    assert norms(every_third) == [n for n in norms(every_step) if n[0] % 3 == 0]
+
+
+def test_under_fp16_loss_scaling_the_grad_norm_is_unscaled_and_the_scale_is_logged(tmp_path):
+    # A real GradScaler on the CPU: accelerator.backward scales the loss, the prepared optimizers unscale.
+    _, plain = run(tmp_path, "plain", max_steps=6, sample_every=100)
+    reset_accelerate_state()
+    accelerator = Accelerator(cpu=True)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    _, scaled = run(tmp_path, "scaled", accelerator=accelerator, max_steps=6, sample_every=100)
+    assert [r["loss_scale"] for r in scaled] == [1024.0] * 3
+    for a, b in zip(plain, scaled):
+        assert b["grad_norm/G"] == pytest.approx(a["grad_norm/G"], rel=1e-6)
+        assert b["grad_norm/D"] == pytest.approx(a["grad_norm/D"], rel=1e-6)
+
+
+def test_a_skipped_update_leaves_the_grad_norm_of_the_kept_ones(tmp_path):
+    calls = []
+
+    def phases(config):
+        d_phase, _, g_phase = default_phases(config)  # D, D, G
+
+        def d_loss(ctx):  # D's 6th update (the 2nd D phase of step 2, a log step) has a NaN loss
+            calls.append(ctx.step)
+            return d_phase.loss(ctx) * (math.nan if len(calls) == 6 else 1.0)
+
+        return [dataclasses.replace(d_phase, loss=d_loss), dataclasses.replace(d_phase, loss=d_loss), g_phase]
+
+    _, rows = run(tmp_path, phases=phases, n_critic=2, max_steps=4, log_every=1, sample_every=100)
+    assert calls[5] == 2 and math.isnan(rows[2]["loss/D"])  # the NaN was seen, and the update skipped
+    assert rows[2]["skipped/D"] == 1
+    assert all(math.isfinite(r["grad_norm/D"]) and r["grad_norm/D"] > 0 for r in rows)
+
+
+# -- the warnings -------------------------------------------------------------------------------------
+def test_d_winning_outright_warns_once(tmp_path, capsys):
+    _, rows = run(tmp_path, **D_WINS)
+    assert rows[-1]["loss/D"] < 0.01 and rows[-1]["D(x)"] - rows[-1]["D(G(z))"] > 10
+    lines = warnings_about(capsys.readouterr().out, "D is winning outright")
+    assert len(lines) == 1, lines
+    assert "loss/D has stayed below 0.0693 (0.05 x its chance level 1.39)" in lines[0]
+    assert "Try a lower lr_D" in lines[0]
+
+
+def test_an_exploding_g_loss_warns_once_and_d_is_not_blamed(tmp_path, capsys):
+    run(tmp_path, phases=exploding)
+    out = capsys.readouterr().out
+    lines = warnings_about(out, "G's loss is exploding")
+    assert len(lines) == 1 and "at step 26" in lines[0], lines  # rows 22, 24, 26 are above the limit
+    assert "above 3.8 (its early median 0.799 + 3 x max(|median|, 1))" in lines[0]
+    assert not warnings_about(out, "D is winning") and not warnings_about(out, "diversity")
+
+
+def test_a_non_finite_g_loss_warns_at_once(tmp_path, capsys):
+    run(tmp_path, phases=nan_at_step(5), max_steps=8, log_every=1)
+    lines = warnings_about(capsys.readouterr().out, "G's loss is nan")
+    assert len(lines) == 1 and "at step 6" in lines[0], lines
+
+
+def test_a_generator_with_constant_output_warns_of_collapse_at_the_first_measurement(tmp_path, capsys):
+    trainer, rows = run(tmp_path, G=ConstantG())
+    assert all(r["health/diversity"] == 0 for r in rows if "health/diversity" in r)
+    lines = warnings_about(capsys.readouterr().out, "sample diversity collapsed")
+    assert len(lines) == 1, lines  # one episode: the samples never recover
+    assert "at step 4" in lines[0] and "below 0.1 x the real data's 3.07" in lines[0]
+
+
+def test_a_generator_trained_to_collapse_warns_when_its_diversity_halves(tmp_path, capsys):
+    trainer, rows = run(tmp_path, phases=collapsing, lr_G=0.01)
+    measured = trainer.callbacks.get("health").diversity
+    lines = warnings_about(capsys.readouterr().out, "sample diversity collapsed")
+    assert len(lines) == 1, lines
+    first_low = next(step for step, value in measured if value < 0.5 * max(v for _, v in measured[:3]))
+    assert f"at step {first_low}" in lines[0] and "0.5 x its early peak" in lines[0]
+
+
+def test_warnings_come_once_per_episode_and_again_after_a_recovery():
+    printed = []
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(print=printed.append))
+    monitor = HealthMonitor(patience=2)
+    monitor.d_chance = 1.386
+    for step, loss in enumerate([1.3, 0.01, 0.01, 0.01, 0.01, 1.2, 0.01, 0.01, 0.01]):
+        monitor.on_log(trainer, {"step": step, "loss/D": loss})
+    assert [line.split("at step ")[1].split(";")[0].split(")")[0] for line in printed] == ["2", "7"]
+    # Wasserstein: the critic's loss has no floor (chance level 0), so the rule does not apply.
+    critic, printed[:] = HealthMonitor(patience=1), []
+    critic.d_chance = 0.0
+    for step in range(5):
+        critic.on_log(trainer, {"step": step, "loss/D": -5.0 * step})
+    assert printed == []
+
+
+def test_thresholds_are_checked_when_the_monitor_is_built():
+    with pytest.raises(ValueError, match="patience=0 must be an integer >= 1"):
+        HealthMonitor(patience=0)
+    with pytest.raises(ValueError, match="diversity_drop=nan must be a finite number >= 0"):
+        HealthMonitor(diversity_drop=math.nan)
+
+
+def test_mean_pairwise_distance():
+    points = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]])
+    assert mean_pairwise_distance(points) == pytest.approx(10 / 3)
+    assert math.isnan(mean_pairwise_distance(points[:1]))
+
+
+def test_a_resumed_run_warns_and_logs_exactly_like_an_uninterrupted_one(tmp_path, capsys):
+    # Stopped at step 15 mid-episode (rows 12 and 14 were below the limit, 16 warns) and with the
+    # diversity measured at step 15 not yet in a row (it belongs to row 16).
+    settings = dict(D_WINS, sample_every=3, checkpoint_every=1000, max_steps=24)
+    straight, straight_rows = run(tmp_path, "straight", **settings)
+    expected = capsys.readouterr().out
+    reset_accelerate_state()
+    run(tmp_path, "resumed", stop_at_step=15, **settings)
+    reset_accelerate_state()
+    _, resumed_rows = run(tmp_path, "resumed", resume=True, **settings)
+    got = capsys.readouterr().out
+    assert warnings_about(expected, "D is winning outright")  # the episode spans the stop
+    assert warnings_about(got, WARNING) == warnings_about(expected, WARNING)
+    for row in straight_rows + resumed_rows:
+        row.pop("images/s")
+    assert resumed_rows == straight_rows and "health/diversity" in resumed_rows[7]  # row 16
