@@ -7,7 +7,12 @@
 The generator is rebuilt from the model sizes the example scripts record in ``config.extra.model``
 (DCGAN or conditional DCGAN); a run of your own modules loads with :func:`gan_accel.state.load_weights`
 into your class. From a checkpoint the EMA's weights are used when the run kept an EMA, as the run
-itself samples.
+itself samples; ``ema=False`` gives the raw G instead.
+
+Where the raw G of a run with an EMA lives: ``generator.safetensors`` holds the EMA only (the
+sampling generator), and every checkpoint holds both (the raw G as Accelerate's ``model.safetensors``,
+the EMA in the engine state). A run writes a checkpoint at its last step, so ``ema=False`` on a
+finished run folder loads the raw G from ``checkpoints/checkpoint_<step of the export>``.
 """
 
 from __future__ import annotations
@@ -21,44 +26,79 @@ from torch import nn
 
 from .errors import CheckpointError, ConfigError
 from .models import ConditionalDCGANGenerator, DCGANGenerator
-from .state.checkpoint import ENGINE_STATE, is_complete, read_marker
+from .state.checkpoint import ENGINE_STATE, checkpoint_name, is_complete, list_checkpoints, read_marker
 from .state.weights import load_weights, read_metadata
 
 MODEL_KEYS = {"z_dim", "width", "image_size", "channels"}
 
 
-def load_generator(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+RAW_G = "model.safetensors"  # Accelerate's name, in a checkpoint, for the first prepared model: G
+
+
+def load_generator(path: str | os.PathLike, ema: bool = True) -> tuple[nn.Module, dict[str, Any]]:
     """A run folder's ``generator.safetensors``, or a checkpoint folder's G; returns (G in eval mode, info).
 
-    ``info`` holds ``config`` (the run's config dict), ``step``, ``conditional`` and ``num_classes``.
+    ``ema=False``: the raw G rather than its EMA (see the module docstring for where it is found).
+    ``info`` holds ``config`` (the run's config dict), ``step``, ``conditional``, ``num_classes``,
+    ``ema`` (whether the weights loaded are the EMA), ``has_ema`` (whether the run kept one) and
+    ``weights`` (the file they came from).
     """
     path = Path(path)
     if is_complete(path):
-        return _from_checkpoint(path)
+        return _from_checkpoint(path, ema)
     weights = path / "generator.safetensors"
     if not weights.is_file():
         raise CheckpointError(f"{weights} not found: is {path} a finished gan_accel run folder (the weights are "
                               "written at the end of a run), or pass one of its checkpoints/checkpoint_<step> folders")
     metadata = read_metadata(weights)
     config = metadata.get("config", {})
+    exported_ema = metadata.get("ema", _config_has_ema(config))
+    if exported_ema and not ema:
+        return _raw_of_export(path, metadata.get("step"))
     G = load_weights(_build(config, weights), weights)
-    return G.eval(), _info(config, metadata.get("step"))
+    return G.eval(), _info(config, metadata.get("step"), ema=bool(exported_ema), has_ema=bool(exported_ema),
+                           weights=weights)
 
 
-def _from_checkpoint(path: Path) -> tuple[nn.Module, dict[str, Any]]:
+def _raw_of_export(run: Path, step: Any) -> tuple[nn.Module, dict[str, Any]]:
+    """The raw G of a finished run whose export is the EMA: from the checkpoint of the export's step."""
+    checkpoint = run / "checkpoints" / checkpoint_name(int(step or 0))
+    if not is_complete(checkpoint):
+        found = [p.name for p in list_checkpoints(run)]
+        raise CheckpointError(
+            f"{run}/generator.safetensors holds the EMA of G only, and the raw G of step {step} is kept in "
+            f"{checkpoint}, which is gone: pass a checkpoint folder to sample its raw G "
+            f"(complete ones: {', '.join(found) or 'none'}), or leave out --no-ema / ema=False")
+    return _from_checkpoint(checkpoint, ema=False)
+
+
+def _from_checkpoint(path: Path, ema: bool = True) -> tuple[nn.Module, dict[str, Any]]:
     state_file = path / ENGINE_STATE.format(rank=0)
+    if not state_file.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {state_file.name} (the engine state, with the EMA and the "
+                              "config): it was copied in part or damaged; pass another checkpoint of the run")
     try:
         state = torch.load(state_file, map_location="cpu", weights_only=False)
     except Exception as error:
         raise CheckpointError(f"cannot read {state_file} (truncated or corrupt?): {error}") from error
     config = read_marker(path).get("config") or state["config"]
     G = _build(config, path)
-    ema = state.get("callbacks", {}).get("ema")
-    if ema is not None:  # the run samples from the EMA of G: so does this
-        G.load_state_dict(ema["module"])
+    average = state.get("callbacks", {}).get("ema")
+    has_ema = isinstance(average, dict)
+    if has_ema and ema:  # the run samples from the EMA of G: so does this
+        G.load_state_dict(average["module"])
+        source = state_file
     else:
-        load_weights(G, path / "model.safetensors")  # Accelerate's name for the first prepared model, G
-    return G.eval(), _info(config, state["step"])
+        source = path / RAW_G
+        if not source.is_file():
+            raise CheckpointError(f"checkpoint {path} holds no weights of G ({RAW_G} is missing): it was copied in "
+                                  "part or damaged; pass another checkpoint of the run")
+        load_weights(G, source)
+    return G.eval(), _info(config, state["step"], ema=has_ema and ema, has_ema=has_ema, weights=source)
+
+
+def _config_has_ema(config: dict[str, Any]) -> bool:
+    return config.get("ema_decay") is not None or config.get("ema_half_life") is not None
 
 
 def _build(config: dict[str, Any], source: Path) -> nn.Module:
@@ -72,18 +112,21 @@ def _build(config: dict[str, Any], source: Path) -> nn.Module:
     return DCGANGenerator(**sizes)
 
 
-def _info(config: dict[str, Any], step: Any) -> dict[str, Any]:
+def _info(config: dict[str, Any], step: Any, ema: bool, has_ema: bool, weights: Path) -> dict[str, Any]:
     num_classes = config.get("num_classes")
-    return {"config": config, "step": step, "conditional": num_classes is not None, "num_classes": num_classes}
+    return {"config": config, "step": step, "conditional": num_classes is not None, "num_classes": num_classes,
+            "ema": ema, "has_ema": has_ema, "weights": str(weights)}
 
 
 @torch.no_grad()
 def sample_images(G: nn.Module, info: dict[str, Any], num: int, label: int | None = None,
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  seed: int = 0, batch_size: int = 500) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``num`` samples (N, C, H, W) in [-1, 1] and their labels (None for an unconditional G).
 
     A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of
-    each class, class by class. Raises :class:`ConfigError` for a label the run cannot take.
+    each class, class by class. Raises :class:`ConfigError` for a label the run cannot take. The
+    latents are drawn at once from ``seed``; G runs on ``batch_size`` of them at a time (in eval
+    mode each sample's image depends on its latent and label only).
     """
     num_classes = info["num_classes"]
     if label is not None and not info["conditional"]:
@@ -93,10 +136,11 @@ def sample_images(G: nn.Module, info: dict[str, Any], num: int, label: int | Non
         raise ConfigError(f"label {label} is outside the run's classes 0..{num_classes - 1}")
     generator = torch.Generator().manual_seed(seed)
     if not info["conditional"]:
-        return G(torch.randn(num, G.z_dim, generator=generator)), None
+        z = torch.randn(num, G.z_dim, generator=generator)
+        return torch.cat([G(part) for part in z.split(batch_size)]), None
     if label is not None:
         labels = torch.full((num,), label, dtype=torch.long)
     else:
         labels = torch.arange(num_classes).repeat_interleave(max(1, num // num_classes))
     z = torch.randn(len(labels), G.z_dim, generator=generator)
-    return G(z, labels), labels
+    return torch.cat([G(zs, ys) for zs, ys in zip(z.split(batch_size), labels.split(batch_size))]), labels

@@ -215,7 +215,7 @@ def test_gan_accel_sample_label_on_an_unconditional_run_is_one_line(tmp_path, ca
                       extra={"model": {"z_dim": 8, "width": 4, "image_size": 28, "channels": 1}})
     GANTrainer(DCGANGenerator(8, 4), DCGANDiscriminator(4), make_loader(images, 8), cfg).fit()
     capsys.readouterr()
-    assert main(["sample", str(tmp_path / "run"), "--label", "1"]) == 2
+    assert main(["sample", str(tmp_path / "run"), "--label", "1", "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: this run is unconditional (no num_classes): it cannot sample a chosen class; leave out "
                    "the label"]

@@ -160,8 +160,9 @@ def test_cli_samples_from_a_finished_run(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     with Image.open(tmp_path / "g.png") as grid:
         assert grid.size == (3 * 30 + 2, 3 * 30 + 2)  # 3x3 grid of 28px images with 2px padding
-    missing = run([sys.executable, "-m", "gan_accel.cli", "sample", str(tmp_path / "nowhere")])
-    assert missing.returncode == 2 and "is " in missing.stderr and "finished gan_accel run folder" in missing.stderr
+    missing = run([sys.executable, "-m", "gan_accel.cli", "sample", str(tmp_path / "nowhere"), "--out",
+                   str(tmp_path / "h.png")])
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "nowhere does not exist" in missing.stderr
 
 
 def test_conditional_example_on_two_gloo_processes(tmp_path):

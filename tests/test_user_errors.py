@@ -123,18 +123,19 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
 
 # -- the gan-accel command -----------------------------------------------------------------------------
 @pytest.mark.parametrize("case, says", [
-    ("missing", "not found: is"),
+    ("missing", "is not a gan_accel run folder"),
     ("corrupt", "not a readable safetensors file"),
     ("bad-num", "--num: '0' is not a whole number >= 1"),
-    ("no-command", "the following arguments are required: command"),
+    ("no-command", "the following arguments are required: COMMAND"),
 ])
 def test_gan_accel_command_mistakes_are_one_line(tmp_path, capsys, case, says):
     from gan_accel.cli import main
 
     run = tmp_path / "run"
     run.mkdir()
-    argv = {"missing": ["sample", str(run)], "corrupt": ["sample", str(run)], "bad-num": ["sample", str(run), "--num", "0"],
-            "no-command": []}[case]
+    out = ["--out", str(tmp_path / "x.png")]
+    argv = {"missing": ["sample", str(run), *out], "corrupt": ["sample", str(run), *out],
+            "bad-num": ["sample", str(run), "--num", "0", *out], "no-command": []}[case]
     if case == "corrupt":
         (run / "generator.safetensors").write_bytes(b"\x00" * 20)
     try:

@@ -1,0 +1,46 @@
+"""The ``gan-accel`` command: sample, evaluate, describe and plot a trained (or training) run.
+
+    gan-accel sample runs/dcgan_mnist --num 64 --out grid.png
+    gan-accel sample runs/dcgan_mnist --num 10000 --format folder --out fid_samples
+    gan-accel sample runs/conditional_mnist --label 3 --num 100 --out threes.png
+    gan-accel sample runs/conditional_mnist/checkpoints/checkpoint_00002000 --no-ema --out raw.npz
+    gan-accel eval runs/dcgan_mnist --data-dir ./data
+    gan-accel info runs/dcgan_mnist [--json]
+    gan-accel plot runs/dcgan_mnist
+
+A run folder gives its final generator.safetensors; a checkpoint folder gives G as of that step
+(its EMA when the run kept one; --no-ema: the raw G). Every mistake is one ``error:`` line naming
+the problem and the fix (exit code 2); nothing existing is ever replaced, and nothing is written
+into a run folder except by ``plot`` without --out. Training itself is
+``python examples/dcgan_mnist.py`` (or ``accelerate launch`` of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..scripts import ArgumentParser, run_script
+from . import evaluate, info, plot, sample
+
+COMMANDS = (sample, evaluate, info, plot)
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="gan-accel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser, metavar="COMMAND",
+                                     title="commands (gan-accel COMMAND --help for each)")
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    # --debug before the command is the main parser's; the command's own default would hide it
+    return run_script(lambda: args.run(args), debug=args.debug or "--debug" in argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""What the ``gan-accel`` commands share: telling a run folder from a checkpoint (or from neither),
+and writing new output files and folders without ever replacing anything.
+
+Every check raises :class:`CommandError` (or another :class:`~gan_accel.errors.GanAccelError`) with
+one line naming the problem and the fix; :func:`gan_accel.scripts.run_script` prints it as the
+``error:`` line (exit 2). The checks only read: nothing is written into a run folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from fnmatch import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import GanAccelError
+from ..state.checkpoint import (COMPLETE, PREFIX, TMP_PREFIX, checkpoint_root, checkpoint_step, is_complete,
+                                list_checkpoints)
+from ..state.files import write_failure_reason
+from ..state.run_folder import HISTORY, MANIFEST, METRICS, RUN_FILES, RUN_PATTERNS, checkpoint_run_folder
+
+EXPORT = "generator.safetensors"
+# Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
+RUN_MARKS = ("config.json", MANIFEST, HISTORY, EXPORT, METRICS)
+PASS_A_RUN = "pass a run folder (the --output-dir of a training run) or one of its checkpoints/checkpoint_<step> folders"
+
+
+class CommandError(GanAccelError, ValueError):
+    """A ``gan-accel`` argument that names something unusable: a missing or foreign folder, an existing output."""
+
+
+@dataclass
+class Source:
+    """What a RUN_OR_CHECKPOINT argument names: a run folder, or one checkpoint of a run."""
+
+    path: Path
+    run: Path  # the run folder (the checkpoint's run for a checkpoint)
+    checkpoint: Path | None = None
+
+
+def is_run_folder(path: Path) -> bool:
+    return path.is_dir() and (any((path / name).exists() for name in RUN_MARKS) or checkpoint_root(path).is_dir())
+
+
+def _checkpoints_named(run: Path) -> str:
+    names = [p.name for p in list_checkpoints(run)]
+    return ", ".join(names[-4:]) if names else "none"
+
+
+def _common_mistakes(path: Path, what: str) -> None:
+    """The mistakes any argument naming a run can hold: missing, a file, not a run, a partial checkpoint."""
+    if not path.exists():
+        raise CommandError(f"{path} does not exist: {what}")
+    if not path.is_dir():
+        holder = path.parent if is_run_folder(path.parent) or is_complete(path.parent) else None
+        fix = f"pass the folder that holds it ({holder})" if holder else what
+        raise CommandError(f"{path} is a file, not a run folder or a checkpoint folder: {fix}")
+    if path.name.startswith(TMP_PREFIX) or (path.name.startswith(PREFIX) and not (path / COMPLETE).is_file()):
+        run = checkpoint_run_folder(path)
+        raise CommandError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: still being written, or cut "
+                           f"short by a crash): pass a complete one (in {run}: {_checkpoints_named(run)})")
+    if path.name == "checkpoints" and is_run_folder(path.parent):
+        raise CommandError(f"{path} is the folder of a run's checkpoints: pass the run folder {path.parent} or one "
+                           f"checkpoint in it ({_checkpoints_named(path.parent)})")
+
+
+def resolve_source(argument: str | os.PathLike) -> Source:
+    """RUN_OR_CHECKPOINT of ``sample`` and ``eval``: a run folder with its final weights, or a checkpoint."""
+    path = Path(argument)
+    _common_mistakes(path, PASS_A_RUN)
+    if is_complete(path):
+        return Source(path, checkpoint_run_folder(path), path)
+    if not is_run_folder(path):
+        raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {PASS_A_RUN}")
+    if not (path / EXPORT).is_file():
+        latest = list_checkpoints(path)
+        if not latest:
+            raise CommandError(f"run {path} has no {EXPORT} (written when training ends) and no complete checkpoint "
+                               "yet: there is nothing to sample; let it reach its first checkpoint, or resume it "
+                               "(--resume latest)")
+        raise CommandError(f"run {path} has no {EXPORT} yet (written when training ends; its latest checkpoint is "
+                           f"at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
+    return Source(path, path)
+
+
+def resolve_run(argument: str | os.PathLike, command: str) -> Path:
+    """RUN of ``info`` and ``plot``: a run folder (a checkpoint is named as such, with its run)."""
+    path = Path(argument)
+    what = "pass a run folder (the --output-dir of a training run)"
+    _common_mistakes(path, what)
+    if is_complete(path):
+        raise CommandError(f"{path} is a checkpoint: gan-accel {command} takes its run folder, "
+                           f"{checkpoint_run_folder(path)}")
+    if not is_run_folder(path):
+        raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {what}")
+    return path
+
+
+# -- new outputs -----------------------------------------------------------------------------------
+def check_new_output(out: Path, flag: str = "--out") -> None:
+    """``out`` can be created: it does not exist, and its folder exists and is writable. Nothing is made."""
+    if os.path.lexists(out):
+        kind = "folder" if out.is_dir() else "file"
+        raise CommandError(f"{flag} {out}: that {kind} exists, and gan-accel never replaces anything; choose a new "
+                           "path (or move the old one away)")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.exists():
+        raise CommandError(f"{flag} {out}: its folder {parent} does not exist; create it first, or choose another path")
+    if not parent.is_dir():
+        raise CommandError(f"{flag} {out}: {parent} is not a folder; choose another path")
+    if is_run_folder(parent) and (out.name in RUN_FILES or any(fnmatch(out.name, p) for p in RUN_PATTERNS)):
+        raise CommandError(f"{flag} {out}: that name is one of the run's own in its folder, and a file the run did not "
+                           "record there would make a later --overwrite refuse; choose another name or folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CommandError(f"{flag} {out}: cannot write in {parent}: Permission denied (EACCES); choose a folder "
+                           "you can write to")
+
+
+def write_new_file(out: Path, data: bytes, flag: str = "--out") -> None:
+    """Write ``data`` to a new file ``out``: whole or not at all, and never over an existing file.
+
+    The bytes go to a temporary file beside it first, which is then hard-linked to ``out`` (a link
+    fails if ``out`` appeared meanwhile, where a rename would replace it).
+    """
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        _write_new_file(out, tmp, data, flag)
+    except OSError as error:
+        raise _cannot_write(out, error, flag) from error
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_new_file(out: Path, tmp: Path, data: bytes, flag: str) -> None:
+    with open(tmp, "xb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written over it") \
+            from None
+    except OSError as error:  # a file system without hard links
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        if os.path.lexists(out):
+            raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written over "
+                               "it") from None
+        os.replace(tmp, out)
+
+
+def _cannot_write(out: Path, error: OSError, flag: str) -> CommandError:
+    return CommandError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a "
+                        "folder you can write to, with free space)")
+
+
+def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out") -> None:
+    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all.
+
+    The name is claimed first (``mkdir`` fails if it exists), the files are written into a temporary
+    folder beside it, which then replaces the claimed empty folder in one rename: a tool reading
+    ``out`` never sees half the files, and a failure leaves nothing behind.
+    """
+    try:
+        out.mkdir()
+    except FileExistsError:
+        raise CommandError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
+    except OSError as error:
+        raise _cannot_write(out, error, flag) from error
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        try:
+            tmp.mkdir()
+            fill(tmp)
+            os.rename(tmp, out)  # replaces only the empty folder claimed above
+        except OSError as error:
+            raise _cannot_write(out, error, flag) from error
+    except BaseException:
+        if tmp.is_dir():
+            for file in tmp.iterdir():
+                file.unlink()
+            tmp.rmdir()
+        try:
+            out.rmdir()  # the claimed folder, only while it is empty (never someone else's files)
+        except OSError:
+            pass
+        raise
+

@@ -1,0 +1,64 @@
+"""``gan-accel eval RUN_OR_CHECKPOINT``: score a run's generator with the MNIST classifier.
+
+FD, KID, precision and recall in the classifier's features, the share of each predicted digit and
+the mean confidence (a conditional run: the share of each requested digit read as that digit). A run
+trained on the built-in offline digits is scored against that set, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..sampling import load_generator
+from ..scripts import positive_int
+from .common import check_new_output, resolve_source, write_new_file
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "eval", help="score a run or checkpoint: FD, KID, precision, recall and digit shares (MNIST classifier)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
+                        help="a finished run folder or any of its checkpoints/checkpoint_<step>")
+    parser.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_DATA_DIR", "./data"),
+                        help="where MNIST is (env GAN_ACCEL_DATA_DIR)")
+    parser.add_argument("--num", type=positive_int, default=10_000, help="samples to score")
+    parser.add_argument("--no-ema", action="store_true", help="score the raw G instead of its EMA")
+    parser.add_argument("--out", default=None, help="also write the scores as JSON to this new file (an existing "
+                        "file is never replaced)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..eval.mnist import evaluate_conditional_generator, evaluate_generator
+
+    source = resolve_source(args.source)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_new_output(out)
+    G, info = load_generator(source.path, ema=not args.no_ema)
+    fallback = offline_digits(info)
+    if info["conditional"]:
+        result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10),
+                                                fallback=fallback)
+    else:
+        result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num, fallback=fallback)
+    print(result.pop("summary"))
+    result.update(source=str(args.source), step=info["step"], ema=info["ema"])
+    if out is not None:
+        write_new_file(out, (json.dumps(result, indent=2) + "\n").encode())
+        print(f"wrote {out}")
+    return 0
+
+
+def offline_digits(info: dict):
+    """The built-in digit set when the run trained on it (its scores are then against that set)."""
+    if info["config"].get("extra", {}).get("dataset") in (None, "mnist"):
+        return None
+    from ..data import resolve_dataset
+
+    return resolve_dataset("digits", ".", log=None)

@@ -1,0 +1,340 @@
+"""``gan-accel info RUN``: what a run folder holds, read-only (also while the run is training).
+
+The config's key fields, the steps done of ``max_steps``, the last metrics row, the checkpoints,
+the best checkpoint (``best.json``), the evaluation results (``eval.json``), the branches (what a
+resume of an older checkpoint moved to ``checkpoints/abandoned/``) and the run's history
+(``history.jsonl``: starts, resumes, branches, forks, overwrites, config changes). ``--json``
+prints the same as one JSON object. Nothing in the folder is written, locked or created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..callbacks.evaluation import BEST_FILE
+from ..callbacks.metrics_log import read_metrics
+from ..errors import GanAccelError
+from ..state.checkpoint import ABANDONED, checkpoint_root, checkpoint_step, is_complete, list_checkpoints, read_marker
+from ..state.lock import LOCK_FILE
+from ..state.run_folder import HISTORY, METRICS
+from ..state.weights import read_metadata
+from .common import EXPORT, resolve_run
+
+KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
+              "lr_schedule", "warmup_ratio", "ema_decay", "ema_half_life", "r1_gamma", "r1_every", "gp_weight",
+              "num_classes", "label_distribution", "class_loss_weight", "mixed_precision", "seed", "log_every",
+              "checkpoint_every", "keep_checkpoints")
+EXTRA_FIELDS = ("dataset", "model", "num_processes")
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "info", help="describe a run folder: config, steps, last metrics, checkpoints, best, evaluation, branches",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN", help="a run folder (the --output-dir of a training run)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = describe_run(resolve_run(args.run_dir, "info"))
+    print(json.dumps(report, indent=2, sort_keys=True, default=str) if args.json else format_report(report))
+    return 0
+
+
+# -- reading -----------------------------------------------------------------------------------------
+def describe_run(run: Path) -> dict[str, Any]:
+    """Everything ``info`` reports, as a JSON-able dict (files that cannot be read are noted, not fatal)."""
+    notes: list[str] = []
+    rows, skipped = _metrics(run / METRICS)
+    if skipped:
+        notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
+    export = _export(run, notes)
+    checkpoints = list_checkpoints(run)
+    config = _config(run, export, checkpoints, notes)
+    last = rows[-1] if rows else None
+    steps = {"last_metrics_row": last.get("step") if last else None,
+             "latest_checkpoint": checkpoint_step(checkpoints[-1]) if checkpoints else None,
+             "exported": export["step"] if export else None}
+    known = [s for s in steps.values() if isinstance(s, int)]
+    done = max(known) if known else 0
+    if export:
+        export.pop("config", None)
+    max_steps = config.get("max_steps")
+    best = _json_file(run / BEST_FILE, notes)
+    report = {
+        "run": str(run),
+        "status": _status(run, done, max_steps, export, checkpoints),
+        "steps": {"done": done, "max_steps": max_steps, **steps},
+        "config": {k: config[k] for k in KEY_FIELDS if k in config},
+        "extra": {k: config.get("extra", {})[k] for k in EXTRA_FIELDS if k in config.get("extra", {})},
+        "metrics_rows": len(rows),
+        "last_metrics": last,
+        "checkpoints": [_checkpoint(p) for p in checkpoints],
+        "best": best,
+        "eval": _json_file(run / "eval.json", notes),
+        "export": export,
+        "branches": _branches(run),
+        "history": _history(run / HISTORY, notes),
+        "notes": notes,
+    }
+    return report
+
+
+def _metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    if not path.is_file():
+        return [], 0
+    try:
+        return read_metrics(path), 0
+    except ValueError:  # a run killed mid-row: read the rows that are whole
+        rows, skipped = [], 0
+        for line in filter(str.strip, path.read_text().splitlines()):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                skipped += 1
+        return rows, skipped
+
+
+def _export(run: Path, notes: list[str]) -> dict[str, Any] | None:
+    path = run / EXPORT
+    if not path.is_file():
+        return None
+    try:
+        metadata = read_metadata(path)
+    except GanAccelError as error:
+        notes.append(str(error))
+        return {"path": str(path), "step": None, "ema": None}
+    return {"path": str(path), "step": metadata.get("step"), "ema": metadata.get("ema"),
+            "config": metadata.get("config")}
+
+
+def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], notes: list[str]) -> dict[str, Any]:
+    """config.json (the config in use now); else the export's or the latest checkpoint's."""
+    config = _json_file(run / "config.json", notes)
+    if isinstance(config, dict):
+        return config
+    if export and isinstance(export.get("config"), dict):
+        return export["config"]
+    if checkpoints:
+        return read_marker(checkpoints[-1]).get("config") or {}
+    return {}
+
+
+def _json_file(path: Path, notes: list[str]) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        notes.append(f"{path.name} is unreadable: {error}")
+        return None
+
+
+def _checkpoint(path: Path) -> dict[str, Any]:
+    marker = read_marker(path)
+    return {"name": path.name, "step": checkpoint_step(path), "path": str(path),
+            "num_processes": marker.get("num_processes")}
+
+
+def _branches(run: Path) -> list[dict[str, Any]]:
+    """What resumes of older checkpoints moved aside: one entry per ``checkpoints/abandoned/<label>/``."""
+    root = checkpoint_root(run) / ABANDONED
+    if not root.is_dir():
+        return []
+    branches = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        rows, _ = _metrics(folder / METRICS)
+        checkpoints = sorted((p for p in folder.iterdir() if is_complete(p)), key=lambda p: p.name)
+        branches.append({"folder": str(folder), "checkpoints": [_checkpoint(p) for p in checkpoints],
+                         "metrics_rows": len(rows), "last_metrics_step": rows[-1].get("step") if rows else None,
+                         "files": sorted(p.name for p in folder.iterdir() if not is_complete(p))})
+    return branches
+
+
+def _history(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    events = []
+    if not path.is_file():
+        return events
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            notes.append(f"{HISTORY}: an unreadable line skipped")
+            continue
+        entry.pop("config", None)  # the whole config of a start or fork: config.json and the checkpoints hold it
+        events.append(entry)
+    return events
+
+
+def _status(run: Path, done: int, max_steps: Any, export: dict[str, Any] | None,
+            checkpoints: list[Path]) -> dict[str, Any]:
+    holder = _lock_holder(run)
+    if holder is not None and holder.get("alive") is not False:
+        where = "" if holder.get("alive") else " (on another host: cannot check that it still runs)"
+        return {"state": "running", "holder": holder,
+                "text": f"in progress: pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}{where}"}
+    finished = export is not None and isinstance(max_steps, int) and done >= max_steps
+    if finished:
+        return {"state": "finished", "text": "finished"}
+    text = f"stopped at step {done}" + (f" of {max_steps}" if max_steps else "")
+    if holder is not None:
+        text += f" (its process, pid {holder.get('pid')}, ended without finishing: killed or crashed)"
+    text += "; continue it with --resume latest" if checkpoints else "; it has no checkpoint to resume"
+    return {"state": "stopped", "holder": holder, "text": text}
+
+
+def _lock_holder(run: Path) -> dict[str, Any] | None:
+    """Who ``.lock`` says holds the run (read only: taking even a shared lock could turn a starting run away).
+
+    The holder writes its host, pid and start time there and empties the file when it lets go; a
+    process killed while holding it leaves them, so the pid is checked on this host.
+    """
+    try:
+        text = (run / LOCK_FILE).read_text()
+        holder = json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(holder, dict):
+        return None
+    holder["alive"] = _alive(holder.get("pid")) if holder.get("host") == socket.gethostname() else None
+    return holder
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+# -- printing ----------------------------------------------------------------------------------------
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _config_line(config: dict[str, Any], extra: dict[str, Any]) -> list[str]:
+    c = config.get
+    parts = [f"loss {c('loss')}", f"batch {c('batch_size')} x accumulation {c('grad_accum_steps')}"
+             + (f" x {extra['num_processes']} process(es)" if "num_processes" in extra else ""),
+             f"n_critic {c('n_critic')}", f"z_dim {c('z_dim')}",
+             f"lr G {_number(c('lr_G'))} / D {_number(c('lr_D'))} ({c('lr_schedule')}, warmup {_number(c('warmup_ratio'))})"]
+    if c("ema_decay") is not None:
+        parts.append(f"EMA decay {_number(c('ema_decay'))}")
+    elif c("ema_half_life") is not None:
+        parts.append(f"EMA half-life {_number(c('ema_half_life'))} images")
+    else:
+        parts.append("no EMA")
+    if c("r1_gamma") is not None:
+        parts.append(f"R1 gamma {_number(c('r1_gamma'))} every {c('r1_every')}")
+    if c("gp_weight") is not None:
+        parts.append(f"GP weight {_number(c('gp_weight'))}")
+    if c("num_classes") is not None:
+        parts.append(f"{c('num_classes')} classes (G's labels: {c('label_distribution')}, class loss "
+                     f"{_number(c('class_loss_weight'))})")
+    parts += [f"mixed precision {c('mixed_precision')}", f"seed {c('seed')}"]
+    lines = ["config: " + ", ".join(str(p) for p in parts)]
+    model = extra.get("model")
+    if isinstance(model, dict) or "dataset" in extra:
+        what = []
+        if isinstance(model, dict):
+            kind = "conditional DCGAN" if model.get("conditional") else "DCGAN"
+            what.append(f"{kind} width {model.get('width')}, {model.get('image_size')}x{model.get('image_size')}x"
+                        f"{model.get('channels')}")
+        if "dataset" in extra:
+            what.append(f"data {extra['dataset']}")
+        lines.append("model: " + ", ".join(what))
+    return lines
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    kind = event.get("event")
+    text = f"{event.get('time', '?')} {kind}"
+    if kind in ("resume", "branch"):
+        text += f" at step {event.get('step')} from {Path(str(event.get('checkpoint'))).name}"
+        if event.get("moved_aside"):
+            text += f"; later files moved to {event['moved_aside']}"
+    elif kind == "fork":
+        text += f" from {event.get('source')} (step {event.get('step')})"
+    elif kind == "overwrite":
+        text += f": removed {len(event.get('removed') or [])} file(s) of the previous run"
+    elif kind == "config_change":
+        text += f" at step {event.get('step')}"
+    changes = event.get("changes")
+    if isinstance(changes, dict) and changes:
+        text += ": " + ", ".join(f"{k} {_pair(v)}" for k, v in sorted(changes.items()))
+    return text
+
+
+def _pair(value: Any) -> str:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return f"{value[0]!r} -> {value[1]!r}"
+    return repr(value)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    steps, status = report["steps"], report["status"]
+    lines = [f"run {report['run']}: {status['text']}"]
+    lines += _config_line(report["config"], report["extra"])
+    sources = [f"{name.replace('_', ' ')} {steps[name]}" for name in ("last_metrics_row", "latest_checkpoint", "exported")
+               if steps[name] is not None]
+    lines.append(f"steps: {steps['done']} / {steps['max_steps']}" + (f" ({', '.join(sources)})" if sources else ""))
+    last = report["last_metrics"]
+    if last:
+        values = "  ".join(f"{k}={_number(v)}" for k, v in sorted(last.items()) if k != "step")
+        lines.append(f"last metrics (step {last.get('step')}, row {report['metrics_rows']}): {values}")
+    else:
+        lines.append(f"last metrics: none ({METRICS} is missing or empty)")
+    export = report["export"]
+    if export:
+        what = {True: "the EMA of G", False: "the raw G"}.get(export.get("ema"), "G")
+        lines.append(f"weights: {EXPORT} ({what}, step {export.get('step')})")
+    else:
+        lines.append(f"weights: no {EXPORT} yet (written when training ends)")
+    best = report["best"]
+    best_name = Path(str(best.get("checkpoint"))).name if isinstance(best, dict) and best.get("checkpoint") else None
+    names = [c["name"] + (" (best)" if c["name"] == best_name else "") for c in report["checkpoints"]]
+    lines.append("checkpoints: " + (", ".join(names) if names else "none"))
+    if isinstance(best, dict):
+        kept = f"{best_name}" if best_name else "no checkpoint (checkpoints were switched off)"
+        lines.append(f"best: {best.get('metric')} {_number(best.get('value'))} at step {best.get('step')}, {kept}")
+    evaluation = report["eval"]
+    if isinstance(evaluation, dict):
+        summary = evaluation.get("summary")
+        if isinstance(summary, str):
+            lines.append("evaluation (eval.json):")
+            lines += [f"  {line}" for line in summary.splitlines()]
+        else:
+            scalars = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation.items())
+                                if isinstance(v, (int, float, str)))
+            lines.append(f"evaluation (eval.json): {scalars}")
+    if report["branches"]:
+        lines.append("branches (moved aside by resumes of older checkpoints):")
+        for branch in report["branches"]:
+            held = ", ".join(c["name"] for c in branch["checkpoints"]) or "no checkpoint"
+            rows = f", {branch['metrics_rows']} metrics row(s) to step {branch['last_metrics_step']}" \
+                if branch["metrics_rows"] else ""
+            lines.append(f"  {branch['folder']}: {held}{rows}")
+    else:
+        lines.append("branches: none")
+    if report["history"]:
+        lines.append("history:")
+        lines += [f"  {_event_line(event)}" for event in report["history"]]
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

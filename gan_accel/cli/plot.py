@@ -1,0 +1,70 @@
+"""``gan-accel plot RUN [--out PATH]``: the run's metrics log drawn as one PNG.
+
+By default the picture is the run's own ``<run>/training_plot.png`` (the one its ``plot`` callback
+draws and records in ``manifest.json``), drawn again from the whole log. Where the run recorded no
+such file, ``--out`` is needed: a file the run did not record, named like one of its own, would make a
+later ``--overwrite`` of the folder refuse. ``--out`` names a new file; an existing one is never
+replaced. Works while the run trains: it only reads ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..state.files import atomic_path
+from ..state.run_folder import RunFolder
+from .common import CommandError, check_new_output, resolve_run, write_new_file
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "plot", help="draw a run's metrics log (losses, D outputs, rates, evaluation scores) as a PNG",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", metavar="RUN", help="a run folder (the --output-dir of a training run)")
+    parser.add_argument("--out", default=None, help="a new .png file (default: the run's own "
+                        "<RUN>/training_plot.png, redrawn)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = resolve_run(args.run_dir, "plot")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.suffix.lower() != ".png":
+            raise CommandError(f"--out {out}: the plot is a PNG; give a path ending in .png")
+        check_new_output(out)
+    try:
+        from ..plots import plot_run
+    except ImportError as error:
+        raise CommandError(f"gan-accel plot needs gan_accel.plots, which this installation lacks ({error}); "
+                           "update gan_accel") from None
+    # Drawn aside first (a run without metrics rows is refused here), then put in place: the run's own
+    # plot is replaced atomically, an --out is linked in (one that appeared meanwhile is not replaced).
+    with tempfile.TemporaryDirectory() as scratch:
+        drawn = plot_run(run_dir, out=Path(scratch) / "plot.png").read_bytes()
+    if out is None:
+        path = _check_own_plot(run_dir)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(drawn)
+    else:
+        write_new_file(out, drawn)
+        path = out
+    print(f"wrote {path}")
+    return 0
+
+
+def _check_own_plot(run_dir: Path) -> Path:
+    """The default picture replaces only the plot the run itself recorded."""
+    from ..plots import PLOT_FILE
+
+    if PLOT_FILE in RunFolder(run_dir, writer=False).manifest["files"]:
+        return run_dir / PLOT_FILE
+    if (run_dir / PLOT_FILE).exists():
+        raise CommandError(f"{run_dir / PLOT_FILE} is not the run's own (its manifest.json does not record it), and "
+                           "gan-accel never replaces anything; pass --out PATH.png")
+    raise CommandError(f"run {run_dir} has drawn no {PLOT_FILE} of its own yet: one written there now would be a "
+                       "file the run did not record (a later --overwrite of the folder would refuse it); pass "
+                       "--out PATH.png")

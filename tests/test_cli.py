@@ -1,0 +1,548 @@
+"""The ``gan-accel`` command: sample (png, npz, folder; EMA or raw G; seeds), info, plot, and one
+``error:`` line (exit 2) for every mistake.
+
+Each output is checked against an independent computation: the arrays against the trainer's own
+generator on the same latents, the PNG files against the arrays, ``info`` against the files it
+describes (``metrics.jsonl``, ``best.json``, ``eval.json``, the checkpoints and the history).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import NUM_CLASSES, make_images, make_labels, make_loader, reset_accelerate_state
+from gan_accel import GANTrainer, TrainConfig
+from gan_accel.callbacks import Callback, Evaluator
+from gan_accel.callbacks.metrics_log import read_metrics
+from gan_accel.cli import main
+from gan_accel.eval import compute_features
+from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
+from gan_accel.sampling import load_generator, sample_images
+from gan_accel.state.checkpoint import list_checkpoints
+from gan_accel.state.lock import RunLock
+
+ROOT = Path(__file__).resolve().parents[1]
+Z = 8
+MODEL = {"z_dim": Z, "width": 4, "image_size": 28, "channels": 1}
+CK2, CK4 = "checkpoint_00000002", "checkpoint_00000004"
+
+
+def pixels(x: torch.Tensor) -> torch.Tensor:  # a stand-in feature extractor: 4 numbers per image
+    return torch.nn.functional.avg_pool2d(x.float(), 14).flatten(1)
+
+
+def train(out: Path, steps: int = 4, ema: float | None = 0.5, conditional: bool = False, callbacks=(),
+          resume_from=None) -> GANTrainer:
+    """A tiny DCGAN (or conditional DCGAN) run on 28x28 noise images: checkpoints every 2 steps."""
+    reset_accelerate_state()
+    images = make_images(64).float().repeat(1, 1, 7, 7)
+    torch.manual_seed(0)
+    if conditional:
+        G, D = ConditionalDCGANGenerator(NUM_CLASSES, z_dim=Z, width=4), ProjectionDiscriminator(NUM_CLASSES, width=4)
+        loader = DataLoader(TensorDataset(images, make_labels(64)), batch_size=8, drop_last=True)
+    else:
+        G, D = DCGANGenerator(Z, 4), DCGANDiscriminator(4)
+        loader = make_loader(images, 8)
+    model = {**MODEL, "conditional": True, "num_classes": NUM_CLASSES} if conditional else MODEL
+    cfg = TrainConfig(max_steps=steps, batch_size=8, z_dim=Z, ema_decay=ema, num_classes=NUM_CLASSES if conditional else None,
+                      log_every=1, sample_every=100, checkpoint_every=2, keep_checkpoints=3, num_samples=6,
+                      output_dir=str(out), progress_bar=False, extra={"model": model, "dataset": "test-noise"})
+    trainer = GANTrainer(G, D, loader, cfg, callbacks=list(callbacks))
+    trainer.fit(resume_from=resume_from)
+    reset_accelerate_state()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def ema_run(tmp_path_factory):
+    """An unconditional run with an EMA, an evaluation callback (best.json) and an eval.json."""
+    out = tmp_path_factory.mktemp("cli") / "ema"
+    images = make_images(64).float().repeat(1, 1, 7, 7)
+    evaluator = Evaluator(pixels, compute_features(pixels, images), every=2, num_samples=16, metric="fd")
+    trainer = train(out, callbacks=[evaluator])
+    evaluation = {"fd": 12.5, "kid": 0.25, "summary": "evaluation against test noise\n  Frechet distance: 12.500"}
+    (out / "eval.json").write_text(json.dumps(evaluation, indent=2) + "\n")
+    return out, trainer
+
+
+@pytest.fixture(scope="module")
+def raw_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "raw"
+    return out, train(out, steps=2, ema=None)
+
+
+@pytest.fixture(scope="module")
+def cond_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "cond"
+    return out, train(out, conditional=True)
+
+
+@pytest.fixture(scope="module")
+def branched_run(tmp_path_factory):
+    """4 steps, then a resume of step 2's checkpoint to step 4 again: a branch."""
+    out = tmp_path_factory.mktemp("cli") / "branched"
+    train(out)
+    train(out, resume_from=str(out / "checkpoints" / CK2))
+    return out
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """Run ``gan-accel`` in-process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse: --help, usage errors
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_line(argv, capsys) -> str:
+    code, out, err = cli(argv, capsys)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def the_same_latents(num: int, seed: int) -> torch.Tensor:
+    return torch.randn(num, Z, generator=torch.Generator().manual_seed(seed))
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else b"", p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+# -- sample ----------------------------------------------------------------------------------------
+def test_sample_npz_is_the_runs_ema_on_the_seeds_latents(ema_run, tmp_path, capsys):
+    run, trainer = ema_run
+    code, out, _ = cli(["sample", run, "--num", 10, "--seed", 3, "--out", tmp_path / "s.npz"], capsys)
+    assert code == 0 and "10 samples, the EMA of G of step 4, seed 3" in out
+    arrays = np.load(tmp_path / "s.npz")
+    assert set(arrays.files) == {"images"} and arrays["images"].shape == (10, 1, 28, 28)
+    G, info = load_generator(run)
+    np.testing.assert_array_equal(arrays["images"], sample_images(G, info, 10, seed=3)[0].numpy())
+    # Independently: the trainer's own sampling generator (the EMA) on the same latents.
+    with torch.no_grad():
+        expected = copy.deepcopy(trainer.sampling_generator()).eval()(the_same_latents(10, 3))
+    torch.testing.assert_close(torch.from_numpy(arrays["images"]), expected)
+
+
+def test_the_same_seed_gives_the_same_bytes_and_another_seed_other_samples(ema_run, tmp_path, capsys):
+    run, _ = ema_run
+    for fmt in ("png", "npz"):
+        paths = [tmp_path / f"{name}.{fmt}" for name in ("a", "b", "c")]
+        for path, seed in zip(paths, (1, 1, 2)):
+            assert cli(["sample", run, "--num", 9, "--seed", seed, "--out", path], capsys)[0] == 0
+        assert paths[0].read_bytes() == paths[1].read_bytes() != paths[2].read_bytes()
+    folders = [tmp_path / name for name in ("fa", "fb", "fc")]
+    for folder, seed in zip(folders, (1, 1, 2)):
+        assert cli(["sample", run, "--num", 4, "--seed", seed, "--format", "folder", "--out", folder], capsys)[0] == 0
+    a, b, c = ({p.name: p.read_bytes() for p in folder.iterdir()} for folder in folders)
+    assert a == b and a.keys() == c.keys() and all(a[k] != c[k] for k in a)
+
+
+def test_no_ema_samples_the_raw_g_kept_in_the_last_checkpoint(ema_run, tmp_path, capsys):
+    run, trainer = ema_run
+    code, out, _ = cli(["sample", run, "--no-ema", "--num", 8, "--seed", 5, "--out", tmp_path / "raw.npz"], capsys)
+    assert code == 0 and "the raw G of step 4" in out
+    raw = np.load(tmp_path / "raw.npz")["images"]
+    with torch.no_grad():  # the trainer's G itself, after its last step
+        G = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.G)).eval()
+        torch.testing.assert_close(torch.from_numpy(raw), G(the_same_latents(8, 5)))
+    assert cli(["sample", run, "--num", 8, "--seed", 5, "--out", tmp_path / "ema.npz"], capsys)[0] == 0
+    # The EMA is another G (4 steps of a tiny G: its outputs are ~1e-3, the EMA's differ by a few percent).
+    assert np.abs(np.load(tmp_path / "ema.npz")["images"] - raw).max() > 0.01 * np.abs(raw).max()
+    # The checkpoint of the last step gives the same raw G; an older one another.
+    assert cli(["sample", run / "checkpoints" / CK4, "--no-ema", "--num", 8, "--seed", 5, "--out",
+                tmp_path / "ck4.npz"], capsys)[0] == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "ck4.npz")["images"], raw)
+    for name, ema in (("ck2_raw", False), ("ck2_ema", True)):
+        argv = ["sample", run / "checkpoints" / CK2, "--num", 8, "--seed", 5, "--out", tmp_path / f"{name}.npz"]
+        assert cli(argv + ([] if ema else ["--no-ema"]), capsys)[0] == 0
+        G2, info2 = load_generator(run / "checkpoints" / CK2, ema=ema)
+        assert info2["ema"] is ema and info2["step"] == 2
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npz")["images"],
+                                      sample_images(G2, info2, 8, seed=5)[0].numpy())
+    ck2_raw, ck2_ema = np.load(tmp_path / "ck2_raw.npz")["images"], np.load(tmp_path / "ck2_ema.npz")["images"]
+    assert np.abs(ck2_raw - ck2_ema).max() > 0.01 * np.abs(ck2_raw).max()
+
+
+def test_no_ema_on_a_run_without_an_ema_samples_its_g_with_a_note(raw_run, tmp_path, capsys):
+    run, trainer = raw_run
+    code, out, err = cli(["sample", run, "--no-ema", "--num", 4, "--out", tmp_path / "a.npz"], capsys)
+    assert code == 0 and not err
+    assert f"note: {run} kept no EMA of G: its samples always come from the raw G, so --no-ema changes nothing" in out
+    assert cli(["sample", run, "--num", 4, "--out", tmp_path / "b.npz"], capsys)[0] == 0
+    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+    with torch.no_grad():
+        G = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.G)).eval()
+        torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "a.npz")["images"]), G(the_same_latents(4, 0)))
+
+
+def test_no_ema_when_the_last_checkpoint_is_gone_names_the_others(ema_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ema_run[0], run)
+    shutil.rmtree(run / "checkpoints" / CK4)
+    line = error_line(["sample", run, "--no-ema", "--out", tmp_path / "x.png"], capsys)
+    assert "holds the EMA of G only" in line and CK4 in line and f"complete ones: {CK2}" in line
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_folder_format_one_png_per_sample_with_the_npz_pixels(ema_run, cond_run, tmp_path, capsys):
+    for run, names in ((ema_run[0], [f"{i:06d}.png" for i in range(6)]),
+                       (cond_run[0], [f"{i:06d}_label{y}.png" for i, y in enumerate([0, 0, 1, 1, 2, 2])])):
+        folder, arrays = tmp_path / f"{run.name}_pngs", tmp_path / f"{run.name}.npz"
+        assert cli(["sample", run, "--num", 6, "--seed", 4, "--format", "folder", "--out", folder], capsys)[0] == 0
+        assert cli(["sample", run, "--num", 6, "--seed", 4, "--out", arrays], capsys)[0] == 0
+        assert sorted(p.name for p in folder.iterdir()) == names  # nothing else (no temporary files)
+        images = np.load(arrays)["images"]
+        expected = np.clip(np.round((images.astype(np.float64) + 1) * 127.5), 0, 255).astype(np.uint8)
+        for name, image in zip(names, expected):
+            with Image.open(folder / name) as png:
+                assert png.mode == "L" and png.size == (28, 28)
+                np.testing.assert_array_equal(np.asarray(png), image[0])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_conditional_sample_counts_and_labels(cond_run, tmp_path, capsys):
+    run, trainer = cond_run
+    assert cli(["sample", run, "--out", tmp_path / "all.npz"], capsys)[0] == 0  # default: 8 per class
+    arrays = np.load(tmp_path / "all.npz")
+    assert arrays["labels"].tolist() == [c for c in range(NUM_CLASSES) for _ in range(8)]
+    with torch.no_grad():
+        expected = copy.deepcopy(trainer.sampling_generator()).eval()(the_same_latents(24, 0),
+                                                                       torch.from_numpy(arrays["labels"]))
+    torch.testing.assert_close(torch.from_numpy(arrays["images"]), expected)
+    assert cli(["sample", run, "--label", 1, "--num", 7, "--out", tmp_path / "ones.npz"], capsys)[0] == 0
+    assert np.load(tmp_path / "ones.npz")["labels"].tolist() == [1] * 7
+    assert error_line(["sample", run, "--num", 7, "--out", tmp_path / "x.npz"], capsys) == (
+        "error: --num 7 is not a multiple of the run's 3 classes (the samples are shared equally between them): "
+        "pass --num 6 or 9, or --label to sample one class")
+    assert "pass --num 3, or --label" in error_line(["sample", run, "--num", 2, "--out", tmp_path / "x.npz"], capsys)
+    grid = tmp_path / "grid.png"
+    assert cli(["sample", run, "--num", 6, "--out", grid], capsys)[0] == 0
+    with Image.open(grid) as image:  # one row per class, 2 columns
+        assert image.size == (2 * (28 + 2) + 2, NUM_CLASSES * (28 + 2) + 2)
+
+
+# -- one line per mistake --------------------------------------------------------------------------
+def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
+    """The arguments of one mistake; files it needs are made under ``tmp``."""
+    out = tmp / "out.png"
+    if case in ("no-export", "no-export-no-checkpoint", "no-weights", "no-engine-state", "partial", "tmp-checkpoint"):
+        run = tmp / "run"
+        shutil.copytree(ema, run)
+        (run / "generator.safetensors").unlink()
+        if case == "no-export":
+            return ["sample", run, "--out", out]
+        if case == "no-export-no-checkpoint":
+            shutil.rmtree(run / "checkpoints")
+            return ["sample", run, "--out", out]
+        checkpoint = run / "checkpoints" / CK2
+        if case == "no-weights":
+            (checkpoint / "model.safetensors").unlink()
+            return ["sample", checkpoint, "--no-ema", "--out", out]
+        if case == "no-engine-state":
+            (checkpoint / "gan_accel_state_0.pt").unlink()
+            return ["sample", checkpoint, "--out", out]
+        if case == "partial":
+            (checkpoint / "COMPLETE").unlink()
+            return ["sample", checkpoint, "--out", out]
+        return ["sample", checkpoint.rename(checkpoint.with_name(".tmp-" + CK2)), "--out", out]
+    if case == "not-a-run":
+        (tmp / "photos").mkdir()
+        return ["sample", tmp / "photos", "--out", out]
+    if case == "existing-out":
+        out.write_bytes(b"mine")
+        return ["sample", ema, "--out", out]
+    if case == "existing-folder":
+        (tmp / "pngs").mkdir()
+        return ["sample", ema, "--format", "folder", "--out", tmp / "pngs"]
+    if case == "out-under-a-file":
+        (tmp / "file").write_text("x")
+        return ["sample", ema, "--out", tmp / "file" / "x.png"]
+    if case == "info-not-a-run":
+        (tmp / "photos").mkdir()
+        return ["info", tmp / "photos"]
+    if case == "plot-no-metrics":
+        run = tmp / "run"
+        run.mkdir()
+        (run / "config.json").write_text("{}")
+        return ["plot", run]
+    if case == "plot-existing-out":
+        out.write_bytes(b"mine")
+        return ["plot", ema, "--out", out]
+    if case == "eval-existing-out":
+        (tmp / "scores.json").write_text("{}")
+        return ["eval", ema, "--out", tmp / "scores.json"]
+    return {
+        "missing": ["sample", tmp / "nowhere", "--out", out],
+        "a-file": ["sample", ema / "config.json", "--out", out],
+        "checkpoints-folder": ["sample", ema / "checkpoints", "--out", out],
+        "label-unconditional": ["sample", ema, "--label", 1, "--out", out],
+        "label-out-of-range": ["sample", cond, "--label", 7, "--out", out],
+        "label-negative": ["sample", cond, "--label", -1, "--out", out],
+        "missing-out-folder": ["sample", ema, "--out", tmp / "nowhere" / "x.png"],
+        "out-named-like-the-runs": ["sample", ema, "--out", ema / "samples_000003.png"],
+        "bad-format": ["sample", ema, "--format", "jpg", "--out", out],
+        "unknown-ending": ["sample", ema, "--out", tmp / "samples"],
+        "format-contradicts-ending": ["sample", ema, "--format", "npz", "--out", out],
+        "no-out": ["sample", ema],
+        "bad-num": ["sample", ema, "--num", 0, "--out", out],
+        "bad-seed": ["sample", ema, "--seed", "x", "--out", out],
+        "info-checkpoint": ["info", ema / "checkpoints" / CK2],
+        "info-missing": ["info", tmp / "nowhere"],
+        "plot-checkpoint": ["plot", ema / "checkpoints" / CK2],
+        "plot-not-png": ["plot", ema, "--out", tmp / "plot.jpg"],
+        "unknown-command": ["smaple", ema],
+        "no-command": [],
+    }[case]
+
+
+@pytest.mark.parametrize("case, says", [
+    ("missing", "nowhere does not exist: pass a run folder (the --output-dir of a training run) or one of its "
+                "checkpoints/checkpoint_<step> folders"),
+    ("a-file", "config.json is a file, not a run folder or a checkpoint folder: pass the folder that holds it"),
+    ("not-a-run", "photos is not a gan_accel run folder (it has none of config.json, manifest.json"),
+    ("checkpoints-folder", "is the folder of a run's checkpoints: pass the run folder"),
+    ("partial", f"{CK2} is not a complete checkpoint (no COMPLETE marker: still being written, or cut short by a "
+                f"crash): pass a complete one"),
+    ("tmp-checkpoint", "is not a complete checkpoint"),
+    ("no-export", "has no generator.safetensors yet (written when training ends; its latest checkpoint is at step 4): "
+                  "pass that checkpoint"),
+    ("no-export-no-checkpoint", "has no generator.safetensors (written when training ends) and no complete checkpoint "
+                                "yet: there is nothing to sample"),
+    ("no-weights", "holds no weights of G (model.safetensors is missing)"),
+    ("no-engine-state", "has no gan_accel_state_0.pt (the engine state"),
+    ("label-unconditional", "this run is unconditional (no num_classes): it cannot sample a chosen class"),
+    ("label-out-of-range", "label 7 is outside the run's classes 0..2"),
+    ("label-negative", "argument --label: '-1' is not a whole number >= 0"),
+    ("existing-out", "out.png: that file exists, and gan-accel never replaces anything; choose a new path"),
+    ("existing-folder", "pngs: that folder exists, and gan-accel never replaces anything"),
+    ("missing-out-folder", "nowhere does not exist; create it first, or choose another path"),
+    ("out-under-a-file", "file is not a folder; choose another path"),
+    ("out-named-like-the-runs", "samples_000003.png: that name is one of the run's own in its folder"),
+    ("bad-format", "argument --format: invalid choice: 'jpg' (choose from"),
+    ("unknown-ending", "cannot tell the format from its ending; end it in .png (a grid) or .npz (arrays), or pass "
+                       "--format png|npz|folder"),
+    ("format-contradicts-ending", "ends in .png but --format is npz: make them agree (e.g. --out"),
+    ("no-out", "the following arguments are required: --out"),
+    ("bad-num", "argument --num: '0' is not a whole number >= 1"),
+    ("bad-seed", "argument --seed: 'x' is not a whole number >= 0"),
+    ("info-checkpoint", f"{CK2} is a checkpoint: gan-accel info takes its run folder"),
+    ("info-not-a-run", "is not a gan_accel run folder"),
+    ("info-missing", "nowhere does not exist: pass a run folder"),
+    ("plot-no-metrics", "metrics.jsonl does not exist: plot a run folder"),
+    ("plot-existing-out", "that file exists"),
+    ("plot-checkpoint", "is a checkpoint: gan-accel plot takes its run folder"),
+    ("plot-not-png", "the plot is a PNG; give a path ending in .png"),
+    ("eval-existing-out", "scores.json: that file exists"),
+    ("unknown-command", "argument COMMAND: invalid choice: 'smaple'"),
+    ("no-command", "the following arguments are required: COMMAND"),
+])
+def test_every_mistake_is_one_line_naming_the_fix(case, says, ema_run, cond_run, tmp_path, capsys):
+    if case.startswith("plot-no-metrics"):
+        pytest.importorskip("gan_accel.plots")
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    argv = _prepare(case, tmp, ema_run[0], cond_run[0])
+    before = snapshot(tmp)
+    line = error_line(argv, capsys)
+    assert says in line, line
+    assert snapshot(tmp) == before  # nothing written, nothing replaced
+    if case == "existing-out":
+        assert (tmp / "out.png").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("fmt", ["png", "folder"])
+def test_an_unwritable_out_is_one_line(fmt, ema_run, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() == 0:  # root writes into read-only folders, but not into sysfs
+        if not Path("/sys/kernel").is_dir():
+            pytest.skip("root, and no /sys to refuse a write")
+        locked = Path("/sys")
+    out = locked / ("gan_accel_cli_test.png" if fmt == "png" else "gan_accel_cli_test")
+    try:
+        line = error_line(["sample", ema_run[0], "--format", fmt, "--num", 2, "--out", out], capsys)
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+    assert f"--out {out}" in line and "choose" in line
+    assert "Permission denied (EACCES)" in line or "Operation not permitted (EPERM)" in line  # sysfs: mkdir is EPERM
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["sample", "eval", "info", "plot"])
+def test_help_for_each_command(command, capsys):
+    code, out, _ = cli([command, "--help"], capsys)
+    assert code == 0 and out.startswith(f"usage: gan-accel {command}")
+    code, out, _ = cli(["--help"], capsys)
+    assert code == 0 and command in out
+
+
+# -- info ------------------------------------------------------------------------------------------
+def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
+    run, _ = ema_run
+    code, out, _ = cli(["info", run, "--json"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert report["last_metrics"] == rows[-1] and report["metrics_rows"] == len(rows)
+    assert report["steps"] == {"done": rows[-1]["step"], "max_steps": 4, "last_metrics_row": 4, "latest_checkpoint": 4,
+                               "exported": 4}
+    assert [c["name"] for c in report["checkpoints"]] == [p.name for p in list_checkpoints(run)]
+    assert report["best"] == json.loads((run / "best.json").read_text())
+    assert report["eval"] == json.loads((run / "eval.json").read_text())
+    assert report["status"]["state"] == "finished" and report["branches"] == []
+    assert [e["event"] for e in report["history"]] == ["start"]
+    assert report["config"]["ema_decay"] == 0.5 and report["extra"]["model"] == MODEL
+    assert report["export"] == {"path": str(run / "generator.safetensors"), "step": 4, "ema": True}
+    code, text, _ = cli(["info", run], capsys)
+    lines = text.splitlines()
+    assert code == 0 and lines[0] == f"run {run}: finished"
+    assert "steps: 4 / 4 (last metrics row 4, latest checkpoint 4, exported 4)" in lines
+    last = next(line for line in lines if line.startswith("last metrics"))
+    assert last.startswith(f"last metrics (step 4, row {len(rows)}): ") and f"loss/D={rows[-1]['loss/D']:.4g}" in last
+    best = json.loads((run / "best.json").read_text())
+    best_name = Path(best["checkpoint"]).name
+    assert f"best: fd {best['value']:.4g} at step {best['step']}, {best_name}" in lines
+    assert f"{best_name} (best)" in next(line for line in lines if line.startswith("checkpoints: "))
+    assert "    Frechet distance: 12.500" in lines and "weights: generator.safetensors (the EMA of G, step 4)" in lines
+    assert "model: DCGAN width 4, 28x28x1, data test-noise" in lines
+
+
+def test_info_shows_branches_and_the_history(branched_run, capsys):
+    code, out, _ = cli(["info", branched_run, "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and [e["event"] for e in report["history"]] == ["start", "branch"]
+    branch_event = report["history"][1]
+    [branch] = report["branches"]
+    assert branch_event["step"] == 2 and branch_event["moved_aside"] == branch["folder"]
+    assert [c["name"] for c in branch["checkpoints"]] == [CK4]
+    aside = read_metrics(Path(branch["folder"]) / "metrics.jsonl")
+    assert branch["metrics_rows"] == len(aside) and [r["step"] for r in aside] == [3, 4]
+    assert [r["step"] for r in read_metrics(branched_run / "metrics.jsonl")] == [1, 2, 3, 4]  # the branch redone
+    code, text, _ = cli(["info", branched_run], capsys)
+    assert f"branch at step 2 from {CK2}; later files moved to {branch['folder']}" in text
+    assert f"  {branch['folder']}: {CK4}, 2 metrics row(s) to step 4" in text
+
+
+class InfoDuringTraining(Callback):
+    """Runs ``gan-accel info`` on the run folder at step 3 (the trainer holds the folder's lock)."""
+
+    def __init__(self, capsys) -> None:
+        self.capsys, self.seen = capsys, None
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.step != 3:
+            return
+        before = snapshot(trainer.output_dir)
+        self.capsys.readouterr()
+        code = main(["info", str(trainer.output_dir), "--json"])
+        self.seen = (code, json.loads(self.capsys.readouterr().out), before == snapshot(trainer.output_dir))
+        assert main(["info", str(trainer.output_dir)]) == 0
+
+
+def test_info_reads_a_run_in_progress_and_writes_nothing(tmp_path, capsys):
+    watcher = InfoDuringTraining(capsys)
+    train(tmp_path / "run", steps=6, callbacks=[watcher])
+    code, report, unchanged = watcher.seen
+    assert code == 0 and unchanged
+    assert report["status"]["state"] == "running" and report["status"]["holder"]["pid"] == os.getpid()
+    assert report["steps"]["done"] == 2 and report["steps"]["latest_checkpoint"] == 2  # row 3 is logged after the step
+    assert report["export"] is None and [c["name"] for c in report["checkpoints"]] == [CK2]
+
+
+def test_info_on_a_killed_run_and_a_row_cut_short(ema_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ema_run[0], run)
+    (run / "generator.safetensors").unlink()
+    shutil.rmtree(run / "checkpoints" / CK4)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    holder = {"host": os.uname().nodename, "pid": gone.pid, "since": "2026-01-01 00:00:00"}
+    (run / ".lock").write_text(json.dumps(holder))  # what a SIGKILLed run leaves
+    with open(run / "metrics.jsonl", "a") as log:
+        log.write('{"step": 5, "loss/D": 0.')
+    before = snapshot(run)
+    code, out, _ = cli(["info", run], capsys)
+    assert code == 0 and snapshot(run) == before
+    assert out.splitlines()[0] == (f"run {run}: stopped at step 4 of 4 (its process, pid {gone.pid}, ended without "
+                                   "finishing: killed or crashed); continue it with --resume latest")
+    assert "note: metrics.jsonl: 1 unreadable row(s) skipped (a row cut short by a crash?)" in out
+    assert "steps: 4 / 4 (last metrics row 4, latest checkpoint 2)" in out
+    # A lock held now is reported as a run in progress.
+    with RunLock(run):
+        assert cli(["info", run], capsys)[1].splitlines()[0].startswith(f"run {run}: in progress: pid {os.getpid()}")
+
+
+# -- plot ------------------------------------------------------------------------------------------
+def test_plot_writes_the_runs_picture_and_never_replaces_an_out(ema_run, tmp_path, capsys):
+    pytest.importorskip("gan_accel.plots")
+    run = tmp_path / "run"
+    shutil.copytree(ema_run[0], run)
+    code, out, _ = cli(["plot", run], capsys)
+    assert code == 0 and out.strip() == f"wrote {run / 'training_plot.png'}"
+    assert cli(["plot", run, "--out", tmp_path / "p.png"], capsys)[0] == 0
+    assert (tmp_path / "p.png").read_bytes() == (run / "training_plot.png").read_bytes()
+    with Image.open(io.BytesIO((tmp_path / "p.png").read_bytes())) as image:
+        assert image.format == "PNG"
+    from gan_accel.plots import plot_run  # the picture is plot_run's, as the run draws it
+
+    assert plot_run(run, out=tmp_path / "direct.png").read_bytes() == (tmp_path / "p.png").read_bytes()
+
+
+def test_plot_replaces_only_the_plot_the_run_recorded(ema_run, tmp_path, capsys):
+    pytest.importorskip("gan_accel.plots")
+    run = tmp_path / "run"
+    shutil.copytree(ema_run[0], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "training_plot.png" in manifest["files"]
+    del manifest["files"]["training_plot.png"]  # a run that drew none (an older run, or the plot callback off)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "training_plot.png").write_bytes(b"mine")
+    line = error_line(["plot", run], capsys)
+    assert "training_plot.png is not the run's own (its manifest.json does not record it)" in line
+    assert "pass --out PATH.png" in line and (run / "training_plot.png").read_bytes() == b"mine"
+    (run / "training_plot.png").unlink()
+    line = error_line(["plot", run], capsys)
+    assert "has drawn no training_plot.png of its own yet" in line and not (run / "training_plot.png").exists()
+    assert cli(["plot", run, "--out", tmp_path / "p.png"], capsys)[0] == 0
+
+
+# -- the installed command -------------------------------------------------------------------------
+def test_the_command_runs_as_a_module(ema_run):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "gan_accel.cli", "info", str(ema_run[0])], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(f"run {ema_run[0]}: finished"), done.stderr
+    done = subprocess.run([sys.executable, "-m", "gan_accel.cli", "info", str(ema_run[0] / "nowhere")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_before_or_after_the_command_shows_the_traceback(where, tmp_path):
+    argv = ["info", str(tmp_path / "nowhere")]
+    argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
+    from gan_accel.cli.common import CommandError
+
+    with pytest.raises(CommandError, match="nowhere does not exist"):
+        main(argv)
