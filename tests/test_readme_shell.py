@@ -1,0 +1,453 @@
+"""The README's shell commands are real: every command of its ```bash blocks runs in order, at small settings
+(or, where it cannot run here, is checked).
+
+The commands run one after the other, in README order, in one scratch folder (the working directory),
+as a reader following the guide would run them: a later command may use what an earlier one wrote
+(``--resume latest`` after the quickstart, ``gan-accel sample runs/...`` after a training run). The
+repository's ``examples/`` and ``benchmarks/`` folders are symlinked into the scratch folder, and
+``./data`` is a symlink to real MNIST ($GAN_ACCEL_MNIST_DIR, else ../shared/data) when it exists.
+Every command must exit 0, or the code its comment names (``# exits 2``).
+
+How each kind of command is run (the rules; ``rewrite()`` applies them):
+
+* ``python examples/<script>.py ...`` runs with the test's Python, at 1/1000 of its length: every step
+  count (``--steps``, ``--checkpoint-every``, ``--sample-every``, ``--log-every``, ``--eval-every``;
+  the value in the command or else the script's default, read from its own argument parser) is
+  divided by 1000, rounded up, and so is the step in a ``checkpoint_<step>`` path (the README's
+  ``checkpoint_00004000`` of a 5,000-step run is ``checkpoint_00000004`` of the 5-step run). An
+  ``--epochs`` is dropped for the scaled default ``--steps``. Then, where the script has the flag:
+  ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
+  Without real MNIST, ``--dataset digits`` (the offline set; never a download attempt). ``--eval``
+  is kept: it scores its 10,000 samples as written (the slowest part of this test; on a new machine
+  the first run also trains the MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE).
+* ``accelerate launch [launch flags] <script> [flags]``: the script's flags as above; on a machine
+  without CUDA with ``ACCELERATE_USE_CPU=1`` (a GPU launch becomes the same number of gloo CPU
+  processes, at most 2), and on a free ``--main_process_port``. A multi-machine launch
+  (``--num_machines`` > 1) cannot run on one machine: it is parsed by accelerate's own launch parser
+  and by the script's parser, not run (tests/test_example.py runs its equivalent, two single-process
+  machines on 127.0.0.1).
+* ``gan-accel sample|info|plot ...`` (or ``python -m gan_accel.cli ...``) runs as written, with a
+  checkpoint path scaled as above; ``gan-accel eval`` scores ``--num`` 200 samples at most. They run
+  in this test's process, through ``gan_accel.cli.main`` (what the installed command calls; the pip
+  rule checks that the command exists): each would otherwise spend most of its time importing torch.
+* Checked, not run: ``pip install`` (the project is installed from this checkout, the ``gan-accel``
+  command exists and every ``[extra]`` named is in pyproject.toml); ``python -m pytest`` (this test
+  would run itself: it must be the command ``.ci/run`` runs); ``accelerate config`` (interactive: the
+  command and its parser must exist); ``python benchmarks/run.py [flags]`` (the full suite takes half
+  an hour: its flags must pass the script's own parser, and tests/test_benchmarks.py runs every
+  section with ``--quick``).
+
+Anything else fails with a message saying how to teach ``rewrite()`` about it. The fast tests check
+the rules and run the checks in seconds; the slow one runs everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import io
+import math
+import os
+import re
+import runpy
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SCALE = 1000  # the README's runs are this many times longer than the test's
+SCALED_FLAGS = ("--steps", "--checkpoint-every", "--sample-every", "--log-every", "--eval-every")
+SMALL_VALUES = {"--batch-size": "8", "--width": "8", "--eval-samples": "100", "--num-eval": "200"}
+SMALL_SWITCHES = ("--no-progress",)
+EVAL_NUM_MAX = 200
+GAN_ACCEL_AS_WRITTEN = ("sample", "info", "plot")  # subcommands that only read a run and write small files
+LINKED = ("examples", "benchmarks")  # repository folders the commands name by relative path
+TEACH = ("teach tests/test_readme_shell.py: add a case to rewrite() that runs this kind of command at small "
+         "settings (or checks it without running it, saying why), and describe the rule in the module docstring")
+
+
+# -- reading the README -----------------------------------------------------------------------------
+@dataclass
+class Command:
+    block: int  # 1-based number of the ```bash block
+    line: str  # the README line (continuations joined), for messages
+    env: dict[str, str]
+    argv: list[str]
+    expect: int = 0  # exit code the README's comment names, else 0
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """(code, comment) at the first ``#`` outside quotes that starts a word."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i], line[i + 1:]
+    return line, ""
+
+
+def readme_shell_commands(text: str | None = None) -> list[Command]:
+    """Every command of every ```bash block, in order; ``a && b`` gives two commands."""
+    text = README.read_text() if text is None else text
+    commands = []
+    for number, block in enumerate(re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL), start=1):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            code, comment = _split_comment(line)
+            if not code.strip():
+                continue
+            lexer = shlex.shlex(code, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            tokens = list(lexer)
+            expect = re.search(r"\bexits?(?: with)?(?: code| status)? (\d+)", comment)
+            parts: list[list[str]] = [[]]
+            for token in tokens:
+                if token == "&&":
+                    parts.append([])
+                elif token and set(token) <= set("();<>|&"):
+                    pytest.fail(f"README bash block {number}: {line.strip()!r} uses {token!r}, which the shell test "
+                                f"does not run; write one command per line (or '&&'), or {TEACH}")
+                else:
+                    parts[-1].append(token)
+            for part in parts:
+                env = {}
+                while part and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", part[0]):
+                    key, value = part.pop(0).split("=", 1)
+                    env[key] = value
+                if part:
+                    commands.append(Command(number, line.strip(), env, part,
+                                            int(expect.group(1)) if expect and part is parts[-1] else 0))
+    return commands
+
+
+# -- a script's own flags ---------------------------------------------------------------------------
+class _Captured(Exception):
+    pass
+
+
+_PARSERS: dict[Path, argparse.ArgumentParser] = {}
+
+
+def script_parser(script: Path) -> argparse.ArgumentParser:
+    """The script's argparse parser, caught at its first ``parse_args`` (nothing after it runs)."""
+    script = script.resolve()
+    if script not in _PARSERS:
+        original = argparse.ArgumentParser.parse_args
+
+        def capture(self, args=None, namespace=None):
+            _PARSERS[script] = self
+            raise _Captured
+
+        argparse.ArgumentParser.parse_args = capture
+        saved_argv, saved_path, saved_modules = sys.argv, list(sys.path), set(sys.modules)
+        try:
+            sys.argv = [str(script)]
+            with contextlib.redirect_stdout(io.StringIO()):
+                runpy.run_path(str(script), run_name="__main__")
+        except _Captured:
+            pass
+        finally:
+            argparse.ArgumentParser.parse_args = original
+            sys.argv, sys.path[:] = saved_argv, saved_path
+            for name in set(sys.modules) - saved_modules:  # the script's siblings (dcgan_mnist, worker, ...)
+                if str(getattr(sys.modules[name], "__file__", "") or "").startswith(str(script.parent)):
+                    del sys.modules[name]
+        if script not in _PARSERS:
+            pytest.fail(f"{script.relative_to(ROOT)} parsed no arguments: the shell test reads each script's flags "
+                        f"from its argparse parser")
+    return _PARSERS[script]
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {flag: action for action in parser._actions for flag in action.option_strings}
+
+
+def _default_number(action: argparse.Action) -> float | None:
+    """The flag's default: argparse's, or the number its help names (``(default 5000)``) when that is None."""
+    if isinstance(action.default, (int, float)) and not isinstance(action.default, bool):
+        return action.default
+    found = re.search(r"default:? ([0-9][0-9_,.]*)", action.help or "")
+    return float(found.group(1).replace(",", "").replace("_", "")) if found else None
+
+
+def check_script_flags(script: Path, args: list[str], line: str) -> None:
+    """The script's own parser accepts these flags (a usage error exits 2 with its message)."""
+    parser = script_parser(script)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            parser.parse_args(args)
+    except SystemExit as exit_:
+        if exit_.code:
+            pytest.fail(f"README line {line!r}: {script.name} refuses its flags {args}: {stderr.getvalue().strip()}")
+
+
+# -- the rules ----------------------------------------------------------------------------------------
+def scale_steps(value: float) -> int:
+    return max(1, math.ceil(value / SCALE))
+
+
+def scale_checkpoint_paths(args: list[str]) -> list[str]:
+    return [re.sub(r"checkpoint_(\d{8})\b", lambda m: f"checkpoint_{scale_steps(int(m.group(1))):08d}", a)
+            for a in args]
+
+
+def small_script_args(script: Path, args: list[str], line: str, mnist: bool) -> list[str]:
+    """The README's flags for ``script``, scaled down (see the module docstring), checked by its parser."""
+    check_script_flags(script, args, line)
+    options = _options(script_parser(script))
+    args = scale_checkpoint_paths(args)
+    given: dict[str, str] = {}
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        takes_value = flag in options and options[flag].nargs != 0
+        if takes_value and i + 1 < len(args):
+            given[flag] = args[i + 1]
+            if flag != "--epochs" and flag not in SCALED_FLAGS and flag not in SMALL_VALUES:
+                kept += [flag, args[i + 1]]
+            i += 2
+        else:
+            kept.append(flag)
+            i += 1
+    extra: list[str] = []
+    for flag in SCALED_FLAGS:
+        if flag in options:
+            value = float(given[flag]) if flag in given else _default_number(options[flag])
+            if value is not None:
+                extra += [flag, str(scale_steps(value))]
+    for flag, value in SMALL_VALUES.items():
+        if flag in options:
+            extra += [flag, value]
+    extra += [flag for flag in SMALL_SWITCHES if flag in options and flag not in kept]
+    if "--dataset" in options and not mnist:  # never a download attempt: the offline digit set
+        if "--dataset" in kept:
+            index = kept.index("--dataset")
+            del kept[index:index + 2]
+        extra += ["--dataset", "digits"]
+    small = kept + extra
+    check_script_flags(script, small, line)
+    return small
+
+
+@dataclass
+class Step:
+    """What the test does for one README command: run ``argv`` (with ``env``), or call ``check``."""
+
+    command: Command
+    argv: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    check: Callable[[], None] | None = None
+    why: str = ""
+    in_process: bool = False  # gan-accel: through gan_accel.cli.main in this process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_pip_install(args: list[str], line: str) -> None:
+    extras_known = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    targets = [a for a in args if not a.startswith("-")]
+    assert targets, f"README line {line!r}: pip install of nothing"
+    for target in targets:
+        match = re.fullmatch(r"(?P<base>[^\[\]]+)(?:\[(?P<extras>[^\]]*)\])?", target)
+        assert match and match["base"] in (".", "gan_accel", "gan-accel"), (
+            f"README line {line!r}: the shell test knows how to check installs of this project only; {TEACH}")
+        for extra in filter(None, (match["extras"] or "").split(",")):
+            assert extra.strip() in extras_known, f"README line {line!r}: pyproject.toml has no extra {extra!r}"
+    import gan_accel
+
+    importlib.metadata.distribution("gan_accel")
+    assert Path(gan_accel.__file__).resolve().is_relative_to(ROOT), "gan_accel is not imported from this checkout"
+    assert shutil.which("gan-accel"), "the gan-accel command is not installed (pip install -e . installs it)"
+
+
+def _check_pytest(args: list[str], line: str) -> None:
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = [shlex.split(text) for text in lines if text and not text.startswith("#")]
+    assert ["python", "-m", "pytest", *args] in ci, (
+        f"README line {line!r}: .ci/run must run exactly this command (the shell test does not run pytest itself)")
+
+
+def _check_accelerate_config() -> None:
+    from accelerate.commands.config import get_config_parser
+
+    assert shutil.which("accelerate"), "the accelerate command is not installed"
+    get_config_parser()
+
+
+def rewrite(command: Command, mnist: bool) -> Step:
+    """The rules of the module docstring: how one README command runs here, or how it is checked."""
+    argv, line = command.argv, command.line
+    env = dict(command.env)
+    if argv[0] == "python" and argv[1:3] == ["-m", "gan_accel.cli"]:
+        argv = ["gan-accel", *argv[3:]]
+    if argv[0] == "pip" or argv[:3] == ["python", "-m", "pip"]:
+        args = argv[argv.index("install") + 1:] if "install" in argv else pytest.fail(f"{line!r}: {TEACH}")
+        return Step(command, check=lambda: _check_pip_install(args, line), why="pip install: checked, not run")
+    if argv[:3] == ["python", "-m", "pytest"]:
+        return Step(command, check=lambda: _check_pytest(argv[3:], line), why="the test command: .ci/run runs it")
+    if argv == ["accelerate", "config"]:
+        return Step(command, check=_check_accelerate_config, why="interactive: the command exists")
+    if argv[:2] == ["accelerate", "launch"]:
+        from accelerate.commands.launch import launch_command_parser
+
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                launch = launch_command_parser().parse_args(argv[2:])
+        except SystemExit:
+            pytest.fail(f"README line {line!r}: accelerate launch refuses its flags: {stderr.getvalue().strip()}")
+        script = Path(launch.training_script)
+        split = len(argv) - len(launch.training_script_args) - 1
+        assert argv[split] == launch.training_script, line
+        launch_flags, script_args = argv[2:split], list(launch.training_script_args)
+        if not (ROOT / script).is_file():
+            pytest.fail(f"README line {line!r}: no script {script} in the repository")
+        if (launch.num_machines or 1) > 1:
+            def check() -> None:
+                check_script_flags(ROOT / script, script_args, line)
+
+            return Step(command, check=check, why="several machines: parsed only (tests/test_example.py runs "
+                                                  "two single-process machines on 127.0.0.1)")
+        if launch.num_processes and launch.num_processes > 2:
+            index = launch_flags.index("--num_processes")
+            launch_flags[index + 1] = "2"
+        if "--main_process_port" not in launch_flags:
+            launch_flags = ["--main_process_port", str(_free_port()), *launch_flags]
+        import torch
+
+        if not torch.cuda.is_available():
+            env.setdefault("ACCELERATE_USE_CPU", "1")
+        small = small_script_args(ROOT / script, script_args, line, mnist)
+        return Step(command, ["accelerate", "launch", *launch_flags, str(script), *small], env)
+    if argv[0] == "python" and len(argv) > 1 and argv[1] == "benchmarks/run.py":
+        return Step(command, check=lambda: check_script_flags(ROOT / argv[1], argv[2:], line),
+                    why="the benchmark suite: its flags parsed (tests/test_benchmarks.py runs it with --quick)")
+    if argv[0] == "python" and len(argv) > 1 and argv[1].startswith("examples/") and argv[1].endswith(".py"):
+        if not (ROOT / argv[1]).is_file():
+            pytest.fail(f"README line {line!r}: no script {argv[1]} in the repository")
+        return Step(command, [sys.executable, argv[1], *small_script_args(ROOT / argv[1], argv[2:], line, mnist)], env)
+    if argv[0] == "gan-accel":
+        args = scale_checkpoint_paths(argv[1:])
+        sub = args[0] if args else ""
+        if sub == "eval":
+            if "--num" in args:
+                index = args.index("--num")
+                args[index + 1] = str(min(int(args[index + 1]), EVAL_NUM_MAX))
+            else:
+                args += ["--num", str(EVAL_NUM_MAX)]
+        elif sub not in GAN_ACCEL_AS_WRITTEN:
+            pytest.fail(f"README line {line!r}: no rule for `gan-accel {sub}`; {TEACH}")
+        return Step(command, ["gan-accel", *args], env, in_process=True)
+    pytest.fail(f"README line {line!r}: no rule for commands starting with {argv[0]!r}; {TEACH}")
+
+
+def run_in_process(argv: list[str]) -> subprocess.CompletedProcess:
+    """``gan-accel ARGS`` through ``gan_accel.cli.main``, with its exit code and output."""
+    from conftest import reset_accelerate_state
+
+    from gan_accel.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    reset_accelerate_state()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv[1:])
+        except SystemExit as exit_:  # argparse
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    reset_accelerate_state()
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def _environment(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GAN_ACCEL_DATA_DIR")}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _mnist() -> str | None:
+    from conftest import mnist_dir
+
+    return mnist_dir()
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+def test_every_readme_shell_command_has_a_rule():
+    """Fast: every command maps to a rule, and the commands that are only checked pass their checks."""
+    commands = readme_shell_commands()
+    assert commands, "the README has no ```bash block"
+    assert commands[0].argv[:2] == ["pip", "install"], "the README starts with the set-up commands"
+    mnist = _mnist() is not None
+    for command in commands:
+        step = rewrite(command, mnist)
+        if step.check is not None:
+            step.check()
+
+
+def test_the_rules_scale_a_run_and_its_checkpoints():
+    """The rewrite of a resume from the README's step 4,000 of a 5,000-step run: step 4 of 5."""
+    (command,) = readme_shell_commands(
+        "```bash\npython examples/dcgan_mnist.py --resume runs/x/checkpoints/checkpoint_00004000 --epochs 25"
+        " --width 64  # a comment\n```")
+    argv = rewrite(command, mnist=False).argv
+    assert argv[1:4] == ["examples/dcgan_mnist.py", "--resume", "runs/x/checkpoints/checkpoint_00000004"]
+    line = " ".join(argv)
+    assert "--epochs" not in argv and "--width 64" not in line and "--no-progress" in argv
+    for flags in ("--steps 5", "--checkpoint-every 1", "--sample-every 1", "--width 8", "--dataset digits"):
+        assert flags in line
+    (failing,) = readme_shell_commands("```bash\ngan-accel serve runs/x   # exits 2\n```")
+    assert failing.expect == 2
+    with pytest.raises(pytest.fail.Exception, match="teach tests/test_readme_shell.py"):
+        rewrite(failing, mnist=False)
+
+
+def run_shell_commands(commands: list[Command], scratch: Path) -> list[str]:
+    """Run (or check) ``commands`` in order in ``scratch``, which must be the working directory; the timings."""
+    mnist = _mnist()
+    for name in LINKED:
+        (scratch / name).symlink_to(ROOT / name, target_is_directory=True)
+    if mnist is not None:
+        (scratch / "data").symlink_to(Path(mnist).resolve(), target_is_directory=True)
+    timings = []
+    for command in commands:
+        step = rewrite(command, mnist is not None)
+        began = time.perf_counter()
+        if step.check is not None:
+            step.check()
+        else:
+            result = run_in_process(step.argv) if step.in_process else subprocess.run(
+                step.argv, check=False, capture_output=True, text=True, timeout=900, cwd=scratch,
+                env=_environment(step.env))
+            assert result.returncode == command.expect, (
+                f"README bash block {command.block}: {command.line!r}\nran as: {shlex.join(step.argv)} "
+                f"(env {step.env}{', in this process' if step.in_process else ''})\n"
+                f"exit {result.returncode}, expected {command.expect}\n"
+                f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
+        timings.append(f"{time.perf_counter() - began:6.1f} s  {step.why or shlex.join(step.argv or [])}")
+    return timings
+
+
+@pytest.mark.slow  # training runs, two 2-process launches, the quickstart's 10,000-sample evaluation
+def test_readme_shell_commands_run_in_order_at_small_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GAN_ACCEL_DATA_DIR", raising=False)  # the commands' default ./data, as for a reader
+    print("\n".join(run_shell_commands(readme_shell_commands(), tmp_path)))
