@@ -70,7 +70,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                      help="with --resume PATH of another run folder: start a new run in --output-dir from it")
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
-    run.add_argument("--eval", action="store_true", help="after training, score 10k samples with an MNIST classifier")
+    run.add_argument("--eval", action="store_true", help="after training, score --num-eval samples with an MNIST classifier")
+    run.add_argument("--num-eval", type=positive_int, default=10_000,
+                     help="samples --eval scores at the end (a conditional run: this many over all classes)")
     run.add_argument("--eval-every", type=positive_int, default=None,
                      help="also score --eval-samples samples every N steps (logged as eval/*), keeping the best "
                           "checkpoint by Frechet distance (named in best.json)")
@@ -177,8 +179,9 @@ def train(args: argparse.Namespace) -> int:
         from gan_accel.eval.mnist import evaluate_conditional_generator, evaluate_generator
 
         score = evaluate_conditional_generator if args.conditional else evaluate_generator
+        size = {"per_class": max(1, args.num_eval // 10)} if args.conditional else {"num_samples": args.num_eval}
         result = score(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim, device=accelerator.device,
-                       fallback=dataset)
+                       fallback=dataset, **size)
         (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         trainer.run_folder.record(Path(config.output_dir) / "eval.json", trainer.step)
         accelerator.print(result["summary"])

@@ -18,8 +18,8 @@ How each kind of command is run (the rules; ``rewrite()`` applies them):
   ``--epochs`` is dropped for the scaled default ``--steps``. Then, where the script has the flag:
   ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
   Without real MNIST, ``--dataset digits`` (the offline set; never a download attempt). ``--eval``
-  is kept: it scores its 10,000 samples as written (the slowest part of this test; on a new machine
-  the first run also trains the MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE).
+  is kept and scores ``--num-eval 200`` samples (on a new machine the first run also trains the
+  MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE).
 * ``accelerate launch [launch flags] <script> [flags]``: the script's flags as above; on a machine
   without CUDA with ``ACCELERATE_USE_CPU=1`` (a GPU launch becomes the same number of gloo CPU
   processes, at most 2), and on a free ``--main_process_port``. A multi-machine launch
