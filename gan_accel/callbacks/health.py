@@ -17,7 +17,7 @@ cleared (one healthy row or measurement) and holds again. The rules, with the co
   pairwise Euclidean distance between G's samples of the run's fixed latents (``trainer.generate()``,
   the EMA when enabled, flattened) is measured and logged as ``health/diversity`` in the next metrics
   row. It warns when a measurement falls below ``diversity_drop`` (0.5) times the largest of the first
-  ``early_samples`` (3) measurements before it, or below ``diversity_floor`` (0.1) times the same
+  ``early_samples`` (3) measurements before it, or (from the measurement after those) below ``diversity_floor`` (0.1) times the same
   distance among real samples (the preflight's reference batch): the latter catches a G collapsed
   from the start.
 
@@ -103,7 +103,10 @@ class HealthMonitor(Callback):
         below = []  # the limits this measurement is under
         if earlier and value < self.diversity_drop * max(earlier):
             below.append(f"{self.diversity_drop:g} x its early peak {max(earlier):.3g}")
-        if self.real_diversity is not None and value < self.diversity_floor * self.real_diversity:
+        # The floor only after the early measurements: an untrained G maps every latent to nearly the same
+        # image (small weights), which is not a collapse; one that stays there is, and is caught then.
+        if self.real_diversity is not None and len(earlier) >= self.early_samples and \
+                value < self.diversity_floor * self.real_diversity:
             below.append(f"{self.diversity_floor:g} x the real data's {self.real_diversity:.3g}")
         self._episode(trainer, "diversity", bool(below), 1, lambda: (
             f"{PREFIX} sample diversity collapsed at step {trainer.step}: G's samples of the fixed latents are "
