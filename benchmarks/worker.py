@@ -163,7 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     result = {"rank": int(os.environ.get("RANK", 0)), "step_ms": step * 1e3,
               "images_per_s": extras["batch"] * extras["processes"] / step, "threads": torch.get_num_threads(),
               "peak_rss_mib": peak_rss_mib(), **extras}
-    print(PREFIX + json.dumps(result), flush=True)
+    # One write of the whole line: under `accelerate launch` stdout may be unbuffered, and print() then writes the
+    # text and its newline separately, so two ranks' rows could interleave on one line.
+    sys.stdout.write(PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
