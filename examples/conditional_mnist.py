@@ -4,9 +4,10 @@
     accelerate launch examples/conditional_mnist.py          # same flags, as many processes as configured
     gan-accel sample runs/conditional_mnist --label 3 --num 100 --out threes.png
 
-The flags are those of examples/dcgan_mnist.py (the two share their code), plus --spectral-norm and
---label-distribution. G is G(z, y) (the label's embedding joined to the latent), D is a projection
-discriminator D(x, y); the dataloader's labels reach D with their images. The progress grids have
+The flags are those of examples/dcgan_mnist.py (the two share their code), plus --spectral-norm,
+--label-distribution, --class-weight and --d-position. G is G(z, y) (the label's embedding joined to
+the latent), D is a projection discriminator D(x, y) with coordinate channels (so it sees where
+strokes sit); the dataloader's labels reach D with their images. The progress grids have
 one row per digit. With --eval, 1,000 samples of each digit are judged by an MNIST classifier:
 eval.json holds the share assigned to the digit asked for, per digit, and the Frechet distance.
 """

@@ -106,6 +106,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
         model.add_argument("--class-weight", type=nonnegative_float, default=1.0,
                            help="weight of the auxiliary class loss (D classifies real digits, G is pulled to "
                                 "its asked digit); 0 disables")
+        model.add_argument("--d-position", choices=("coords", "moments", "none"), default="coords",
+                           help="how D sees where strokes are: coordinate channels, spatial moments, or not at "
+                                "all (then G drew the ones off-centre)")
     args = parser.parse_args(argv)
     args.conditional = conditional
     if args.fork and args.resume is None:
@@ -153,7 +156,7 @@ def train(args: argparse.Namespace) -> int:
     if args.spectral_norm:
         model.update(spectral_norm=True)
     if args.conditional:
-        model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm)
+        model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm, d_position=args.d_position)
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes,
                     "model": model}
     config.validate()
@@ -161,7 +164,8 @@ def train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
     if args.conditional:  # G(z, y) and a projection D(x, y); the loader's labels reach both
         G = ConditionalDCGANGenerator(10, z_dim=args.z_dim, width=args.width, image_size=28)
-        D = ProjectionDiscriminator(10, width=args.width, image_size=28, spectral_norm=args.spectral_norm)
+        D = ProjectionDiscriminator(10, width=args.width, image_size=28, spectral_norm=args.spectral_norm,
+                                    position=args.d_position)
     else:
         G = DCGANGenerator(z_dim=args.z_dim, width=args.width, image_size=28)
         D = DCGANDiscriminator(width=args.width, image_size=28, spectral_norm=args.spectral_norm)

@@ -132,9 +132,11 @@ def test_labels_and_label_distribution_cannot_change_on_resume():
 # -- reference models --------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [28, 32, 64])
 @pytest.mark.parametrize("spectral_norm", [False, True])
-def test_reference_conditional_models_for_every_size(size, spectral_norm):
+@pytest.mark.parametrize("position", ["coords", "moments", "none"])
+def test_reference_conditional_models_for_every_size(size, spectral_norm, position):
     G = ConditionalDCGANGenerator(10, z_dim=8, width=4, image_size=size, channels=3)
-    D = ProjectionDiscriminator(10, width=4, image_size=size, channels=3, spectral_norm=spectral_norm)
+    D = ProjectionDiscriminator(10, width=4, image_size=size, channels=3, spectral_norm=spectral_norm,
+                                position=position)
     y = torch.tensor([0, 3, 9])
     x = G(torch.randn(3, 8), y)
     assert x.shape == (3, 3, size, size) and x.abs().max() <= 1
@@ -148,6 +150,26 @@ def test_reference_conditional_models_for_every_size(size, spectral_norm):
             D(x.detach(), y)
         weight = D.psi.weight
         assert torch.linalg.matrix_norm(weight, ord=2).item() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_projection_discriminator_sees_where_a_digit_sits():
+    """Why D gets a ``position``: with features only averaged over space, D gives a digit shifted by a
+    whole feature cell the same logit (G drew thin digits off-centre unnoticed); with coordinate
+    channels or spatial moments, D tells the two apart."""
+    torch.manual_seed(0)
+    x = torch.full((2, 1, 28, 28), -1.0)
+    x[:, :, 8:20, 11:13] = 1.0  # a thin vertical stroke, away from the borders
+    shifted = torch.roll(x, shifts=-4, dims=3)  # 4 px = one cell of the 7x7 feature map (two stride-2 stages)
+    y = torch.tensor([1, 1])
+    for position, same in (("none", True), ("coords", False), ("moments", False)):
+        torch.manual_seed(0)
+        D = ProjectionDiscriminator(10, width=8, position=position).eval()
+        with torch.no_grad():
+            torch.nn.init.normal_(D.embed.weight)  # a projection of the scale a trained D has
+            moved = D(x, y) - D(shifted, y)
+        assert bool(moved.abs().max() < 1e-5) == same, (position, moved)
+    with pytest.raises(ValueError, match="position='frame' is not supported: choose one of coords, moments, none"):
+        ProjectionDiscriminator(10, position="frame")
 
 
 # -- sampling a chosen class -----------------------------------------------------------------------
