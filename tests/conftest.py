@@ -9,6 +9,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+# In-process tests train tiny networks on tiny tensors: a second intra-op thread only adds synchronisation,
+# and on a machine shared with other work every OpenMP barrier waits for a descheduled thread (the one-process
+# resume test took 19 s with 2 threads on a loaded 2-core machine, 3 s with 1). Launched processes get their
+# own OMP_NUM_THREADS (1 in these tests), and nothing asserted depends on this process's thread count.
+# GAN_ACCEL_TEST_THREADS=N gives this process N threads instead.
+torch.set_num_threads(int(os.environ.get("GAN_ACCEL_TEST_THREADS", "1")))
+
 Z_DIM = 4
 IMAGE_SHAPE = (1, 4, 4)
 NUM_CLASSES = 3
@@ -20,6 +27,31 @@ def reset_accelerate_state() -> None:
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def offline_digits_made_once():
+    """In this process, the offline digit set of a given size and seed is rendered once per session.
+
+    ``resolve_dataset`` renders 60,000 digits (about 4 s) every time an example runs in-process; the set
+    is a pure function of (n, seed, size) (its own generator, the global RNG untouched), so every later
+    call gets copies of the first result: the same bytes. ``synthetic_digits`` itself, as tests/test_data.py
+    imports it, is the real function; launched processes render their own.
+    """
+    import gan_accel.data.mnist as mnist
+
+    render = mnist.synthetic_digits
+    made: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def once(n: int, seed: int = 0, size: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
+        if (n, seed, size) not in made:
+            made[(n, seed, size)] = render(n, seed=seed, size=size)
+        images, labels = made[(n, seed, size)]
+        return images.clone(), labels.clone()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mnist, "synthetic_digits", once)
+        yield
 
 
 @pytest.fixture(autouse=True)

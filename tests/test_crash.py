@@ -28,6 +28,27 @@ def run(cmd, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
 
 
+def resume(out: Path, capsys) -> tuple[int, str, str]:
+    """``python examples/dcgan_mnist.py --resume latest`` with the crashed run's flags, in this process (only the
+    crash needs a process of its own): (exit code, stdout, stderr)."""
+    import importlib.util
+
+    from conftest import reset_accelerate_state
+
+    spec = importlib.util.spec_from_file_location("example_dcgan_mnist", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    capsys.readouterr()
+    reset_accelerate_state()
+    try:
+        code = example.main(["--resume", "latest", "--data-dir", str(out.parent / "nodata"), "--output-dir", str(out),
+                             *FLAGS])
+    finally:
+        reset_accelerate_state()
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def checkpoints(out: Path) -> list[str]:
     return sorted(p.name for p in (out / "checkpoints").iterdir())
 
@@ -40,14 +61,14 @@ def logged_steps(out: Path) -> list[int]:
     ("kill-train", 6, ["checkpoint_00000004"]),  # killed between checkpoints 4 and 8
     ("kill-save", 8, [".tmp-checkpoint_00000008", "checkpoint_00000004"]),  # killed while writing 8
 ])
-def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, mode, step, survivors):
+def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, capsys, mode, step, survivors):
     out = tmp_path / "run"
     crashed = run([sys.executable, DRIVER, mode, str(step), "--"], out)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     assert checkpoints(out) == survivors
-    resumed = run([sys.executable, EXAMPLE, "--resume", "latest"], out)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout and "checkpoint_00000004" in resumed.stdout
+    code, stdout, stderr = resume(out, capsys)
+    assert code == 0, stderr[-3000:]
+    assert "resumed from" in stdout and "checkpoint_00000004" in stdout
     assert logged_steps(out) == list(range(1, 13)), "no duplicated or missing steps after resume"
     # The partial folder is gone; every remaining checkpoint is complete.
     current = [name for name in checkpoints(out) if name != "abandoned"]
@@ -59,14 +80,14 @@ def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, mode, step, sur
     assert (out / "generator.safetensors").is_file() and (out / "progress.gif").is_file()
 
 
-def test_sigterm_checkpoints_and_exits_nonzero_with_resume_instructions(tmp_path):
+def test_sigterm_checkpoints_and_exits_nonzero_with_resume_instructions(tmp_path, capsys):
     out = tmp_path / "run"
     stopped = run([sys.executable, DRIVER, "sigterm", "6", "--"], out)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
     assert "stopped by SIGTERM at step 6" in stopped.stderr and "--resume latest" in stopped.stderr
     assert checkpoints(out) == ["checkpoint_00000004", "checkpoint_00000006"]
-    resumed = run([sys.executable, EXAMPLE, "--resume", "latest"], out)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    code, _, stderr = resume(out, capsys)
+    assert code == 0, stderr[-3000:]
     assert logged_steps(out) == list(range(1, 13))
 
 

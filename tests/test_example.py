@@ -152,20 +152,39 @@ def test_two_gpu_config_file_is_valid_for_accelerate():
     assert config.distributed_type.value == "MULTI_GPU" and config.num_processes == 2 and config.num_machines == 1
 
 
-def test_cli_samples_from_a_finished_run(tmp_path):
+def gan_accel_command(argv: list[str], capsys) -> subprocess.CompletedProcess:
+    """``gan-accel ARGS`` through ``gan_accel.cli.main`` (what the installed command calls) in this process:
+    each command in a process of its own would spend most of its time importing torch (tests/test_cli.py
+    runs ``python -m gan_accel.cli`` as a process)."""
+    from conftest import reset_accelerate_state
+    from gan_accel.cli import main
+
+    capsys.readouterr()
+    reset_accelerate_state()
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    finally:
+        reset_accelerate_state()
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["gan-accel", *argv], code, captured.out, captured.err)
+
+
+def test_cli_samples_from_a_finished_run(tmp_path, capsys):
     out = tmp_path / "run"
     assert run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"),
                 "--output-dir", str(out), *TINY]).returncode == 0
-    result = run([sys.executable, "-m", "gan_accel.cli", "sample", str(out), "--num", "9", "--out", str(tmp_path / "g.png")])
+    result = gan_accel_command(["sample", str(out), "--num", "9", "--out", str(tmp_path / "g.png")], capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     with Image.open(tmp_path / "g.png") as grid:
         assert grid.size == (3 * 30 + 2, 3 * 30 + 2)  # 3x3 grid of 28px images with 2px padding
-    missing = run([sys.executable, "-m", "gan_accel.cli", "sample", str(tmp_path / "nowhere"), "--out",
-                   str(tmp_path / "h.png")])
-    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "nowhere does not exist" in missing.stderr
+    missing = gan_accel_command(["sample", str(tmp_path / "nowhere"), "--out", str(tmp_path / "h.png")], capsys)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ")
+    assert "nowhere does not exist" in missing.stderr
 
 
-def test_conditional_example_on_two_gloo_processes(tmp_path):
+def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
     """examples/conditional_mnist.py under accelerate launch: the labels reach D and G on both ranks,
     the grids have one row per digit, and the run samples a chosen digit afterwards."""
     out = tmp_path / "run"
@@ -180,8 +199,8 @@ def test_conditional_example_on_two_gloo_processes(tmp_path):
     assert torch.equal(torch.load(out / "fixed_labels.pt"), torch.arange(10).repeat_interleave(10))
     with Image.open(out / "samples_final.png") as grid:
         assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples
-    sample = run([sys.executable, "-m", "gan_accel.cli", "sample", str(out), "--label", "7", "--num", "5",
-                  "--format", "npz", "--out", str(tmp_path / "sevens.npz")])
+    sample = gan_accel_command(["sample", str(out), "--label", "7", "--num", "5", "--format", "npz",
+                                "--out", str(tmp_path / "sevens.npz")], capsys)
     assert sample.returncode == 0, sample.stderr
     import numpy as np
 
@@ -189,13 +208,25 @@ def test_conditional_example_on_two_gloo_processes(tmp_path):
     assert arrays["images"].shape == (5, 1, 28, 28) and arrays["labels"].tolist() == [7] * 5
 
 
-def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp_path):
+def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp_path, monkeypatch, capsys):
     """--eval-every logs eval/* rows and names the best checkpoint; `gan-accel eval` scores the run against
-    the set it trained on and says that it is not MNIST; an existing --out is never overwritten."""
+    the set it trained on and says that it is not MNIST; an existing --out is never overwritten.
+
+    The judge (the offline digits' classifier) is in this test's cache beforehand, trained briefly on 2,000
+    digits: the wiring is checked here, not the judge's accuracy, and training it in full takes half a minute
+    (tests/test_metrics.py checks that a missing judge is trained and cached, and then read back).
+    """
+    from gan_accel.data import synthetic_digits
+    from gan_accel.eval.mnist import load_or_train_classifier
+
     out, cache = tmp_path / "run", {"GAN_ACCEL_CACHE": str(tmp_path / "cache")}
+    judge = tmp_path / "cache" / "offline-digits_classifier.safetensors"
+    load_or_train_classifier(judge, *synthetic_digits(2000), epochs=1)
+    cached = judge.read_bytes()
     result = run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"),
                   "--output-dir", str(out), *TINY, "--eval-every", "2", "--eval-samples", "60"], **cache)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert judge.read_bytes() == cached, "the cached judge is used, not trained again"
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "eval/fd" in r]
     assert [r["eval/step"] for r in rows] == [2, 4]
     assert {"eval/kid", "eval/precision", "eval/recall", "eval/is"} <= set(rows[0])
@@ -204,13 +235,13 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp
     assert best["value"] == best_fd and (out / best["checkpoint"]).is_dir()
 
     scores = tmp_path / "scores.json"
-    evaluate = run([sys.executable, "-m", "gan_accel.cli", "eval", str(out), "--num", "200", "--out", str(scores)],
-                   **cache)
+    monkeypatch.setenv("GAN_ACCEL_CACHE", cache["GAN_ACCEL_CACHE"])
+    evaluate = gan_accel_command(["eval", str(out), "--num", "200", "--out", str(scores)], capsys)
     assert evaluate.returncode == 0, evaluate.stderr[-2000:]
     assert "NOT MNIST" in evaluate.stdout.splitlines()[0]
     report = json.loads(scores.read_text())
     assert report["reference"] == "offline-digits" and report["num_samples"] == 200 and report["step"] == 4
     assert {"fd", "kid", "precision", "recall", "class_share", "mean_confidence"} <= set(report)
-    again = run([sys.executable, "-m", "gan_accel.cli", "eval", str(out), "--out", str(scores)], **cache)
+    again = gan_accel_command(["eval", str(out), "--out", str(scores)], capsys)
     assert again.returncode == 2 and again.stderr.startswith("error:") and "exists" in again.stderr
     assert json.loads(scores.read_text()) == report

@@ -10,7 +10,7 @@ Every command must exit 0, or the code its comment names (``# exits 2``).
 
 How each kind of command is run (the rules; ``rewrite()`` applies them):
 
-* ``python examples/<script>.py ...`` runs with the test's Python, at 1/1000 of its length: every step
+* ``python examples/<script>.py ...`` runs at 1/1000 of its length, in this test's process: every step
   count (``--steps``, ``--checkpoint-every``, ``--sample-every``, ``--log-every``, ``--eval-every``;
   the value in the command or else the script's default, read from its own argument parser) is
   divided by 1000, rounded up, and so is the step in a ``checkpoint_<step>`` path (the README's
@@ -19,7 +19,11 @@ How each kind of command is run (the rules; ``rewrite()`` applies them):
   ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
   Without real MNIST, ``--dataset digits`` (the offline set; never a download attempt). ``--eval``
   is kept and scores ``--num-eval 200`` samples (on a new machine the first run also trains the
-  MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE).
+  MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE). The script runs as ``python`` would
+  run it (``runpy`` as ``__main__``, that argv, its folder first on ``sys.path``, the command's environment,
+  the exit code from ``SystemExit``), in this process: a process of its own would spend most of its time
+  importing torch. tests/test_example.py runs both MNIST scripts as processes of their own, and the
+  ``accelerate launch`` commands below are processes too.
 * ``accelerate launch [launch flags] <script> [flags]``: the script's flags as above; on a machine
   without CUDA with ``ACCELERATE_USE_CPU=1`` (a GPU launch becomes the same number of gloo CPU
   processes, at most 2), and on a free ``--main_process_port``. A multi-machine launch
@@ -57,6 +61,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,7 +258,7 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     check: Callable[[], None] | None = None
     why: str = ""
-    in_process: bool = False  # gan-accel: through gan_accel.cli.main in this process
+    in_process: bool = False  # gan-accel and python examples/...: in this process (run_in_process)
 
 
 def _free_port() -> int:
@@ -344,7 +349,8 @@ def rewrite(command: Command, mnist: bool) -> Step:
     if argv[0] == "python" and len(argv) > 1 and argv[1].startswith("examples/") and argv[1].endswith(".py"):
         if not (ROOT / argv[1]).is_file():
             pytest.fail(f"README line {line!r}: no script {argv[1]} in the repository")
-        return Step(command, [sys.executable, argv[1], *small_script_args(ROOT / argv[1], argv[2:], line, mnist)], env)
+        return Step(command, [sys.executable, argv[1], *small_script_args(ROOT / argv[1], argv[2:], line, mnist)], env,
+                    in_process=True)
     if argv[0] == "gan-accel":
         args = scale_checkpoint_paths(argv[1:])
         sub = args[0] if args else ""
@@ -360,26 +366,60 @@ def rewrite(command: Command, mnist: bool) -> Step:
     pytest.fail(f"README line {line!r}: no rule for commands starting with {argv[0]!r}; {TEACH}")
 
 
-def run_in_process(argv: list[str]) -> subprocess.CompletedProcess:
-    """``gan-accel ARGS`` through ``gan_accel.cli.main``, with its exit code and output."""
+def run_in_process(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``gan-accel ARGS`` through ``gan_accel.cli.main``, or ``python SCRIPT ARGS`` through ``runpy``, in this
+    process with ``env`` added to its environment (and the launcher's variables removed), with its exit code
+    and output."""
     from conftest import reset_accelerate_state
 
-    from gan_accel.cli import main
-
     out, err = io.StringIO(), io.StringIO()
+    env = env or {}
+    saved_env = {name: os.environ.get(name) for name in (*LAUNCHER_VARIABLES, *env)}
+    saved_argv, saved_path, saved_modules = sys.argv, list(sys.path), set(sys.modules)
+    script = None if argv[0] == "gan-accel" else Path(argv[1]).resolve()
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ.update(env)
     reset_accelerate_state()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv[1:])
-        except SystemExit as exit_:  # argparse
-            code = exit_.code if isinstance(exit_.code, int) else 1
-    reset_accelerate_state()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                if script is None:
+                    from gan_accel.cli import main
+
+                    code = main(argv[1:])
+                else:
+                    sys.argv = argv[1:]
+                    sys.path.insert(0, str(script.parent))  # as python does: the script's siblings import
+                    runpy.run_path(str(script), run_name="__main__")
+                    code = 0
+            except SystemExit as exit_:  # argparse, or the script's sys.exit(main())
+                code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+                if isinstance(exit_.code, str):
+                    print(exit_.code, file=sys.stderr)
+            except Exception:  # what python would print before exiting with 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        reset_accelerate_state()
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        for name in set(sys.modules) - saved_modules:  # the script's siblings (dcgan_mnist for conditional_mnist)
+            where = str(getattr(sys.modules[name], "__file__", "") or "")
+            if script is not None and where.startswith(str(script.parent)):
+                del sys.modules[name]
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GAN_ACCEL_DATA_DIR")
+
+
 def _environment(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GAN_ACCEL_DATA_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     env.update(OMP_NUM_THREADS="1", **extra)
     return env
 
@@ -434,7 +474,7 @@ def run_shell_commands(commands: list[Command], scratch: Path) -> list[str]:
         if step.check is not None:
             step.check()
         else:
-            result = run_in_process(step.argv) if step.in_process else subprocess.run(
+            result = run_in_process(step.argv, step.env) if step.in_process else subprocess.run(
                 step.argv, check=False, capture_output=True, text=True, timeout=900, cwd=scratch,
                 env=_environment(step.env))
             assert result.returncode == command.expect, (

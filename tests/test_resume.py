@@ -122,12 +122,12 @@ def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path, overrides):
     check_runs(tmp_path, ranks=[0])
 
 
-def _straight_conditional(out_dir: str) -> None:
-    _straight(out_dir, conditional=True)
-
-
-def _interrupted_conditional(out_dir: str) -> None:
-    _interrupted(out_dir, conditional=True)
+def _from_scratch(out_dir: str, conditional: bool) -> None:
+    """The straight run, then the interrupted one, in one launch: both start from scratch (the resumed run,
+    which must find everything in the checkpoint, gets processes of its own)."""
+    _straight(out_dir, conditional=conditional)
+    reset_accelerate_state()
+    _interrupted(out_dir, conditional=conditional)
 
 
 def _resumed_conditional(out_dir: str) -> None:
@@ -137,10 +137,11 @@ def _resumed_conditional(out_dir: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("conditional", [False, True], ids=["unconditional", "conditional"])
 def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, conditional):
-    steps = (_straight_conditional, _interrupted_conditional, _resumed_conditional) if conditional else (
-        _straight, _interrupted, _resumed)
-    for fn in steps:
-        launch_two_processes(fn, args=(str(tmp_path),), num_processes=2)
+    launch_two_processes(_from_scratch, args=(str(tmp_path), conditional), num_processes=2)
+    from gan_accel import list_checkpoints
+
+    assert [p.name for p in list_checkpoints(tmp_path / "resumed")] == ["checkpoint_00000003"]
+    launch_two_processes(_resumed_conditional if conditional else _resumed, args=(str(tmp_path),), num_processes=2)
     check_runs(tmp_path, ranks=[0, 1])
     final = tmp_path / "resumed" / "checkpoints" / "checkpoint_00000008"
     rng_files = sorted(p.name for p in final.iterdir())
