@@ -1,6 +1,6 @@
 """Train a class-conditional DCGAN on MNIST with gan_accel, and sample the digit you ask for.
 
-    python examples/conditional_mnist.py --eval              # about 7 minutes on 2 CPU cores
+    python examples/conditional_mnist.py --eval              # 4-7 minutes on 2 CPU cores
     accelerate launch examples/conditional_mnist.py          # same flags, as many processes as configured
     gan-accel sample runs/conditional_mnist --label 3 --num 100 --out threes.png
 
