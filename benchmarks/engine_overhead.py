@@ -8,7 +8,11 @@ step after every engine step), so both see the same machine conditions step by s
 over the steps, and the median over repeats of the ratio engine / plain. The engine runs with its
 defaults (divergence guard, metrics, schedulers) but without writing files (samples, checkpoints).
 
-    python benchmarks/engine_overhead.py [--repeats 3] [--steps 200]
+``--control`` runs the protocol with the plain loop on both sides (two copies, alternating): the
+ratio it prints is what the protocol reads when there is no difference, so an engine / plain ratio
+outside that spread is the engine's, not the order of the steps or the machine's.
+
+    python benchmarks/engine_overhead.py [--repeats 3] [--steps 200] [--control]
 """
 
 from __future__ import annotations
@@ -154,19 +158,42 @@ def compare(case: str, repeats: int, steps: int, warmup: int) -> tuple[float, fl
     return statistics.median(plain), statistics.median(engine), statistics.median(ratios)
 
 
+def control(case: str, repeats: int, steps: int, warmup: int) -> tuple[float, float, float]:
+    """The protocol's null reading: medians over ``repeats`` of (copy A images/s, copy B, B / A), two
+    copies of the plain loop stepped alternately (A, then B) as the engine and the plain loop are."""
+    build, kind, batch = CASES[case]
+    data = data_for(kind)
+    results = []
+    for _ in range(repeats):
+        first, second = PlainLoop(build, data, batch), PlainLoop(build, data, batch)
+        times: tuple[list[float], list[float]] = ([], [])
+        for index in range(warmup + steps):
+            for loop, kept in ((first, times[0]), (second, times[1])):
+                start = time.perf_counter()
+                loop.step()
+                if index >= warmup:
+                    kept.append(time.perf_counter() - start)
+        a, b = (batch / statistics.median(t) for t in times)
+        results.append((a, b, b / a))
+    return tuple(statistics.median(column) for column in zip(*results))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--control", action="store_true", help="the plain loop against itself (the protocol's null)")
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
           f"{torch.get_num_threads()} threads; {args.repeats} repeats of {args.steps} steps, medians\n")
-    print("| case | plain loop, images/s | engine, images/s | engine / plain |")
+    measured, columns = (control, "plain loop A, images/s | plain loop B, images/s | B / A") if args.control else (
+        compare, "plain loop, images/s | engine, images/s | engine / plain")
+    print(f"| case | {columns} |")
     print("| --- | ---: | ---: | ---: |")
     for name in args.cases:
-        plain, engine, ratio = compare(name, args.repeats, args.steps, args.warmup)
+        plain, engine, ratio = measured(name, args.repeats, args.steps, args.warmup)
         print(f"| {name} | {plain:,.0f} | {engine:,.0f} | {ratio:.3f} |", flush=True)
 
 

@@ -48,3 +48,30 @@ def test_quick_benchmark_prints_the_machine_and_a_table_for_every_section():
             assert "| --- |" in body and "failed" not in body, f"section {key!r}:\n{body}"
     for word in ("target", "met", "all-reduce share", "compile", "channels_last", "bf16", "peak RSS"):
         assert word in out
+
+
+def test_engine_overhead_control_steps_two_copies_of_the_plain_loop_alike(capsys, monkeypatch):
+    """``engine_overhead.py --control``: the protocol's null reading, two plain loops in lockstep.
+    Each copy is stepped the same number of times (so B / A compares like with like)."""
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import engine_overhead
+    finally:
+        sys.path.remove(str(RUN.parent))
+    steps: list[int] = []
+    real_step = engine_overhead.PlainLoop.step
+
+    def counted(self):
+        steps.append(id(self))
+        return real_step(self)
+
+    monkeypatch.setattr(engine_overhead.PlainLoop, "step", counted)
+    engine_overhead.main(["--control", "--steps", "3", "--warmup", "1", "--repeats", "1",
+                          "--cases", "MLP GAN (3x128), batch 256"])
+    out = capsys.readouterr().out
+    assert "| case | plain loop A, images/s | plain loop B, images/s | B / A |" in out
+    row = next(line for line in out.splitlines() if line.startswith("| MLP GAN"))
+    a, b, ratio = (float(cell.replace(",", "")) for cell in row.strip("| ").split(" | ")[1:])
+    assert ratio == pytest.approx(b / a, rel=0.01)
+    assert len(set(steps)) == 2 and steps.count(steps[0]) == steps.count(steps[1]) == 4  # warmup 1 + 3 steps
+    assert steps[::2] == [steps[0]] * 4  # A always first, then B
