@@ -156,7 +156,9 @@ def train(args: argparse.Namespace) -> int:
     if args.spectral_norm:
         model.update(spectral_norm=True)
     if args.conditional:
-        model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm, d_position=args.d_position)
+        model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm)
+        if args.d_position != "none":  # unrecorded for "none": runs from before the flag resume with --d-position none
+            model.update(d_position=args.d_position)
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes,
                     "model": model}
     config.validate()
