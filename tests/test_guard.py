@@ -128,23 +128,24 @@ def unfused_adam(trainer_kwargs: dict, G, D) -> dict:
 
 
 def guarded_trainer(tmp_path, mode: str, name: str = "run", phases=None, **overrides) -> GANTrainer:
-    """A 6-step run whose optimizers take the skip ``mode``: "fused" (the default optimizers), "host"
-    or "restore" (non-fused Adam; "restore" forced on CPU, where "host" is the default)."""
+    """A 6-step run whose optimizers take the skip ``mode``: "fused" (the default optimizers) or "restore"
+    (non-fused Adam), each on the path a GPU takes (cpu_mode="device", forced on CPU); "host" (non-fused
+    Adam) or "cpu" (the default optimizers), each with a CPU run's default: the verdict read on the host."""
     cfg = dict(max_steps=6, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4, lr_G=1e-2,
                lr_D=1e-2, warmup_ratio=0.0, output_dir=str(tmp_path / name), progress_bar=False)
     cfg.update(overrides)
     G, D = make_models()
     latents = TableLatents(4096)
     kwargs = dict(latent_sampler=latents, phases=phases)
-    if mode != "fused":
+    if mode in ("host", "restore"):
         kwargs = unfused_adam(kwargs, G, D)
     trainer = GANTrainer(G, D, make_loader(make_images(64), 4), TrainConfig(**cfg), **kwargs)
     latents.rewind()
-    trainer.runner.skippable.cpu_mode = "restore" if mode == "restore" else "host"
+    trainer.runner.skippable.cpu_mode = "device" if mode in ("fused", "restore") else "host"
     return trainer
 
 
-@pytest.mark.parametrize("mode", ["fused", "host", "restore"])
+@pytest.mark.parametrize("mode", ["fused", "host", "restore", "cpu"])
 @pytest.mark.parametrize("how", ["loss", "grad"])
 def test_a_non_finite_update_is_skipped_bitwise_weights_and_optimizer_state(tmp_path, mode, how):
     trainer = guarded_trainer(tmp_path, mode, phases=poisoned_phases(at_step=2, how=how))
@@ -152,7 +153,8 @@ def test_a_non_finite_update_is_skipped_bitwise_weights_and_optimizer_state(tmp_
     trainer.callbacks.add(record)
     trainer.fit()
     # "restore" needs the optimizer's state to exist: each optimizer's first step reads the flag on the host
-    assert trainer.runner.skippable.modes_used == ({mode: 12} if mode != "restore" else {"host": 2, "restore": 10})
+    expected = {"restore": {"host": 2, "restore": 10}, "cpu": {"host": 12}}.get(mode, {mode: 12})
+    assert trainer.runner.skippable.modes_used == expected
     # Step 2 (0-based) was skipped: D and its Adam state (moments and step counter) after it are bitwise
     # those after step 1; the steps around it moved D.
     assert all(torch.equal(record.params[2][k], record.params[1][k]) for k in record.params[1])
@@ -165,13 +167,13 @@ def test_a_non_finite_update_is_skipped_bitwise_weights_and_optimizer_state(tmp_
     assert all(torch.isfinite(p).all() for p in trainer.D.parameters())
 
 
-@pytest.mark.parametrize("mode", ["fused", "host", "restore"])
+@pytest.mark.parametrize("mode", ["fused", "host", "restore", "cpu"])
 def test_the_guard_changes_no_bit_of_a_run_on_finite_data(tmp_path, mode):
     on = guarded_trainer(tmp_path, mode, "on", clip_grad_norm_D=0.5)
     on.fit()
     off = guarded_trainer(tmp_path, mode, "off", nan_guard=False, clip_grad_norm_D=0.5)
     off.fit()
-    assert on.runner.skippable.modes_used.get(mode, 0) > 0
+    assert on.runner.skippable.modes_used.get("host" if mode == "cpu" else mode, 0) > 0
     for net in ("G", "D"):
         assert_close_dicts(params(on.networks[net]), params(off.networks[net]), atol=0)
         assert all(torch.equal(a, b) for a, b in zip(optimizer_state(on.optimizers[net]),
@@ -265,3 +267,63 @@ def test_two_processes_skip_a_rank_local_non_finite_update_alike(tmp_path):
         assert_close_dicts(ranks[0]["params"][step], ranks[1]["params"][step], atol=0)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["skipped/D"] for r in rows] == [0, 0, 1, 1, 1, 1]
+
+
+# -- the counters: read on the host (a CPU run) or kept on the device, the same numbers --------------
+@pytest.mark.parametrize("verdicts", [[0, 1, 1, 0, 1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 1], [1, 0, 1, 0, 1]])
+def test_host_and_device_counters_agree_on_every_sequence_of_verdicts(verdicts):
+    """The same verdicts as host bools and as device tensors give the same skips, the same longest run
+    (hence the same DivergenceError) and the same checkpointed state, against a hand count."""
+    from gan_accel.engine.guard import DivergenceGuard
+
+    def hand_count(flags):
+        longest = run = 0
+        for flag in flags:
+            run = run + 1 if flag else 0
+            longest = max(longest, run)
+        return run, sum(flags), longest
+
+    consecutive, skipped, longest = hand_count(verdicts)
+    for limit in (2, 3):
+        results = []
+        for as_bool in (True, False):
+            guard = DivergenceGuard(limit, ("D",))
+            for flag in verdicts:
+                guard.record("D", bool(flag) if as_bool else torch.tensor(float(flag)))
+            state = guard.state_dict()
+            if longest >= limit:
+                with pytest.raises(DivergenceError, match=f"non-finite for {longest} consecutive"):
+                    guard.check(step=len(verdicts))
+                results.append(("raised", state))
+            else:
+                results.append((guard.check(step=len(verdicts)), state))
+        assert results[0] == results[1]
+        assert results[0][1] == {"consecutive": {"D": consecutive}, "skipped": {"D": skipped}}
+
+
+def test_a_resumed_guard_counts_on_from_its_state_on_the_host_and_on_the_device():
+    """load_state_dict, then more verdicts: a run of skips that began before the checkpoint still counts."""
+    from gan_accel.engine.guard import DivergenceGuard
+
+    for as_bool in (True, False):
+        guard = DivergenceGuard(3, ("G", "D"))
+        guard.load_state_dict({"consecutive": {"D": 2, "G": 0}, "skipped": {"D": 5, "G": 1}})
+        guard.record("G", False if as_bool else torch.tensor(0.0))
+        guard.record("D", True if as_bool else torch.tensor(1.0))
+        assert guard.skipped == {"G": 1, "D": 6}
+        with pytest.raises(DivergenceError, match="D's loss or gradients were non-finite for 3 consecutive"):
+            guard.check(step=7)
+
+
+def test_the_flag_of_a_parameter_list_is_the_flag_of_its_module():
+    from gan_accel.engine.guard import non_finite_flag
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    finite = torch.tensor(0.5)
+    assert float(non_finite_flag(net, finite, True)) == float(non_finite_flag(list(net.parameters()), finite, True)) == 0
+    net[1].bias.grad[0] = float("inf")
+    assert float(non_finite_flag(list(net.parameters()), finite, True)) == 1.0
+    assert float(non_finite_flag(list(net.parameters()), finite, False)) == 0.0  # loss only
+    assert float(non_finite_flag(list(net.parameters()), torch.tensor(float("nan")), False)) == 1.0

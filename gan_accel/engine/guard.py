@@ -8,6 +8,8 @@ checkpoint and at the end of ``fit`` (:meth:`DivergenceGuard.check`), where the 
 metrics anyway. So :class:`~gan_accel.errors.DivergenceError` is raised at the first such check
 after the ``max_bad_updates``-th consecutive skip, not at that very step; every skipped update
 left the weights untouched, so no checkpoint ever holds non-finite weights (a check comes first).
+On a CPU the verdict is read on the host instead (reading a CPU tensor waits for nothing, and an
+``if`` costs less than the device-side select and counter ops): see ``SkippableStep.reads_on_host``.
 
 Under fp16 the GradScaler already skips steps with inf/NaN gradients (scaled gradients overflow
 routinely while it searches for its scale), so there the guard checks only the loss.
@@ -15,7 +17,7 @@ routinely while it searches for its scale), so there the guard checks only the l
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -25,37 +27,54 @@ from ..errors import DivergenceError
 _ONES: dict[torch.device, torch.Tensor] = {}
 
 
-def non_finite_flag(model: nn.Module, loss_sum: torch.Tensor, check_grads: bool) -> torch.Tensor:
-    """A 0-dim float32 tensor on the loss's device, no sync: 1.0 if ``loss_sum`` (or, if asked, a gradient)
-    is not finite, else 0.0 (the ``found_inf`` convention of torch's GradScaler and fused optimizers).
+def non_finite_flag(params: nn.Module | Iterable[torch.Tensor], loss_sum: torch.Tensor,
+                    check_grads: bool) -> torch.Tensor:
+    """A 0-dim float32 tensor on the loss's device, no sync: 1.0 if ``loss_sum`` (or, if asked, a gradient
+    of ``params``, a module or its parameters) is not finite, else 0.0 (the ``found_inf`` convention of
+    torch's GradScaler and fused optimizers).
 
     One fused pass over the gradients and the loss with the kernel the GradScaler uses (unscaling by
     1 leaves them unchanged): measured side by side, a per-tensor norm cost several percent of a small
-    DCGAN's CPU step, this kernel about nothing.
+    DCGAN's CPU step, this kernel about nothing. The runner passes each network's parameter list, built
+    once: walking a module's parameters costs ~20 us a call on a 2-core CPU, a tenth of the guard.
     """
-    groups: dict[torch.device, list[torch.Tensor]] = {loss_sum.device: [loss_sum.detach().reshape(1).float()]}
+    tensors = [loss_sum.detach().reshape(1).float()]
     if check_grads:
-        for p in model.parameters():
-            if p.grad is not None:
-                groups.setdefault(p.grad.device, []).append(p.grad)
+        if isinstance(params, nn.Module):
+            params = params.parameters()
+        tensors += [p.grad for p in params if p.grad is not None]
+    device = tensors[0].device
+    if all(t.device == device for t in tensors):  # the usual case: one kernel call
+        return _found_non_finite(tensors, device)
+    groups: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.device, []).append(tensor)
     flag = None
-    for device, tensors in groups.items():
-        one = _ONES.get(device)
-        if one is None:
-            one = _ONES[device] = torch.ones((), device=device)
-        found = torch.zeros((), device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
+    for group_device, group in groups.items():
+        found = _found_non_finite(group, group_device)
         flag = found if flag is None else torch.maximum(flag, found.to(flag.device, non_blocking=True))
     return flag
 
 
-class DivergenceGuard:
-    """Counts skipped updates per network on the device; :meth:`check` raises past ``max_consecutive``.
+def _found_non_finite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    one = _ONES.get(device)
+    if one is None:
+        one = _ONES[device] = torch.ones((), device=device)
+    found = torch.zeros((), device=device)
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
+    return found
 
-    :meth:`record` is called once per optimizer step with the agreed flag and never syncs. The host
-    reads the counters at :meth:`check` (log rows, checkpoints, end of ``fit``), so the error comes at
-    the first check after the ``max_consecutive``-th consecutive skip. A run of that many skips that
-    ended before the check still raises (the longest run since the last check is kept).
+
+class DivergenceGuard:
+    """Counts skipped updates per network; :meth:`check` raises past ``max_consecutive``.
+
+    :meth:`record` is called once per optimizer step with the agreed verdict and never syncs: a device
+    flag is counted on the device; a verdict already read on the host (a CPU run, where reading a CPU
+    tensor waits for nothing: see ``SkippableStep.reads_on_host``) is counted in Python ints, which is
+    cheaper there than three tensor ops. The host reads device counters at :meth:`check` (log rows,
+    checkpoints, end of ``fit``), so the error comes at the first check after the ``max_consecutive``-th
+    consecutive skip. A run of that many skips that ended before the check still raises (the longest
+    run since the last check is kept).
     """
 
     def __init__(self, max_consecutive: int, networks: tuple[str, ...] = ("G", "D"),
@@ -64,26 +83,37 @@ class DivergenceGuard:
         self.networks = tuple(networks)
         self.say = say  # prints the skips found at a check (accelerator.print: main process only)
         self._reported: dict[str, int] = {}
-        # Per network, on the device once training starts: consecutive skips now, all skips, longest run.
-        self._counts = {name: torch.zeros(3) for name in self.networks}
-        self._views = {name: counts.unbind() for name, counts in self._counts.items()}
+        # Per network: [consecutive skips now, all skips, longest run], a tensor on the device once
+        # training counts there, or a list of ints when the verdicts are read on the host.
+        self._counts: dict[str, torch.Tensor | list[int]] = {name: [0, 0, 0] for name in self.networks}
+        self._views: dict[str, tuple[torch.Tensor, ...]] = {}
 
-    def record(self, name: str, flag: torch.Tensor) -> None:
-        """Count one update of ``name``; ``flag`` is its 0-dim verdict (1.0 = skipped). No host sync."""
-        counts = self._counts.get(name)
-        if counts is None or counts.device != flag.device:  # first update: the counters move to the device
-            self._set(name, counts if counts is not None else torch.zeros(3), flag.device)
+    def record(self, name: str, flag: torch.Tensor | bool) -> None:
+        """Count one update of ``name``; ``flag`` is its verdict (a 0-dim device tensor, 1.0 = skipped, or
+        a bool read on the host). No host sync."""
+        counts = self._counts.get(name, [0, 0, 0])
+        if isinstance(flag, bool):
+            if not isinstance(counts, list):  # counted on a device so far (cannot happen within one run)
+                counts = [int(v) for v in counts.tolist()]
+            consecutive = counts[0] + 1 if flag else 0
+            self._counts[name] = [consecutive, counts[1] + int(flag), max(counts[2], consecutive)]
+            return
+        if isinstance(counts, list) or counts.device != flag.device:  # first update: the counters move there
+            self._set(name, counts, flag.device)
         consecutive, skipped, longest = self._views[name]
         consecutive.add_(1).mul_(flag)  # +1 on a skip, back to 0 on an update (exact: small integers)
         skipped.add_(flag)
         torch.maximum(longest, consecutive, out=longest)
 
     def _read(self) -> dict[str, list[int]]:
-        """The counters on the host: ``{name: [consecutive, skipped, longest]}`` (one device sync)."""
-        names = list(self._counts)
-        device = self._counts[names[0]].device
-        values = torch.stack([self._counts[n].to(device) for n in names]).tolist()
-        return {name: [int(v) for v in row] for name, row in zip(names, values)}
+        """The counters on the host: ``{name: [consecutive, skipped, longest]}`` (one device sync at most)."""
+        rows = {name: counts for name, counts in self._counts.items() if isinstance(counts, list)}
+        on_device = [name for name in self._counts if name not in rows]
+        if on_device:
+            device = self._counts[on_device[0]].device
+            values = torch.stack([self._counts[n].to(device) for n in on_device]).tolist()
+            rows.update({name: [int(v) for v in row] for name, row in zip(on_device, values)})
+        return {name: list(rows[name]) for name in self._counts}
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -109,7 +139,11 @@ class DivergenceGuard:
                     "from the last checkpoint (resume='latest')"
                 )
         for name, (consecutive, _, _) in counts.items():  # the longest run restarts from the current one
-            self._views[name][2].fill_(consecutive)
+            stored = self._counts[name]
+            if isinstance(stored, list):
+                stored[2] = consecutive
+            else:
+                self._views[name][2].fill_(consecutive)
         return {f"skipped/{name}": row[1] for name, row in counts.items()}
 
     def state_dict(self) -> dict:
@@ -119,10 +153,14 @@ class DivergenceGuard:
     def load_state_dict(self, state: dict) -> None:
         for name in set(state["consecutive"]) | set(state["skipped"]):
             consecutive, skipped = state["consecutive"].get(name, 0), state["skipped"].get(name, 0)
-            device = self._counts[name].device if name in self._counts else torch.device("cpu")
-            self._set(name, torch.tensor([consecutive, skipped, consecutive], dtype=torch.float32), device)
+            counts = [int(consecutive), int(skipped), int(consecutive)]
+            stored = self._counts.get(name)
+            if stored is None or isinstance(stored, list):
+                self._counts[name] = counts  # moves to the device at the first device-side record
+            else:
+                self._set(name, counts, stored.device)
             self._reported[name] = skipped
 
-    def _set(self, name: str, counts: torch.Tensor, device: torch.device) -> None:
-        self._counts[name] = counts.to(device)
+    def _set(self, name: str, counts: torch.Tensor | list[int], device: torch.device) -> None:
+        self._counts[name] = torch.as_tensor(counts, dtype=torch.float32).to(device)
         self._views[name] = self._counts[name].unbind()

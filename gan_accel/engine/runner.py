@@ -13,7 +13,8 @@ This is the only code that knows those rules, so every phase, built in or yours,
 * **Autocast around the loss, ``accelerator.backward`` for every backward** (fp16 loss scaling, the
   1/k of accumulation), the loss multiplied by the phase's gain.
 * **After the window**: the divergence guard's verdict (a device tensor agreed by all ranks on the
-  device; the host does not read it: a flagged step is skipped on the device, see skip_step.py),
+  device; the host does not read it: a flagged step is skipped on the device, see skip_step.py; on a
+  CPU, where a read waits for nothing, it is read and the step skipped by an ``if``),
   clipping of this network only (under fp16 only its optimizer is unscaled), ``step``, the
   scheduler if the phase ticks it, then ``zero_grad`` (after ``step``: a leading ``zero_grad``
   would wipe the accumulated micro-batches).
@@ -63,6 +64,7 @@ class PhaseRunner:
         # context manager and a state lookup per entry: skip those where they do nothing.
         self._autocast = accelerator.autocast if accelerator.native_amp else contextlib.nullcontext
         self.k = accelerator.gradient_accumulation_steps
+        self._distributed = accelerator.use_distributed
         self.versions = {name: 0 for name in self.nets}  # updates of each network so far (cache key of G's samples)
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
         self.lr_used: dict[str, float] = {}
@@ -98,7 +100,9 @@ class PhaseRunner:
         self._set_trainable(others, False)
         try:
             with contextlib.ExitStack() as stack:
-                for name in others:  # frozen: their DDP reducers must not expect gradients
+                # Frozen: their DDP reducers must not expect gradients. (One process: Accelerate's no_sync
+                # is a nullcontext there, and entering it costs ~5 us a network.)
+                for name in others if self._distributed else ():
                     stack.enter_context(acc.no_sync(self.nets[name]))
                 for index in range(self.k):
                     if index == len(self.window):
@@ -118,7 +122,7 @@ class PhaseRunner:
     def _update(self, phase: Phase, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> None:
         """Guard, clip, step, tick, zero_grad: the window ended on the sync micro-batch."""
         name = phase.net
-        flag = self._skip_flag(name, net, optimizer, window_loss)
+        flag = self._skip_flag(name, optimizer, window_loss)
         max_norm = self.clip_norms.get(name)
         if max_norm is not None:
             # fp16: the GradScaler is shared by all optimizers; unscale only this network's
@@ -142,24 +146,32 @@ class PhaseRunner:
         self.versions[name] += 1
         self.phase_runs[phase.name] += 1
 
-    def _log_grad_norm(self, name: str, norm: torch.Tensor, flag: torch.Tensor | None) -> None:
+    def _log_grad_norm(self, name: str, norm: torch.Tensor, flag: torch.Tensor | bool | None) -> None:
         """``grad_norm/<net>`` of the updates that were kept: a non-finite norm is a skipped update (the guard's
         or an fp16 overflow the scaler skips) and must not turn the interval's mean into inf/NaN."""
-        keep = torch.isfinite(norm) if flag is None else torch.isfinite(norm) & (flag == 0)
+        keep = torch.isfinite(norm)
+        if isinstance(flag, torch.Tensor):
+            keep = keep & (flag == 0)
+        elif flag:  # skipped, read on the host
+            keep = torch.zeros_like(keep)
         self.means.add(f"grad_norm/{name}", norm, keep=keep)
 
-    def _skip_flag(self, name: str, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> torch.Tensor | None:
+    def _skip_flag(self, name: str, optimizer: Any, window_loss: torch.Tensor) -> torch.Tensor | bool | None:
         """The divergence guard's verdict on this update: a 0-dim device tensor, 1.0 = skip, agreed by all
-        ranks on the device (an all-reduce, no host sync), counted by the guard. None without the guard."""
+        ranks on the device (an all-reduce, no host sync), counted by the guard; on a CPU a bool (read on
+        the host, where that waits for nothing). None without the guard."""
         if self.guard is None:
             return None
         acc = self.accelerator
         # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
-        flag = non_finite_flag(net, window_loss, check_grads=acc.scaler is None)
+        flag = non_finite_flag(self._trainable[name], window_loss, check_grads=acc.scaler is None)
         if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if self.skippable.reads_on_host(flag):  # a CPU tensor: reading it waits for nothing
+            flag = bool(flag)
+        else:
+            self.skippable.mark_gradients(optimizer, flag)  # fp16: the scaler will see it
         self.guard.record(name, flag)
-        self.skippable.mark_gradients(optimizer, flag)  # fp16: the scaler will see it
         return flag
 
     # -- data -----------------------------------------------------------------------------------
