@@ -46,3 +46,19 @@ def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
     if cls is errors.TrainingInterrupted:
         return errors.TrainingInterrupted(message, 0)
     return errors.GanAccelError(f"process {rank} failed: {class_name}: {message}")
+
+
+def leave_process_group() -> None:
+    """End of a successful multi-process script: a barrier, then close the process group on every rank.
+
+    Without it the interpreter tears the gloo group down at exit; a rank that gets there first can
+    close its sockets while another's gloo threads still hold work, and that rank aborts ("terminate
+    called without an active exception", exit -6) after all its work was done and saved. A no-op
+    when no process group was started. Only after success: after an error a rank may be stuck in a
+    collective, and a barrier would hang it.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any, Callable, NoReturn
 
+from .collective import leave_process_group
 from .errors import GanAccelError, TrainingInterrupted
 from .state.files import write_failure_reason
 
@@ -74,7 +75,9 @@ def describe(error: BaseException) -> str | None:
 def run_script(body: Callable[[], int], debug: bool = False) -> int:
     """Run a script's body; an expected failure becomes one ``error:`` line and exit code 2."""
     try:
-        return body()
+        code = body()
+        leave_process_group()  # a clean exit of every rank of a launch (see its docstring)
+        return code
     except TrainingInterrupted as stop:
         if _prints():
             print(f"gan_accel: {stop}", file=sys.stderr)

@@ -228,18 +228,10 @@ def mnist_dir() -> str | None:
 
 
 def leave_process_group() -> None:
-    """End of a launched function: a barrier, then close the gloo group on every rank alike.
+    """End of a launched function: a barrier, then close the gloo group on every rank alike (see gan_accel's)."""
+    from gan_accel.collective import leave_process_group as leave
 
-    Without it a rank that finishes first can close its sockets while the other is still tearing
-    down, which on a loaded machine aborted the slower rank at exit ("terminate called without an
-    active exception") after all its work was done and saved.
-    """
-    import torch.distributed as dist
-    from accelerate import PartialState
-
-    PartialState().wait_for_everyone()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    leave()
 
 
 def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
@@ -259,9 +251,10 @@ def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with tempfile.NamedTemporaryFile() as rendezvous, patch_environment(
+    # A file in a folder of its own: gloo's FileStore deletes the file once every rank has closed it.
+    with tempfile.TemporaryDirectory() as rendezvous_dir, patch_environment(
         world_size=num_processes, master_addr="127.0.0.1", master_port=str(port), accelerate_mixed_precision="no",
-        accelerate_debug_rdv_file=rendezvous.name, accelerate_use_cpu="yes", omp_num_threads="1",
+        accelerate_debug_rdv_file=os.path.join(rendezvous_dir, "rendezvous"), accelerate_use_cpu="yes", omp_num_threads="1",
     ):
         start_processes(PrepareForLaunch(run_then_exit, debug=True), args=(function, tuple(args)),
                         nprocs=num_processes, start_method="spawn")

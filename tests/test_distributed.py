@@ -158,3 +158,24 @@ def test_labels_stay_with_their_images_through_sharding_accumulation_and_resume(
             seen = torch.load(tmp_path / f"paired_{part}_{rank}.pt")
             assert seen["checked"] > 0 and seen["mismatched"] == 0, seen
     assert torch.load(tmp_path / "paired_1_0.pt")["step"] == 8
+
+
+def _script_then_report(out_dir: str) -> None:
+    """A script's body run through run_script on every rank: it must leave the gloo group closed."""
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    from gan_accel.scripts import run_script
+
+    PartialState()
+    rank = dist.get_rank()
+    code = run_script(lambda: 0)
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(f"{code} {dist.is_initialized()}")
+
+
+def test_a_successful_script_closes_the_process_group_on_every_rank(tmp_path):
+    """Without destroy_process_group, gloo's threads meet interpreter finalization and a rank can abort
+    at exit (exit -6) after its work was saved; run_script closes the group after a successful body."""
+    launch_two_processes(_script_then_report, args=(str(tmp_path),), num_processes=2)
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["0 False", "0 False"]
