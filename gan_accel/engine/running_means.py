@@ -1,7 +1,9 @@
 """Running means of scalar training metrics, kept on the device between log intervals.
 
-Values are summed as detached device tensors every micro-batch and read back (``.tolist()``, the
-only host sync) once per log interval, after averaging across processes.
+Values are kept as detached device tensors (no sync) and read back (``.tolist()``, the only host
+sync) once per log interval, after averaging across processes. An observation is appended to a
+list, and every ``FOLD`` of them are summed in one ``stack().sum()``: a tensor add per observation
+cost ~15 us each in a small GAN's step on a 2-core CPU (six a step), an append costs nothing.
 """
 
 from __future__ import annotations
@@ -11,42 +13,80 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+FOLD = 64  # observations of a key summed together; the positions are part of the checkpoint (exact resume)
+
 
 class RunningMeans:
     """Sums of scalar tensors per key, reduced to means across steps and processes on demand."""
 
     def __init__(self) -> None:
-        self._sums: dict[str, torch.Tensor] = {}
+        self._sums: dict[str, torch.Tensor] = {}  # what earlier folds summed
+        self._pending: dict[str, list[torch.Tensor]] = {}  # observations not folded yet
         self._counts: dict[str, int | torch.Tensor] = {}
 
     def add(self, key: str, value: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Add one detached scalar observation (stays on its device: no sync). ``keep``: a 0-dim bool
         device tensor; when False the observation is left out (a device-side select, no sync)."""
-        value = value.detach().float()
         count: int | torch.Tensor = 1
         if keep is not None:
-            value, count = torch.where(keep, value, 0.0), keep.float()
-        self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
+            value, count = torch.where(keep, value.detach().float(), 0.0), keep.float()
+        elif value.grad_fn is not None or value.dtype != torch.float32:
+            value = value.detach().float()  # a graph's output (a loss) is never changed in place: no copy
+        else:
+            value = value.detach().clone()  # a buffer or parameter may be changed in place after this call
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = []
+        pending.append(value)
         self._counts[key] = self._counts.get(key, 0) + count
+        if len(pending) >= FOLD:
+            self._fold(key)
+
+    def _fold(self, key: str) -> None:
+        pending = self._pending[key]
+        total = torch.stack(pending).sum()
+        self._sums[key] = self._sums[key] + total if key in self._sums else total
+        pending.clear()
+
+    def _total(self, key: str) -> torch.Tensor:
+        pending, folded = self._pending.get(key), self._sums.get(key)
+        total = torch.stack(pending).sum() if pending else None
+        if folded is None:
+            return total
+        return folded if total is None else folded + total
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: (self._sums[k].cpu(), _host(self._counts[k])) for k in self._sums}
+        """Per key: (folded sum or None, count, pending observations as a 1-D tensor): enough to resume
+        with the very same sums (the same folds at the same positions)."""
+        state = {}
+        for key in self._counts:
+            folded, pending = self._sums.get(key), self._pending.get(key) or []
+            state[key] = (None if folded is None else folded.cpu(), _host(self._counts[key]),
+                          torch.stack(pending).cpu() if pending else torch.zeros(0))
+        return state
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
-        self._sums = {k: total.to(device) for k, (total, _) in state.items()}
-        self._counts = {k: count for k, (_, count) in state.items()}
+        self._sums, self._pending, self._counts = {}, {}, {}
+        for key, entry in state.items():
+            folded, count = entry[0], entry[1]
+            pending = entry[2] if len(entry) > 2 else torch.zeros(0)  # checkpoints before the fold: a sum only
+            if folded is not None:
+                self._sums[key] = folded.to(device)
+            self._pending[key] = list(pending.to(device).unbind())
+            self._counts[key] = count
 
     def reduce(self, accelerator: Accelerator) -> dict[str, float]:
         """Means since the last call, averaged over processes; clears the sums. Collective: call on every rank.
 
         Every rank must hold the same keys (they do: every rank runs the same phases).
         """
-        if not self._sums:
+        if not self._counts:
             return {}
-        keys = sorted(self._sums)
-        local = torch.stack([self._sums[k] / self._counts[k] for k in keys])
+        keys = sorted(self._counts)
+        local = torch.stack([self._total(k) / self._counts[k] for k in keys])
         means = accelerator.reduce(local, reduction="mean").tolist()
         self._sums.clear()
+        self._pending.clear()
         self._counts.clear()
         return dict(zip(keys, means))
 
