@@ -133,3 +133,58 @@ def test_the_wrapper_is_kept_where_it_does_work():
     assert direct_stepper(SimpleNamespace(scaler=object(), distributed_type=DistributedType.NO), wrapper) is wrapper
     assert direct_stepper(SimpleNamespace(scaler=None, distributed_type=DistributedType.XLA), wrapper) is wrapper
     assert direct_stepper(plain, inner) is inner  # not wrapped at all
+
+
+def test_schedulers_are_ticked_directly_on_one_process_and_match_accelerates_wrapper(tmp_path, monkeypatch):
+    """On one process without a GradScaler the runner ticks the inner scheduler itself; the learning rates
+    of every step and the weights are those of a run ticked through AcceleratedScheduler.step."""
+    from accelerate.scheduler import AcceleratedScheduler
+
+    from gan_accel.callbacks.metrics_log import read_metrics
+    from gan_accel.engine import runner as runner_module
+
+    images = make_images(64, seed=3).repeat(1, 1, 7, 7)  # 28x28
+    ticks = []
+    original = AcceleratedScheduler.step
+    monkeypatch.setattr(AcceleratedScheduler, "step", lambda self, *a, **k: (ticks.append(1), original(self, *a, **k))[1])
+    schedule = dict(max_steps=6, warmup_ratio=0.5)  # warmup, then a linear decay: every tick moves the lr
+    direct = train(tmp_path, "direct", *small_dcgan(), images, **schedule)
+    assert ticks == []
+    reset()
+    monkeypatch.setattr(runner_module, "scheduler_stepper", lambda accelerator, scheduler: scheduler.step)
+    wrapped = train(tmp_path, "wrapped", *small_dcgan(), images, **schedule)
+    assert len(ticks) == 2 * 6
+    lrs = [[(row["lr/D"], row["lr/G"]) for row in read_metrics(str(tmp_path / name / "metrics.jsonl"))] for name in ("direct", "wrapped")]
+    assert lrs[0] == lrs[1] and len(lrs[0]) == 6 and all(a != b for a, b in zip(lrs[0], lrs[0][1:]))
+    for net in ("G", "D"):
+        a, b = params(direct.networks[net]), params(wrapped.networks[net])
+        assert all(torch.equal(a[key], b[key]) for key in a)
+        assert direct.schedulers[net].state_dict() == wrapped.schedulers[net].state_dict()
+
+
+def test_the_scheduler_wrapper_is_kept_where_it_does_work():
+    """Several processes (it ticks once per process), fp16 (it skips a tick after an overflow) and
+    OneCycle-like schedulers (it stops at total_steps) keep AcceleratedScheduler.step."""
+    from types import SimpleNamespace
+
+    from gan_accel.engine.schedules import scheduler_stepper
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1.0, total_steps=4)
+
+    def wrapped(inner, **flags):
+        options = dict(step_with_optimizer=True, split_batches=False) | flags
+        return SimpleNamespace(scheduler=inner, step=object(), **options)
+
+    def accelerator(processes=1, scaler=None):
+        return SimpleNamespace(num_processes=processes, scaler=scaler)
+
+    assert scheduler_stepper(accelerator(), wrapped(lambda_lr)) == lambda_lr.step
+    assert scheduler_stepper(accelerator(2), wrapped(lambda_lr)) is not lambda_lr.step
+    assert scheduler_stepper(accelerator(scaler=object()), wrapped(lambda_lr)) is not lambda_lr.step
+    assert scheduler_stepper(accelerator(), wrapped(one_cycle)) is not one_cycle.step
+    # where the wrapper ticks once whatever the processes, the inner step is the same
+    assert scheduler_stepper(accelerator(2), wrapped(lambda_lr, split_batches=True)) == lambda_lr.step
+    assert scheduler_stepper(accelerator(2), wrapped(lambda_lr, step_with_optimizer=False)) == lambda_lr.step
+    assert scheduler_stepper(accelerator(), lambda_lr) == lambda_lr.step  # not prepared

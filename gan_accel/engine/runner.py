@@ -40,6 +40,7 @@ from .guard import DivergenceGuard, non_finite_flag
 from .latents import LatentSampler
 from .phases import Phase, PhasePlan
 from .running_means import RunningMeans
+from .schedules import scheduler_stepper
 from .skip_step import SkippableStep, direct_stepper
 
 
@@ -60,6 +61,7 @@ class PhaseRunner:
         self.guard = guard
         self.skippable = SkippableStep(accelerator.scaler)  # how a flagged update is skipped (engine/skip_step.py)
         self._steppers = {name: direct_stepper(accelerator, opt) for name, opt in self.optimizers.items()}
+        self._tickers = {name: scheduler_stepper(accelerator, sched) for name, sched in self.schedulers.items()}
         # Accelerate's autocast() is a nullcontext without mixed precision, after a generator-based
         # context manager and a state lookup per entry: skip those where they do nothing.
         self._autocast = accelerator.autocast if accelerator.native_amp else contextlib.nullcontext
@@ -141,7 +143,7 @@ class PhaseRunner:
         else:
             self.skippable.step(stepper, flag)  # skipped on the device if the flag is set
         if phase.tick_scheduler:
-            self.schedulers[name].step()  # a skipped update still uses up its step of the schedule
+            self._tickers[name]()  # a skipped update still uses up its step of the schedule
         stepper.zero_grad(set_to_none=True)
         self.versions[name] += 1
         self.phase_runs[phase.name] += 1
