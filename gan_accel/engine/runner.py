@@ -36,7 +36,7 @@ from ..errors import PhaseError
 from ..batch import RealBatch
 from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
-from .guard import DivergenceGuard, non_finite_flag
+from .guard import DivergenceGuard, non_finite_flag, non_finite_on_host
 from .latents import LatentSampler
 from .phases import Phase, PhasePlan
 from .running_means import RunningMeans
@@ -67,6 +67,7 @@ class PhaseRunner:
         self._autocast = accelerator.autocast if accelerator.native_amp else contextlib.nullcontext
         self.k = accelerator.gradient_accumulation_steps
         self._distributed = accelerator.use_distributed
+        self._one_process = accelerator.num_processes == 1
         self.versions = {name: 0 for name in self.nets}  # updates of each network so far (cache key of G's samples)
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
         self.lr_used: dict[str, float] = {}
@@ -166,7 +167,13 @@ class PhaseRunner:
             return None
         acc = self.accelerator
         # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
-        flag = non_finite_flag(self._trainable[name], window_loss, check_grads=acc.scaler is None)
+        check_grads = acc.scaler is None
+        if self._one_process and self.skippable.reads_on_host(window_loss):  # one CPU process: no flag tensor
+            verdict = non_finite_on_host(self._trainable[name], window_loss, check_grads)
+            if verdict is not None:
+                self.guard.record(name, verdict)
+                return verdict
+        flag = non_finite_flag(self._trainable[name], window_loss, check_grads=check_grads)
         if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         if self.skippable.reads_on_host(flag):  # a CPU tensor: reading it waits for nothing
