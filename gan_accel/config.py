@@ -59,6 +59,7 @@ class TrainConfig:
     mixed_precision: str = "no"  # "bf16": autocast in bfloat16 (also on CPU); "fp16": CUDA only
     channels_last: bool = False  # convolution weights (hence activations) in channels-last memory format
     compile: bool = False  # torch.compile G and D; phases with a double backward (R1, GP) run eagerly
+    keep_freed_memory: bool = False  # Linux/glibc: freed memory stays in the process (no page faults per step)
     sample_every: int = 500
     num_samples: int = 64
     log_every: int = 50
@@ -159,8 +160,8 @@ class TrainConfig:
                               "for the output folder's name")
 
     def _validate_speed_options(self) -> None:
-        """channels_last and compile are switches (see gan_accel.engine.speed)."""
-        for name in ("channels_last", "compile"):
+        """channels_last, compile and keep_freed_memory are switches (see gan_accel.engine.speed)."""
+        for name in ("channels_last", "compile", "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: expected True or False")
 

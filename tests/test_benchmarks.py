@@ -46,7 +46,7 @@ def test_quick_benchmark_prints_the_machine_and_a_table_for_every_section():
             assert "not measured (no CUDA device)" in body
         else:
             assert "| --- |" in body and "failed" not in body, f"section {key!r}:\n{body}"
-    for word in ("target", "met", "all-reduce share", "compile", "channels_last", "bf16", "peak RSS"):
+    for word in ("target", "met", "all-reduce share", "compile", "channels_last", "bf16", "keep_freed_memory", "peak RSS"):
         assert word in out
 
 

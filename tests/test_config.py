@@ -37,6 +37,7 @@ from gan_accel.objectives.losses import nonsaturating_d, nonsaturating_g
         ("clip_grad_norm_D", 0.0, "or None to disable clipping"),
         ("compile", 1, "compile=1 is invalid: expected True or False"),
         ("channels_last", "yes", "channels_last='yes' is invalid: expected True or False"),
+        ("keep_freed_memory", 1, "keep_freed_memory=1 is invalid: expected True or False"),
     ],
 )
 def test_invalid_field_is_rejected_with_its_name_and_allowed_values(field, value, expected):

@@ -1,4 +1,4 @@
-"""The opt-in speed options: channels_last and compile train, match the eager default, and refuse what cannot work."""
+"""The opt-in speed options: channels_last, compile and keep_freed_memory train, match the eager default, and refuse what cannot work."""
 
 from __future__ import annotations
 
@@ -188,3 +188,62 @@ def test_the_scheduler_wrapper_is_kept_where_it_does_work():
     assert scheduler_stepper(accelerator(2), wrapped(lambda_lr, split_batches=True)) == lambda_lr.step
     assert scheduler_stepper(accelerator(2), wrapped(lambda_lr, step_with_optimizer=False)) == lambda_lr.step
     assert scheduler_stepper(accelerator(), lambda_lr) == lambda_lr.step  # not prepared
+
+
+def _train_twice_with_and_without_keeping_freed_memory() -> None:
+    """In a fresh process (the setting is process-wide): a run, then the same run with keep_freed_memory."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    with tempfile.TemporaryDirectory() as tmp:
+        images = make_images(64, seed=3).repeat(1, 1, 7, 7)
+        said = []
+        default = train(Path(tmp), "default", *small_dcgan(), images)
+        reset()
+        kept = train(Path(tmp), "kept", *small_dcgan(), images, keep_freed_memory=True)
+        from gan_accel.engine.speed import keep_freed_memory
+        from gan_accel import TrainConfig as Config
+        applied = keep_freed_memory(Config(keep_freed_memory=True), said.append)
+        same = all(torch.equal(a, b) for net in ("G", "D")
+                   for a, b in zip(params(default.networks[net]).values(), params(kept.networks[net]).values()))
+        print(f"applied={applied} said={said} bitwise_same={same}")
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
+def test_keep_freed_memory_applies_glibcs_thresholds_and_changes_no_bit_of_a_run():
+    """The real mallopt, in a fresh process (it is process-wide): applied, silent, and the weights are
+    bitwise those of a run without it (only where memory comes from changes)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import test_speed_options as t; t._train_twice_with_and_without_keeping_freed_memory()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "applied=True said=[] bitwise_same=True" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_keep_freed_memory_sets_both_thresholds_and_says_one_line_where_it_cannot(tmp_path, monkeypatch, capsys):
+    from gan_accel.engine import speed
+
+    calls = []
+    monkeypatch.setattr(speed, "_glibc_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    train(tmp_path, "kept", *small_dcgan(), make_images(64, seed=3).repeat(1, 1, 7, 7), keep_freed_memory=True)
+    assert sorted(calls) == [(-3, 1 << 30), (-1, 1 << 30)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD (malloc.h)
+    reset()
+    calls.clear()
+    train(tmp_path, "default", *small_dcgan(), make_images(64, seed=3).repeat(1, 1, 7, 7))
+    assert calls == []  # off by default
+    capsys.readouterr()
+    for mallopt, expected in ((None, "keep_freed_memory needs Linux with glibc (its mallopt); ignored on this system"),
+                              (lambda option, value: 0, "keep_freed_memory: glibc's mallopt refused the thresholds; ignored")):
+        reset()
+        monkeypatch.setattr(speed, "_glibc_mallopt", lambda m=mallopt: m)
+        trainer = train(tmp_path, f"elsewhere{len(expected)}", *small_dcgan(), make_images(64, seed=3).repeat(1, 1, 7, 7),
+                        keep_freed_memory=True)
+        assert trainer.step == 4  # trained all the same
+        lines = [line for line in capsys.readouterr().out.splitlines() if "keep_freed_memory" in line]
+        assert lines == [f"gan_accel: {expected}"]

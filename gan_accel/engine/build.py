@@ -13,7 +13,7 @@ from ..config import TrainConfig
 from ..errors import PreflightError
 from .phases import PhasePlan
 from .schedules import LRMultiplier, lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
-from .speed import apply_memory_format, check_speed_options, training_views
+from .speed import apply_memory_format, check_speed_options, keep_freed_memory, training_views
 
 ExtraNetwork = nn.Module | tuple[nn.Module, torch.optim.Optimizer]
 
@@ -49,10 +49,11 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
     Defaults: Adam (``fused=True`` on CPU and CUDA) with the config's lr and betas (extras use G's);
     a ``LambdaLR`` counted in the network's own scheduler-ticking updates (its length comes from the
     phase list), linear warmup then the config's schedule for G and D, warmup then constant for extras.
-    The speed options (``channels_last``, ``compile``; see :mod:`gan_accel.engine.speed`) are applied
-    around the prepare.
+    The speed options (``channels_last``, ``compile``, ``keep_freed_memory``; see
+    :mod:`gan_accel.engine.speed`) are applied around the prepare.
     """
     check_speed_options(accelerator, config, plan)
+    keep_freed_memory(config, accelerator.print)
     apply_memory_format(nets, config)
     ticks = scheduler_ticks_per_optimizer_step(accelerator)
     optimizers, built = dict(optimizers), {}

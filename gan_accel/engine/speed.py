@@ -1,4 +1,5 @@
-"""Opt-in speed options applied while a run is built: channels-last memory format and torch.compile.
+"""Opt-in speed options applied while a run is built: channels-last memory format, torch.compile, and
+glibc's allocator keeping freed memory.
 
 Both are off by default: ``benchmarks/run.py`` measures them against the eager default on the
 machine at hand, and neither helps everywhere (see the README's benchmark table).
@@ -13,12 +14,19 @@ machine at hand, and neither helps everywhere (see the README's benchmark table)
   evaluation are unchanged). torch.compile does not support a double backward, so a phase marked
   ``double_backward=True`` (R1, the gradient penalty) calls the eager modules (see
   :class:`~gan_accel.engine.context.StepContext`); both share the same parameters.
+* ``keep_freed_memory``: on Linux with glibc, ``mallopt`` raises the mmap and trim thresholds to
+  1 GiB, as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` would. By default glibc serves
+  large blocks (a CPU step's activations) with ``mmap`` and returns them when freed, so every step
+  page-faults them back in, zero-filled, inside the convolutions. Process-wide and for the rest of the
+  process: the memory of the largest step stays with it. The arithmetic is unchanged.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from accelerate import Accelerator
@@ -80,3 +88,36 @@ def eager_module(net: Any) -> Any:
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
     optimized = getattr(eval_frame, "OptimizedModule", None)
     return net._orig_mod if optimized is not None and isinstance(net, optimized) else net
+
+
+KEPT_BYTES = 1 << 30  # blocks below this come from the heap and stay there when freed
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+def keep_freed_memory(config: TrainConfig, say: Callable[[str], None]) -> bool:
+    """With ``config.keep_freed_memory``, make glibc keep freed memory in the process (see the module
+    doc). True if applied; elsewhere (not glibc, or mallopt refused) one line through ``say`` and False."""
+    if not config.keep_freed_memory:
+        return False
+    mallopt = _glibc_mallopt()
+    if mallopt is None:
+        say("gan_accel: keep_freed_memory needs Linux with glibc (its mallopt); ignored on this system")
+        return False
+    if not (mallopt(_M_MMAP_THRESHOLD, KEPT_BYTES) and mallopt(_M_TRIM_THRESHOLD, KEPT_BYTES)):
+        say("gan_accel: keep_freed_memory: glibc's mallopt refused the thresholds; ignored")
+        return False
+    return True
+
+
+def _glibc_mallopt() -> Callable[[int, int], int] | None:
+    """glibc's ``mallopt``, or None where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # glibc only (musl has mallopt as a no-op stub)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
