@@ -1,8 +1,8 @@
 """Opt-in speed options applied while a run is built: channels-last memory format, torch.compile, and
 glibc's allocator keeping freed memory.
 
-Both are off by default: ``benchmarks/run.py`` measures them against the eager default on the
-machine at hand, and neither helps everywhere (see the README's benchmark table).
+All three are off by default: ``benchmarks/run.py`` measures them against the eager default on the
+machine at hand, and none helps everywhere (see the README's benchmark tables).
 
 * ``channels_last``: the networks' 4-D weights are converted to the channels-last memory format
   before ``prepare`` (the parameters stay the same objects, so optimizers built by the user still
