@@ -77,26 +77,25 @@ def non_finite_on_host(params: Iterable[torch.Tensor], loss_sum: torch.Tensor, c
         return None
     found = _HOST_FOUND[0]
     found.zero_()
-    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _host_one())
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _one(_CPU))
     return bool(found)
 
 
+_CPU = torch.device("cpu")
 _HOST_FOUND = [torch.zeros(())]  # reused: its value is read at once, never kept
 
 
-def _host_one() -> torch.Tensor:
-    one = _ONES.get(torch.device("cpu"))
+def _one(device: torch.device) -> torch.Tensor:
+    """A 1.0 on ``device``, made once (the kernel's "unscale" factor: leaves the gradients unchanged)."""
+    one = _ONES.get(device)
     if one is None:
-        one = _ONES[torch.device("cpu")] = torch.ones(())
+        one = _ONES[device] = torch.ones((), device=device)
     return one
 
 
 def _found_non_finite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    one = _ONES.get(device)
-    if one is None:
-        one = _ONES[device] = torch.ones((), device=device)
     found = torch.zeros((), device=device)
-    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _one(device))
     return found
 
 
