@@ -227,13 +227,6 @@ def mnist_dir() -> str | None:
     return path if os.path.isdir(os.path.join(path, "MNIST", "raw")) else None
 
 
-def leave_process_group() -> None:
-    """End of a launched function: a barrier, then close the gloo group on every rank alike (see gan_accel's)."""
-    from gan_accel.collective import leave_process_group as leave
-
-    leave()
-
-
 def launch_two_processes(function, args=(), num_processes: int = 2) -> None:
     """Like ``accelerate.debug_launcher`` (real gloo DDP on CPU processes), but with *spawned* processes.
 
@@ -269,8 +262,10 @@ def run_then_exit(function, args) -> None:
     """
     import sys
 
+    from gan_accel.collective import leave_process_group
+
     function(*args)
-    leave_process_group()
+    leave_process_group()  # a barrier, then close the gloo group on every rank alike
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
