@@ -12,7 +12,10 @@ defaults (divergence guard, metrics, schedulers) but without writing files (samp
 ratio it prints is what the protocol reads when there is no difference, so an engine / plain ratio
 outside that spread is the engine's, not the order of the steps or the machine's.
 
-    python benchmarks/engine_overhead.py [--repeats 3] [--steps 200] [--control]
+``--keep-freed-memory`` first makes glibc keep freed memory in this process (what
+``TrainConfig(keep_freed_memory=True)`` does; process-wide, so both sides run with it).
+
+    python benchmarks/engine_overhead.py [--repeats 3] [--steps 200] [--control] [--keep-freed-memory]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gan_accel import Callback, GANTrainer, TrainConfig  # noqa: E402
 from gan_accel.data import make_dataloader  # noqa: E402
+from gan_accel.engine.speed import keep_freed_memory  # noqa: E402
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator, MLPDiscriminator, MLPGenerator  # noqa: E402
 
 QUIET = ("samples", "plot", "checkpoints", "export", "progress", "signals")
@@ -185,9 +189,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--cases", nargs="*", default=list(CASES))
     parser.add_argument("--control", action="store_true", help="the plain loop against itself (the protocol's null)")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc keeps freed memory in this process, for both sides (TrainConfig.keep_freed_memory)")
     args = parser.parse_args(argv)
+    kept = args.keep_freed_memory and keep_freed_memory(TrainConfig(keep_freed_memory=True), print)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
-          f"{torch.get_num_threads()} threads; {args.repeats} repeats of {args.steps} steps, medians\n")
+          f"{torch.get_num_threads()} threads; {args.repeats} repeats of {args.steps} steps, medians"
+          f"{'; glibc keeps freed memory (keep_freed_memory)' if kept else ''}\n")
     measured, columns = (control, "plain loop A, images/s | plain loop B, images/s | B / A") if args.control else (
         compare, "plain loop, images/s | engine, images/s | engine / plain")
     print(f"| case | {columns} |")

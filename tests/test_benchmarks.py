@@ -75,3 +75,27 @@ def test_engine_overhead_control_steps_two_copies_of_the_plain_loop_alike(capsys
     assert ratio == pytest.approx(b / a, rel=0.01)
     assert len(set(steps)) == 2 and steps.count(steps[0]) == steps.count(steps[1]) == 4  # warmup 1 + 3 steps
     assert steps[::2] == [steps[0]] * 4  # A always first, then B
+
+
+def test_engine_overhead_keep_freed_memory_sets_glibcs_thresholds_before_measuring(capsys, monkeypatch):
+    """``engine_overhead.py --keep-freed-memory``: mallopt is called before either side runs, and the
+    header says so (the real mallopt is process-wide, so a recorder stands in for it here)."""
+    from gan_accel.engine import speed
+
+    sys.path.insert(0, str(RUN.parent))
+    try:
+        import engine_overhead
+    finally:
+        sys.path.remove(str(RUN.parent))
+    calls: list[tuple[int, int]] = []
+    steps_before_mallopt: list[int] = []
+    real_step = engine_overhead.PlainLoop.step
+    monkeypatch.setattr(engine_overhead.PlainLoop, "step",
+                        lambda self: (steps_before_mallopt.append(len(calls)), real_step(self))[1])
+    monkeypatch.setattr(speed, "_glibc_mallopt", lambda: lambda option, value: calls.append((option, value)) or 1)
+    engine_overhead.main(["--control", "--keep-freed-memory", "--steps", "2", "--warmup", "1", "--repeats", "1",
+                          "--cases", "MLP GAN (3x128), batch 256"])
+    out = capsys.readouterr().out
+    assert sorted(calls) == [(-3, 1 << 30), (-1, 1 << 30)]
+    assert steps_before_mallopt and set(steps_before_mallopt) == {2}  # every step ran after both calls
+    assert "glibc keeps freed memory (keep_freed_memory)" in out.splitlines()[0]
