@@ -43,12 +43,11 @@ class RunningMeans:
             self._fold(key)
 
     def _fold(self, key: str) -> None:
-        pending = self._pending[key]
-        total = torch.stack(pending).sum()
-        self._sums[key] = self._sums[key] + total if key in self._sums else total
-        pending.clear()
+        self._sums[key] = self._total(key)
+        self._pending[key].clear()
 
     def _total(self, key: str) -> torch.Tensor:
+        """The folded sum plus the pending observations' sum (in that order: a fold and a read add alike)."""
         pending, folded = self._pending.get(key), self._sums.get(key)
         total = torch.stack(pending).sum() if pending else None
         if folded is None:
