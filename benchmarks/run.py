@@ -81,9 +81,9 @@ OPTIONS = {
     "channels_last": {"channels_last": True},
     "compile": {"compile": True},
     "bf16 autocast": {"mixed_precision": "bf16"},
-    "keep_freed_memory": {"keep_freed_memory": True},  # glibc's allocator: a CPU matter
 }
-GPU_OPTIONS = {**{k: v for k, v in OPTIONS.items() if k != "keep_freed_memory"}, "channels_last + bf16": {"channels_last": True, "mixed_precision": "bf16"},
+CPU_OPTIONS = {**OPTIONS, "keep_freed_memory": {"keep_freed_memory": True}}  # glibc's allocator: a CPU matter
+GPU_OPTIONS = {**OPTIONS, "channels_last + bf16": {"channels_last": True, "mixed_precision": "bf16"},
                "compile + bf16": {"compile": True, "mixed_precision": "bf16"}}
 
 
@@ -225,7 +225,7 @@ def section_options(plan: Plan) -> list[str]:
     lines = ["| model | option | images/s | vs eager default | first step, s |", "| --- | --- | ---: | ---: | ---: |"]
     for case in plan.option_cases:
         # channels_last changes nothing without 4-D weights: not run for the MLP
-        options = {name: cfg for name, cfg in OPTIONS.items() if not (case.startswith("MLP") and "channels_last" in cfg)}
+        options = {name: cfg for name, cfg in CPU_OPTIONS.items() if not (case.startswith("MLP") and "channels_last" in cfg)}
         runs: dict[str, list[dict | None]] = {name: [] for name in options}
         for repeat in range(plan.repeats):
             names = list(options)
