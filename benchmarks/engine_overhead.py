@@ -39,7 +39,7 @@ from gan_accel.data import make_dataloader  # noqa: E402
 from gan_accel.engine.speed import keep_freed_memory  # noqa: E402
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator, MLPDiscriminator, MLPGenerator  # noqa: E402
 
-QUIET = ("samples", "plot", "checkpoints", "export", "progress", "signals")
+QUIET = ("sample_saver", "training_plot", "checkpointer", "weights_exporter", "progress_bar", "signal_handler")
 
 
 def dcgan(width: int):

@@ -77,16 +77,13 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
 
-    from gan_accel.state.weights import load_weights
     from gan_accel.eval.mnist import evaluate_generator
-    from gan_accel.models import DCGANGenerator
+    from gan_accel.sampling import load_generator
 
     out = Path(args.out)
     seconds = run_example(args.data_dir, out / "example", shlex.split(args.example_args))
-    config = json.loads((out / "example" / "config.json").read_text())
-    model = config["extra"]["model"]
-    G_example = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "example" / "generator.safetensors")
-    example = evaluate_generator(G_example, args.data_dir, z_dim=model["z_dim"])
+    G_example, info = load_generator(out / "example")  # rebuilt from the run's recorded spec
+    example = evaluate_generator(G_example, args.data_dir, z_dim=G_example.z_dim)
 
     G_plain, plain_steps = plain_dcgan(args.data_dir, seconds)
     plain_eval = evaluate_generator(G_plain, args.data_dir, z_dim=100)
@@ -95,7 +92,7 @@ def main() -> None:
     plain_mode = "eval" if plain is plain_eval else "train"
 
     rows = [
-        ("gan_accel example (defaults)", config["max_steps"], example),
+        ("gan_accel example (defaults)", info["config"]["max_steps"], example),
         (f"plain DCGAN loop (BN {plain_mode} mode)", plain_steps, plain),
     ]
     print(f"\nEqual wall-clock: {seconds:.0f} s each on {torch.get_num_threads()} threads\n")

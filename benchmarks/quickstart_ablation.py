@@ -84,18 +84,20 @@ def score(folder: Path, data_dir: str) -> dict:
         return json.loads(cached.read_text())
     from gan_accel.eval.mnist import evaluate_generator
     from gan_accel.models import DCGANGenerator
+    from gan_accel.sampling import load_generator
     from gan_accel.state.weights import load_weights
 
     config_file = folder / "config.json"
-    model = json.loads(config_file.read_text())["extra"]["model"] if config_file.exists() else {"z_dim": 100,
-                                                                                              "width": 64}
-    G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), folder / "generator.safetensors")
-    result = evaluate_generator(G, data_dir, z_dim=model["z_dim"])
+    if config_file.exists():  # a gan_accel run: G rebuilt from its recorded spec
+        G, _ = load_generator(folder)
+    else:  # the plain loop's DCGAN
+        G = load_weights(DCGANGenerator(100, 64), folder / "generator.safetensors")
+    result = evaluate_generator(G, data_dir, z_dim=G.z_dim)
     if not config_file.exists():  # the plain loop: score BatchNorm in train mode too, keep the better
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from ablation import TrainModeG
 
-        train_mode = evaluate_generator(TrainModeG(G), data_dir, z_dim=model["z_dim"])
+        train_mode = evaluate_generator(TrainModeG(G), data_dir, z_dim=G.z_dim)
         result = min(result, train_mode, key=lambda r: r["fd"])
     result = {k: v for k, v in result.items() if k != "summary"}
     cached.write_text(json.dumps(result))

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from gan_accel import Callback, GANTrainer, Phase, StepContext, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.scripts import ArgumentParser, nonnegative_int, positive_float, positive_int, run_script
-from gan_accel.visuals import save_grid
+from gan_accel.pictures import save_grid
 
 
 # -- the networks -------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class InterpolationStrip(Callback):
         lines = (start.unsqueeze(1) * (1 - weights) + end.unsqueeze(1) * weights).flatten(0, 1)
         images = trainer.generate(lines)
         path = save_grid(images, trainer.output_dir / f"interpolation_{trainer.step:06d}.png", nrow=self.points)
-        trainer.run_folder.record(path, trainer.step)  # the run's own file: overwrite and branches handle it
+        trainer.control.record_file(path)  # the run's own file: overwrite and branches handle it
         E = trainer.accelerator.unwrap_model(trainer.networks["E"])
         with torch.no_grad():
             error = F.mse_loss(E(images.to(next(E.parameters()).device)).cpu(), lines).item()

@@ -161,8 +161,8 @@ def train(args: argparse.Namespace) -> int:
         model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm)
         if args.d_position != "none":  # unrecorded for "none": runs from before the flag resume with --d-position none
             model.update(d_position=args.d_position)
-    config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes,
-                    "model": model}
+    config.model = model  # what gan-accel sample rebuilds G from; fixed on resume
+    config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes}
     config.validate()
 
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)

@@ -27,4 +27,4 @@ __all__ = [
     "latest_checkpoint", "list_checkpoints",
     "build_accelerator", "extract_images", "lambda_scheduler", "warmup_then_decay",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"  # the one place the version is written (pyproject.toml reads it)

@@ -15,6 +15,7 @@ from typing import Any, Union
 
 from .errors import ConfigError
 from .objectives.losses import LOSSES, GANLoss
+from .tracking import tracker_choices
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 LR_SCHEDULE_CHOICES = ("linear", "constant")
@@ -73,6 +74,7 @@ class TrainConfig:
     progress_bar: bool = True
     log_with: tuple[str, ...] = ()  # experiment trackers through Accelerate: "tensorboard", "mlflow", "wandb", ..., "all"
     tracker_project: str | None = None  # the trackers' project (experiment) name; None: the output folder's name
+    model: dict[str, Any] | None = None  # the reference networks' spec (gan_accel.models), saved with the run
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
 
     def __post_init__(self) -> None:
@@ -144,6 +146,7 @@ class TrainConfig:
         if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
             raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
         self._validate_trackers()
+        self._validate_saved_fields()
 
     def _validate_trackers(self) -> None:
         """log_with names trackers Accelerate knows (or registered with accelerate.tracking.register_tracker_class)."""
@@ -158,6 +161,12 @@ class TrainConfig:
         if self.tracker_project is not None and not (isinstance(self.tracker_project, str) and self.tracker_project.strip()):
             raise ConfigError(f"tracker_project={self.tracker_project!r} is invalid: expected a non-empty name, or None "
                               "for the output folder's name")
+
+    def _validate_saved_fields(self) -> None:
+        """model and extra travel in config.json: JSON values only."""
+        if self.model is not None and not (isinstance(self.model, dict) and _json_like(self.model)):
+            raise ConfigError(f"model={self.model!r} is invalid: expected a dict of JSON values (the networks' "
+                              "spec, e.g. {'family': 'dcgan', 'width': 64, ...}), or None")
 
     def _validate_speed_options(self) -> None:
         """channels_last, compile and keep_freed_memory are switches (see gan_accel.engine.speed)."""
@@ -208,6 +217,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         """Build a config from :meth:`to_dict` output; unknown keys are an error, not ignored."""
+        data = upgrade_config_dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -215,17 +225,22 @@ class TrainConfig:
         return cls(**data)
 
 
-def tracker_choices() -> tuple[str, ...]:
-    """The names ``log_with`` accepts: Accelerate's trackers (``LoggerType``, "all" included) and any tracker class
-    registered with ``accelerate.tracking.register_tracker_class`` before the config is built."""
-    from accelerate.utils import LoggerType
+def upgrade_config_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config dict in today's form: runs written before ``model`` was a field kept the networks'
+    spec in ``extra["model"]``."""
+    extra = data.get("extra")
+    if data.get("model") is None and isinstance(extra, dict) and isinstance(extra.get("model"), dict):
+        extra = dict(extra)
+        data = {**data, "model": extra.pop("model"), "extra": extra}
+    return data
 
-    names = {str(getattr(t, "value", t)) for t in LoggerType}
-    try:
-        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
-    except ImportError:  # pragma: no cover - very old accelerate
-        LOGGER_TYPE_TO_CLASS = {}
-    return tuple(sorted(names | set(LOGGER_TYPE_TO_CLASS), key=lambda n: (n != "all", n)))
+
+def _json_like(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_like(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_json_like(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def _is_number(value: Any) -> bool:
@@ -248,10 +263,9 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 # list or what the checkpoint holds. Everything else (rates, betas, schedule, max_steps, intervals,
 # clipping, penalty weights, ...) may change on resume and is applied from that step on.
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
-                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution")
+                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model")
 NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
 _PRESENCE = ("r1_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
-_FIXED_EXTRA = ("model", "conditional", "num_classes")  # the example scripts' model sizes
 
 
 def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -260,10 +274,10 @@ def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[l
     Both are :meth:`TrainConfig.to_dict` dicts: the checkpoint's and the resumed run's.
     """
     refused, changed = [], {}
+    saved, requested = upgrade_config_dict(saved), upgrade_config_dict(requested)
 
     def differ(name: str, old: Any, new: Any) -> None:
-        fixed = name in FIXED_ON_RESUME or (name in _PRESENCE and (old is None) != (new is None)) \
-            or (name.startswith("extra.") and name[len("extra."):] in _FIXED_EXTRA)
+        fixed = name in FIXED_ON_RESUME or (name in _PRESENCE and (old is None) != (new is None))
         if fixed:
             refused.append(f"{name}: {old!r} -> {new!r}")
         else:

@@ -4,8 +4,8 @@
     G, info = load_generator("runs/conditional_mnist/checkpoints/checkpoint_00002000")
     images, labels = sample_images(G, info, num=100, label=3)           # 100 threes
 
-The generator is rebuilt from the model sizes the example scripts record in ``config.extra.model``
-(DCGAN or conditional DCGAN); a run of your own modules loads with :func:`gan_accel.state.load_weights`
+The generator is rebuilt from the networks' spec the run recorded in ``config.model`` (runs written
+before that field existed kept it in ``config.extra.model``); a run of your own modules loads with :func:`gan_accel.state.load_weights`
 into your class. From a checkpoint the EMA's weights are used when the run kept an EMA, as the run
 itself samples; ``ema=False`` gives the raw G instead.
 
@@ -24,15 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from .config import upgrade_config_dict
 from .errors import CheckpointError, ConfigError
 from .models import ConditionalDCGANGenerator, DCGANGenerator
-from .state.checkpoint import ENGINE_STATE, checkpoint_name, is_complete, list_checkpoints, read_marker
+from .state.checkpoint import is_complete, list_checkpoints, read_marker
+from .state.layout import CHECKPOINTS, ENGINE_STATE, GENERATOR, RAW_GENERATOR, checkpoint_name
 from .state.weights import load_weights, read_metadata
 
 MODEL_KEYS = {"z_dim", "width", "image_size", "channels"}
-
-
-RAW_G = "model.safetensors"  # Accelerate's name, in a checkpoint, for the first prepared model: G
+EMA_STATE_NAMES = ("generator_ema", "ema")  # the EMA callback's state in a checkpoint: its name now, and before
 
 
 def load_generator(path: str | os.PathLike, ema: bool = True) -> tuple[nn.Module, dict[str, Any]]:
@@ -46,12 +46,12 @@ def load_generator(path: str | os.PathLike, ema: bool = True) -> tuple[nn.Module
     path = Path(path)
     if is_complete(path):
         return _from_checkpoint(path, ema)
-    weights = path / "generator.safetensors"
+    weights = path / GENERATOR
     if not weights.is_file():
         raise CheckpointError(f"{weights} not found: is {path} a finished gan_accel run folder (the weights are "
                               "written at the end of a run), or pass one of its checkpoints/checkpoint_<step> folders")
     metadata = read_metadata(weights)
-    config = metadata.get("config", {})
+    config = upgrade_config_dict(metadata.get("config", {}))
     exported_ema = metadata.get("ema", _config_has_ema(config))
     if exported_ema and not ema:
         return _raw_of_export(path, metadata.get("step"))
@@ -62,11 +62,11 @@ def load_generator(path: str | os.PathLike, ema: bool = True) -> tuple[nn.Module
 
 def _raw_of_export(run: Path, step: Any) -> tuple[nn.Module, dict[str, Any]]:
     """The raw G of a finished run whose export is the EMA: from the checkpoint of the export's step."""
-    checkpoint = run / "checkpoints" / checkpoint_name(int(step or 0))
+    checkpoint = run / CHECKPOINTS / checkpoint_name(int(step or 0))
     if not is_complete(checkpoint):
         found = [p.name for p in list_checkpoints(run)]
         raise CheckpointError(
-            f"{run}/generator.safetensors holds the EMA of G only, and the raw G of step {step} is kept in "
+            f"{run}/{GENERATOR} holds the EMA of G only, and the raw G of step {step} is kept in "
             f"{checkpoint}, which is gone: pass a checkpoint folder to sample its raw G "
             f"(complete ones: {', '.join(found) or 'none'}), or leave out --no-ema / ema=False")
     return _from_checkpoint(checkpoint, ema=False)
@@ -81,17 +81,18 @@ def _from_checkpoint(path: Path, ema: bool = True) -> tuple[nn.Module, dict[str,
         state = torch.load(state_file, map_location="cpu", weights_only=False)
     except Exception as error:
         raise CheckpointError(f"cannot read {state_file} (truncated or corrupt?): {error}") from error
-    config = read_marker(path).get("config") or state["config"]
+    config = upgrade_config_dict(read_marker(path).get("config") or state["config"])
     G = _build(config, path)
-    average = state.get("callbacks", {}).get("ema")
+    callbacks = state.get("callbacks", {})
+    average = next((callbacks[name] for name in EMA_STATE_NAMES if name in callbacks), None)
     has_ema = isinstance(average, dict)
     if has_ema and ema:  # the run samples from the EMA of G: so does this
         G.load_state_dict(average["module"])
         source = state_file
     else:
-        source = path / RAW_G
+        source = path / RAW_GENERATOR
         if not source.is_file():
-            raise CheckpointError(f"checkpoint {path} holds no weights of G ({RAW_G} is missing): it was copied in "
+            raise CheckpointError(f"checkpoint {path} holds no weights of G ({RAW_GENERATOR} is missing): it was copied in "
                                   "part or damaged; pass another checkpoint of the run")
         load_weights(G, source)
     return G.eval(), _info(config, state["step"], ema=has_ema and ema, has_ema=has_ema, weights=source)
@@ -102,9 +103,9 @@ def _config_has_ema(config: dict[str, Any]) -> bool:
 
 
 def _build(config: dict[str, Any], source: Path) -> nn.Module:
-    model = config.get("extra", {}).get("model") or {}
+    model = config.get("model") or {}
     if not MODEL_KEYS <= set(model):
-        raise CheckpointError(f"{source} does not record DCGAN model sizes (config.extra.model): load the weights "
+        raise CheckpointError(f"{source} does not record DCGAN model sizes (config.model): load the weights "
                               "with gan_accel.state.load_weights into your own generator class")
     sizes = {key: model[key] for key in ("z_dim", "width", "image_size", "channels")}
     if model.get("conditional"):

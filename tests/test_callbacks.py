@@ -1,13 +1,16 @@
 """Callbacks: the documented event order, replacing and switching off built-ins, state in checkpoints,
-and a failing callback that stops the run with its name while the last checkpoint stays intact."""
+a failing callback that stops the run with its name while the last checkpoint stays intact, the one
+surface through which callbacks change the run (``trainer.control``), and the built-ins' names."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from conftest import Z_DIM, TableLatents, make_images, make_loader, make_models, params, reset_accelerate_state
-from gan_accel import Callback, CallbackError, GANTrainer, TrainConfig, list_checkpoints
+from gan_accel import Callback, CallbackError, GANTrainer, TrainConfig, TrainingInterrupted, list_checkpoints
 from gan_accel.callbacks import BUILTIN_CALLBACKS, CallbackList
 from gan_accel.callbacks.metrics_log import read_metrics
 
@@ -77,15 +80,15 @@ def test_builtins_come_first_in_their_fixed_order_and_yours_after(tmp_path):
 
 def test_a_callback_named_like_a_builtin_replaces_it_and_disable_switches_builtins_off(tmp_path):
     class TensorSamples(Callback):
-        name = "samples"
+        name = "sample_saver"
 
         def on_sample(self, trainer):
             torch.save(trainer.generate(), trainer.output_dir / f"mine_{trainer.step}.pt")
 
-    trainer = trainer_for(tmp_path, callbacks=[TensorSamples()], disable=("export", "checkpoints"))
-    assert "export" not in trainer.callbacks.names and "checkpoints" not in trainer.callbacks.names
+    trainer = trainer_for(tmp_path, callbacks=[TensorSamples()], disable=("weights_exporter", "checkpointer"))
+    assert "weights_exporter" not in trainer.callbacks.names and "checkpointer" not in trainer.callbacks.names
     names = trainer.callbacks.names
-    assert names == [name for name in BUILTIN_CALLBACKS if name in names]  # "samples" in the built-in's place
+    assert names == [name for name in BUILTIN_CALLBACKS if name in names]  # "sample_saver" in the built-in's place
     trainer.fit()
     run = tmp_path / "run"
     assert sorted(p.name for p in run.glob("mine_*.pt")) == ["mine_2.pt", "mine_4.pt"]
@@ -165,8 +168,8 @@ def test_a_checkpoint_without_a_callbacks_state_is_refused_with_the_reason(tmp_p
     trainer_for(tmp_path, ema_decay=0.9).fit(stop_at_step=2)
     reset_accelerate_state()
     # Same config, the EMA callback switched off: the checkpoint's EMA state has nowhere to go.
-    with pytest.raises(CheckpointError, match=r"callbacks \['ema', 'health'\] but this run has \['health'\]"):
-        trainer_for(tmp_path, disable=("ema",), ema_decay=0.9).fit(resume_from="latest")
+    with pytest.raises(CheckpointError, match=r"callbacks \['generator_ema', 'health_monitor'\] but this run has \['health_monitor'\]"):
+        trainer_for(tmp_path, disable=("generator_ema",), ema_decay=0.9).fit(resume_from="latest")
     reset_accelerate_state()
     # A changed ema_decay is caught before anything is loaded, as a config change that cannot happen.
     with pytest.raises(CheckpointError, match=r"ema_decay: 0.9 -> None"):
@@ -199,8 +202,110 @@ def test_callback_list_add_before_after_replace_remove():
 def test_ema_is_a_callback_and_samples_come_from_it(tmp_path):
     trainer = trainer_for(tmp_path, ema_decay=0.5, max_steps=3)
     trainer.fit()
-    ema = trainer.callbacks.get("ema").ema
+    ema = trainer.callbacks.get("generator_ema").ema
     assert trainer.sampling_generator() is ema.module
     assert ema.num_updates == 3
     # The average differs from G itself (it lags behind).
     assert any(not torch.equal(a, b) for a, b in zip(params(ema.module).values(), params(trainer.G).values()))
+
+
+# -- what a callback may change: only through trainer.control ----------------------------------------------
+class AsksTheRun(Callback):
+    """Uses every request of trainer.control once, at the steps given."""
+
+    def __init__(self, out):
+        self.out = out
+        self.seen_checkpoint_steps = []
+
+    def on_step_end(self, trainer):
+        if trainer.step == 1:
+            trainer.control.log({"mine/value": 7.0})
+            trainer.control.save_checkpoint()  # a checkpoint at step 1, where the interval would give none
+            trainer.control.keep_checkpoint("checkpoint_00000001")
+        if trainer.step == 3:
+            trainer.control.stop(15)
+
+    def on_checkpoint(self, trainer):
+        # a checkpoint the writer reported earlier in the same event is already in the state
+        self.seen_checkpoint_steps.append(trainer.state.last_checkpoint_step)
+        if trainer.accelerator.is_main_process and trainer.step == 1:
+            (self.out / "mine.txt").write_text("written by a callback")
+            trainer.control.record_file(self.out / "mine.txt")
+
+
+def test_a_callback_changes_the_run_through_control_and_the_trainer_applies_it(tmp_path):
+    out = tmp_path / "run"
+    asks = AsksTheRun(out)
+    trainer = trainer_for(tmp_path, callbacks=[asks], max_steps=6, log_every=1, checkpoint_every=2,
+                          keep_checkpoints=1)
+    with pytest.raises(TrainingInterrupted, match="stopped by SIGTERM at step 3"):
+        trainer.fit()
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [row.get("mine/value") for row in rows] == [7.0, None, None]  # in the next row only
+    # step 1 was checkpointed on request and kept from pruning (keep_checkpoints=1); 3 by the stop
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint_00000001", "checkpoint_00000003"]
+    assert trainer.state.kept_checkpoints == {"checkpoint_00000001"}
+    assert asks.seen_checkpoint_steps[:1] == [1] and trainer.state.last_checkpoint_step == 3
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["mine.txt"] == 1  # recorded at the step it was written: --overwrite removes it
+    reset_accelerate_state()
+    trainer_for(tmp_path, max_steps=2, overwrite=True).fit()
+    assert not (out / "mine.txt").exists()
+
+
+def test_no_built_in_callback_sets_a_field_of_the_trainer():
+    """Built-ins change the run only through ``trainer.control``: no ``trainer.<field> = ...``, and no call
+    that changes what the trainer holds (its run folder, sets or dicts) behind the trainer's back."""
+    import ast
+    from pathlib import Path
+
+    import gan_accel.callbacks as package
+
+    mutating = {"add", "discard", "update", "record", "sync_checkpoints", "setdefault", "pop", "append", "clear"}
+    found = []
+    for path in sorted(Path(package.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                if isinstance(target, (ast.Attribute, ast.Subscript)) and _root(target) == "trainer":
+                    found.append(f"{path.name}:{node.lineno} sets {ast.unparse(target)}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in mutating \
+                    and _root(node.func) == "trainer" and ast.unparse(node.func).split(".")[1] != "control":
+                found.append(f"{path.name}:{node.lineno} calls {ast.unparse(node.func)}")
+    assert found == []
+
+
+def _root(node) -> str | None:
+    import ast
+
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+# -- names ---------------------------------------------------------------------------------------------
+def test_every_built_in_callback_is_named_after_its_class():
+    from gan_accel.callbacks import BUILTIN_CLASSES
+    from gan_accel.callbacks.base import snake_case
+
+    assert [cls.name for cls in BUILTIN_CLASSES] == [snake_case(cls.__name__) for cls in BUILTIN_CLASSES]
+    import ast
+    import inspect
+
+    for cls in BUILTIN_CLASSES:  # derived, never written by hand in the class body
+        body = ast.parse(inspect.getsource(cls)).body[0].body
+        assert not [n for n in body if isinstance(n, ast.Assign) and "name" in map(ast.unparse, n.targets)], cls
+    assert list(BUILTIN_CALLBACKS) == ["generator_ema", "metrics_logger", "health_monitor", "tracker_logger",
+                                       "progress_bar", "sample_saver", "training_plot", "checkpointer",
+                                       "weights_exporter", "signal_handler"]
+    assert [snake_case(n) for n in ("SampleSaver", "GeneratorEMA", "EMACallback", "HTTPServer2X")] == \
+        ["sample_saver", "generator_ema", "ema_callback", "http_server2_x"]
+
+
+def test_the_old_built_in_names_still_work_with_a_one_line_pointer(tmp_path):
+    with pytest.warns(FutureWarning, match="callback name 'samples' is now 'sample_saver'"):
+        trainer = trainer_for(tmp_path, disable=("samples",))
+    assert "sample_saver" not in trainer.callbacks.names
+    with pytest.warns(FutureWarning, match="'checkpoints' is now 'checkpointer'"):
+        assert trainer.callbacks.get("checkpoints") is trainer.callbacks.get("checkpointer") is not None

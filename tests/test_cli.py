@@ -415,7 +415,7 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert report["eval"] == json.loads((run / "eval.json").read_text())
     assert report["status"]["state"] == "finished" and report["branches"] == []
     assert [e["event"] for e in report["history"]] == ["start"]
-    assert report["config"]["ema_decay"] == 0.5 and report["extra"]["model"] == MODEL
+    assert report["config"]["ema_decay"] == 0.5 and report["config"]["model"] == MODEL  # from extra.model: an older run
     assert report["export"] == {"path": str(run / "generator.safetensors"), "step": 4, "ema": True}
     code, text, _ = cli(["info", run], capsys)
     lines = text.splitlines()

@@ -107,7 +107,7 @@ def test_sigint_in_process_raises_training_interrupted_after_a_checkpoint(tmp_pa
             if trainer.step == 3:
                 os.kill(os.getpid(), signal.SIGINT)
 
-    trainer.callbacks.add(InterruptAtStep3(), before="signals")
+    trainer.callbacks.add(InterruptAtStep3(), before="signal_handler")
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a background job
     with pytest.raises(TrainingInterrupted, match="stopped by SIGINT at step 3") as info:
         trainer.fit()
@@ -130,7 +130,7 @@ def _signal_on_rank1(out_dir: str) -> None:
     config = TrainConfig(max_steps=10, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4,
                          checkpoint_every=100, output_dir=os.path.join(out_dir, "run"), progress_bar=False)
     trainer = GANTrainer(G, D, make_loader(make_images(128), 4), config, latent_sampler=TableLatents(4096))
-    trainer.callbacks.add(SignalRank1AtStep3(), before="signals")
+    trainer.callbacks.add(SignalRank1AtStep3(), before="signal_handler")
     outcome = "finished"
     try:
         trainer.fit()

@@ -68,7 +68,7 @@ def test_logged_scores_equal_an_independent_computation(tmp_path):
 class Scripted(Evaluator):
     """An evaluator whose scores are given, to place the best step where the test wants it."""
 
-    name = "evaluation"
+    name = "evaluator"
 
     def __init__(self, values: list[float], **kwargs) -> None:
         super().__init__(flatten, torch.zeros(4, 16, dtype=torch.float64), **kwargs)
@@ -96,7 +96,7 @@ def test_best_checkpoint_is_kept_and_named(tmp_path):
     assert "best.json" in json.loads((run / "manifest.json").read_text())["files"]
     # The best checkpoint's own state knows it is the best: a run resumed from it keeps it.
     state = torch.load(run / "checkpoints" / "checkpoint_00000004" / "gan_accel_state_0.pt", weights_only=False)
-    assert state["callbacks"]["evaluation"]["best"]["step"] == 4
+    assert state["callbacks"]["evaluator"]["best"]["step"] == 4
 
 
 def test_a_better_score_later_releases_the_old_best(tmp_path):
@@ -158,7 +158,7 @@ def test_two_processes_share_the_samples_and_agree_on_the_scores(tmp_path):
 def test_best_without_checkpoints_is_named_but_points_nowhere(tmp_path):
     G, D = make_models(dtype=torch.float32)
     GANTrainer(G, D, make_loader(make_images(64, dtype=torch.float32), 4), config_for(tmp_path, max_steps=4),
-               callbacks=[Scripted([2.0, 1.0], every=2)], disable_callbacks=("checkpoints",)).fit()
+               callbacks=[Scripted([2.0, 1.0], every=2)], disable_callbacks=("checkpointer",)).fit()
     best = json.loads((tmp_path / "run" / "best.json").read_text())
     assert best["step"] == 4 and best["checkpoint"] is None
     assert not (tmp_path / "run" / "checkpoints").exists()

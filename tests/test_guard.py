@@ -229,7 +229,7 @@ def test_a_step_reads_nothing_back_from_the_device(tmp_path, monkeypatch):
     on the host: no sync per step (counted on CPU, where every read would be one on a GPU)."""
     trainer = guarded_trainer(tmp_path, "fused", max_steps=8, log_every=100, clip_grad_norm_D=1.0)
     counter = CountHostReads(monkeypatch)
-    trainer.callbacks.add(counter, before="signals")
+    trainer.callbacks.add(counter, before="signal_handler")
     trainer.fit()
     assert trainer.runner.skippable.modes_used == {"fused": 16}
     assert counter.reads == []

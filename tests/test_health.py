@@ -86,7 +86,7 @@ def test_a_healthy_run_logs_grad_norms_lrs_d_outputs_and_diversity_and_warns_not
     # Diversity: measured at each sample step (4, 8, ...), before that step's row, so it lands in it.
     assert [r["step"] for r in rows if "health/diversity" in r] == list(range(4, 41, 4))
     assert all(r["health/diversity"] > 0.1 for r in rows if "health/diversity" in r)
-    assert trainer.callbacks.get("health").warnings == []
+    assert trainer.callbacks.get("health_monitor").warnings == []
     assert WARNING not in capsys.readouterr().out
 
 
@@ -180,13 +180,13 @@ def test_a_generator_with_constant_output_warns_of_collapse_once_past_the_early_
 def test_a_short_run_of_an_untrained_generator_does_not_warn_of_collapse(tmp_path, capsys):
     """At initialisation G maps every latent to nearly the same output: not a collapse to warn about."""
     trainer, rows = run(tmp_path, G=ConstantG(), max_steps=12)
-    assert [step for step, _ in trainer.callbacks.get("health").diversity] == [4, 8, 12]
+    assert [step for step, _ in trainer.callbacks.get("health_monitor").diversity] == [4, 8, 12]
     assert warnings_about(capsys.readouterr().out, "sample diversity collapsed") == []
 
 
 def test_a_generator_trained_to_collapse_warns_when_its_diversity_halves(tmp_path, capsys):
     trainer, rows = run(tmp_path, phases=collapsing, lr_G=0.01)
-    measured = trainer.callbacks.get("health").diversity
+    measured = trainer.callbacks.get("health_monitor").diversity
     lines = warnings_about(capsys.readouterr().out, "sample diversity collapsed")
     assert len(lines) == 1, lines
     first_low = next(step for step, value in measured if value < 0.5 * max(v for _, v in measured[:3]))

@@ -150,8 +150,8 @@ def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, condition
     from gan_accel.state.checkpoint import SHARED_STATE
 
     main, other = (torch.load(final / f"gan_accel_state_{rank}.pt", weights_only=False) for rank in (0, 1))
-    assert other["callbacks"]["ema"] == SHARED_STATE
-    ema_weights = main["callbacks"]["ema"]["module"]
+    assert other["callbacks"]["generator_ema"] == SHARED_STATE
+    ema_weights = main["callbacks"]["generator_ema"]["module"]
     assert ema_weights and all(isinstance(v, torch.Tensor) for v in ema_weights.values())
 
 

@@ -211,14 +211,23 @@ def test_fixed_fields_are_refused_with_every_difference_before_anything_is_loade
 
 
 def test_compare_configs_sorts_every_field_into_fixed_or_changeable():
-    saved = TrainConfig(extra={"model": {"width": 8}, "note": "a"}).to_dict()
-    refused, changed = compare_configs(saved, TrainConfig(lr_G=1e-3, r1_gamma=None, max_steps=9,
-                                                          extra={"model": {"width": 16}, "note": "b"},
-                                                          output_dir="elsewhere", z_dim=7).to_dict())
-    assert refused == ["extra.model: {'width': 8} -> {'width': 16}", "z_dim: 100 -> 7"]
+    saved = TrainConfig(model={"width": 8}, extra={"note": "a"}).to_dict()
+    refused, changed = compare_configs(saved, TrainConfig(lr_G=1e-3, r1_gamma=None, max_steps=9, model={"width": 16},
+                                                          extra={"note": "b"}, output_dir="elsewhere", z_dim=7).to_dict())
+    assert refused == ["model: {'width': 8} -> {'width': 16}", "z_dim: 100 -> 7"]
     assert changed == {"lr_G": [2e-4, 1e-3], "max_steps": [2000, 9], "extra.note": ["a", "b"]}
     # tuples from a live config equal the lists of one read back from JSON
     assert compare_configs(json.loads(json.dumps(saved)), saved) == ([], {})
+
+
+def test_a_config_from_before_the_model_field_compares_by_its_extra_model():
+    """Runs written before ``model`` was a field kept the networks' spec in ``extra["model"]``."""
+    old = TrainConfig(extra={"model": {"width": 8}, "note": "a"}).to_dict()
+    assert old["model"] is None
+    assert compare_configs(old, TrainConfig(model={"width": 8}, extra={"note": "a"}).to_dict()) == ([], {})
+    refused, _ = compare_configs(old, TrainConfig(model={"width": 16}, extra={"note": "a"}).to_dict())
+    assert refused == ["model: {'width': 8} -> {'width': 16}"]
+    assert TrainConfig.from_dict(old).model == {"width": 8}
 
 
 def test_a_changed_learning_rate_on_resume_really_changes_the_update(tmp_path):

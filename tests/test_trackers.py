@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Z_DIM, TableLatents, launch_two_processes, make_images, make_loader, make_models
 from gan_accel import ConfigError, GANTrainer, TrainConfig
-from gan_accel.callbacks import trackers as trackers_module
+from gan_accel import tracking as trackers_module
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.callbacks.trackers import BUILTIN_TRACKERS, TRACKERS_DIR, flat_hyperparameters, metric_key
 from gan_accel.config import compare_configs

@@ -1,42 +1,46 @@
 """Side concerns that hang off the training loop's events (see :mod:`gan_accel.callbacks.base`).
 
-Built in, in this order: ``ema``, ``metrics_log``, ``health``, ``trackers`` (with ``log_with``), ``progress``, ``samples``, ``plot``,
-``checkpoints``, ``export``, ``signals``. Add your own with ``GANTrainer(callbacks=[...])``; one with the name of a
-built-in replaces it; ``disable_callbacks=("samples",)`` switches built-ins off.
+The built-in callbacks are :data:`BUILTIN_CALLBACKS`, in the order they run; a run has those its
+config asks for (:func:`default_callbacks`). Add your own with ``GANTrainer(callbacks=[...])``; one
+named like a built-in replaces it; ``disable_callbacks=("sample_saver",)`` switches built-ins off.
 """
 
-from .base import EVENTS, Callback, CallbackList
+from .base import EVENTS, RENAMED, Callback, CallbackList
 from .checkpoints import Checkpointer
-from .ema import EMA, EMACallback
+from .ema import EMA, EMACallback, GeneratorEMA
 from .evaluation import Evaluator
 from .export import WeightsExporter
 from .health import HealthMonitor
 from .metrics_log import MetricsLog, MetricsLogger, read_metrics
-from .plot import TrainingPlot
 from .progress import ProgressBar
 from .samples import SampleSaver
 from .signals import SignalHandler
 from .trackers import TrackerLogger
+from .training_plot import TrainingPlot
 
-__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "EMACallback", "Evaluator", "WeightsExporter", "HealthMonitor",
-           "MetricsLog", "MetricsLogger", "read_metrics", "ProgressBar", "SampleSaver", "SignalHandler", "TrackerLogger", "TrainingPlot",
-           "default_callbacks", "BUILTIN_CALLBACKS"]
+__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "EMACallback", "GeneratorEMA", "Evaluator",
+           "WeightsExporter", "HealthMonitor", "MetricsLog", "MetricsLogger", "read_metrics", "ProgressBar",
+           "SampleSaver", "SignalHandler", "TrackerLogger", "TrainingPlot", "default_callbacks", "BUILTIN_CALLBACKS",
+           "RENAMED"]
 
-BUILTIN_CALLBACKS = ("ema", "metrics_log", "health", "trackers", "progress", "samples", "plot", "checkpoints", "export",
-                     "signals")
+# The built-in callbacks, in the order they run (each is named after its class: see Callback.name).
+BUILTIN_CLASSES = (GeneratorEMA, MetricsLogger, HealthMonitor, TrackerLogger, ProgressBar, SampleSaver, TrainingPlot,
+                   Checkpointer, WeightsExporter, SignalHandler)
+BUILTIN_CALLBACKS = tuple(cls.name for cls in BUILTIN_CLASSES)
 
 
 def default_callbacks(config) -> list[Callback]:
-    """The built-in callbacks a :class:`~gan_accel.TrainConfig` asks for, in their fixed order."""
-    callbacks: list[Callback] = []
+    """The built-in callbacks a :class:`~gan_accel.TrainConfig` asks for, in the order of :data:`BUILTIN_CALLBACKS`."""
+    wanted: dict[type, Callback] = {
+        MetricsLogger: MetricsLogger(), HealthMonitor: HealthMonitor(), SampleSaver: SampleSaver(),
+        TrainingPlot: TrainingPlot(), Checkpointer: Checkpointer(config.keep_checkpoints),
+        WeightsExporter: WeightsExporter(), SignalHandler: SignalHandler(),
+    }
     if config.ema_decay or config.ema_half_life:
-        callbacks.append(EMACallback(config.ema_decay or None, half_life_images=config.ema_half_life,
-                                     rampup=config.ema_rampup, batchnorm=config.ema_batchnorm))
-    callbacks += [MetricsLogger(), HealthMonitor()]
+        wanted[GeneratorEMA] = GeneratorEMA(config.ema_decay or None, half_life_images=config.ema_half_life,
+                                            rampup=config.ema_rampup, batchnorm=config.ema_batchnorm)
     if config.log_with:  # experiment trackers through Accelerate (TensorBoard, MLflow, W&B, ...)
-        callbacks.append(TrackerLogger())
+        wanted[TrackerLogger] = TrackerLogger()
     if config.progress_bar:
-        callbacks.append(ProgressBar())
-    callbacks += [SampleSaver(), TrainingPlot(), Checkpointer(config.keep_checkpoints), WeightsExporter(),
-                  SignalHandler()]
-    return callbacks
+        wanted[ProgressBar] = ProgressBar()
+    return [wanted[cls] for cls in BUILTIN_CLASSES if cls in wanted]

@@ -12,10 +12,19 @@ Events, in the order the trainer fires them (see ``GANTrainer.fit``)::
     on_fit_end                        the run reached max_steps (not after stop_at_step)
     on_close                          always, last, also after an error (release what on_fit_start took)
 
-Within one event, callbacks run in list order: the built-ins first (``ema``, ``metrics_log``,
-``health``, ``progress``, ``samples``, ``plot``, ``checkpoints``, ``export``, ``signals``), then yours. Events fire on
-every process: write files only where ``trainer.accelerator.is_main_process``, and run a collective
-(``accelerator.reduce``, ``save_state``) on every process or on none.
+Within one event, callbacks run in list order: the built-ins first (in the order of
+``gan_accel.callbacks.BUILTIN_CALLBACKS``), then yours. Events fire on every process: write files only
+where ``trainer.accelerator.is_main_process``, and run a collective (``accelerator.reduce``,
+``save_state``) on every process or on none.
+
+What a callback may touch: it reads ``trainer.state`` (a :class:`~gan_accel.engine.control.RunState`:
+step, run id, last checkpoint, kept checkpoints), the config, the networks and the accelerator, and it
+changes the run only through ``trainer.control`` (a :class:`~gan_accel.engine.control.Control`: values
+for the next metrics row, a checkpoint now, checkpoints kept from pruning, files the run wrote, a stop).
+The trainer applies a callback's requests right after its handler returns.
+
+A callback's name (what ``disable_callbacks`` and ``trainer.callbacks.get`` take, and the key of its state
+in checkpoints) is the snake case of its class name: ``SampleSaver`` is ``"sample_saver"``.
 
 A callback that raises stops the run with a :class:`~gan_accel.errors.CallbackError` naming it, the
 event and the step; the last complete checkpoint is left as it was.
@@ -24,7 +33,8 @@ event and the step; the last complete checkpoint is left as it was.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..errors import CallbackError, GanAccelError, RunFolderError
 from ..state.checkpoint import SHARED_STATE
@@ -36,10 +46,31 @@ if TYPE_CHECKING:
 
 EVENTS = ("on_fit_start", "on_phase_end", "on_step_end", "on_log", "on_sample", "on_checkpoint", "on_fit_end",
           "on_close")
+# The built-in callbacks' names before they became their class names: still accepted, with a warning.
+RENAMED = {"ema": "generator_ema", "metrics_log": "metrics_logger", "health": "health_monitor",
+           "trackers": "tracker_logger", "progress": "progress_bar", "samples": "sample_saver", "plot": "training_plot",
+           "checkpoints": "checkpointer", "export": "weights_exporter", "signals": "signal_handler",
+           "evaluation": "evaluator"}
+
+
+def snake_case(class_name: str) -> str:
+    """``SampleSaver`` -> ``sample_saver``; an acronym stays one word: ``GeneratorEMA`` -> ``generator_ema``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
+
+
+def current_name(name: str) -> str:
+    """A callback name as it is now: an old built-in name becomes its new one, with a one-line warning."""
+    new = RENAMED.get(name)
+    if new is None:
+        return name
+    warnings.warn(f"gan_accel: callback name {name!r} is now {new!r} (the snake case of its class name); "
+                  f"use {new!r}", FutureWarning, stacklevel=3)
+    return new
 
 
 class Callback:
-    """Base class: override the events you need. ``name`` identifies the callback (snake case of the class).
+    """Base class: override the events you need. ``name`` identifies the callback: the snake case of the
+    class name (``SampleSaver`` -> ``"sample_saver"``), unless a subclass of your own sets ``name``.
 
     ``setup(trainer)`` runs once when the callback joins a trainer (after ``prepare``, before any
     resume), ``state_dict``/``load_state_dict`` put the callback's state in checkpoints.
@@ -50,7 +81,7 @@ class Callback:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
-            cls.name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+            cls.name = snake_case(cls.__name__)
 
     def setup(self, trainer: "GANTrainer") -> None:
         """Called once when the callback joins ``trainer``."""
@@ -83,6 +114,7 @@ class CallbackList:
     def __init__(self, callbacks: Iterable[Any] = ()) -> None:
         self._callbacks: list[Any] = []
         self._trainer: GANTrainer | None = None
+        self._after_each: Callable[[], None] = lambda: None
         for callback in callbacks:
             self.add(callback)
 
@@ -120,6 +152,8 @@ class CallbackList:
         return callback
 
     def get(self, name: str, default: Any = None) -> Any:
+        """The callback named ``name`` (or ``default``)."""
+        name = current_name(name)
         return next((c for c in self._callbacks if _name_of(c) == name), default)
 
     @property
@@ -133,6 +167,7 @@ class CallbackList:
         return len(self._callbacks)
 
     def _index(self, name: str) -> int:
+        name = current_name(name)
         for index, callback in enumerate(self._callbacks):
             if _name_of(callback) == name:
                 return index
@@ -143,9 +178,12 @@ class CallbackList:
         self._handlers = {event: [c for c in self._callbacks if _implements(c, event)] for event in EVENTS}
 
     # -- dispatch -------------------------------------------------------------------------------
-    def bind(self, trainer: "GANTrainer") -> None:
-        """Attach to a trainer and run every callback's ``setup``."""
+    def bind(self, trainer: "GANTrainer", after_each: Callable[[], None] | None = None) -> None:
+        """Attach to a trainer and run every callback's ``setup``; ``after_each`` runs after every handler
+        (the trainer applies the handler's ``trainer.control`` requests there)."""
         self._trainer = trainer
+        if after_each is not None:
+            self._after_each = after_each
         for callback in self._callbacks:
             self._setup(callback)
 
@@ -163,6 +201,7 @@ class CallbackList:
         trainer = self._trainer
         try:
             method(trainer, *args)
+            self._after_each()
         except (GanAccelError, KeyboardInterrupt):
             raise  # already says what happened and what to do
         except Exception as error:
@@ -193,7 +232,8 @@ class CallbackList:
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         for name, state in states.items():
-            callback = self.get(name)
+            name = RENAMED.get(name, name)  # a checkpoint written before the built-ins took their class names
+            callback = next((c for c in self._callbacks if _name_of(c) == name), None)
             if callback is not None and hasattr(callback, "load_state_dict"):
                 callback.load_state_dict(state)
 
@@ -201,15 +241,16 @@ class CallbackList:
 def assemble(builtins: Iterable[Any], user: Iterable[Any], disabled: Iterable[str],
              known: Iterable[str]) -> list[Any]:
     """Built-ins minus ``disabled``, then the user's callbacks; one named like a built-in takes its place."""
-    disabled, known = set(disabled), list(known)
+    disabled, known = {current_name(name) for name in disabled}, list(known)
     unknown = disabled - set(known)
     if unknown:
         raise ValueError(f"disable_callbacks={sorted(unknown)}: built-in callbacks are {known}")
     merged = [c for c in builtins if _name_of(c) not in disabled]
     for callback in user:
         names = [_name_of(c) for c in merged]
-        if _name_of(callback) in names:
-            merged[names.index(_name_of(callback))] = callback
+        name = current_name(_name_of(callback))  # a callback of yours named like a built-in used to be
+        if name in names:
+            merged[names.index(name)] = callback
         else:
             merged.append(callback)
     return merged

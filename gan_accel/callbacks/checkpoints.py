@@ -14,28 +14,26 @@ if TYPE_CHECKING:
 
 class Checkpointer(Callback):
     """Writes a complete checkpoint (collective: every process) and keeps the newest ``keep``, plus
-    those in ``trainer.protected_checkpoints`` (the best one, named by the evaluation callback)."""
-
-    name = "checkpoints"
+    the kept ones (``trainer.state.kept_checkpoints``: the best one, named by the evaluator)."""
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
 
     def on_checkpoint(self, trainer: "GANTrainer") -> None:
-        if trainer.last_checkpoint is not None and trainer.last_checkpoint_step == trainer.step:
+        state = trainer.state
+        if state.last_checkpoint is not None and state.last_checkpoint_step == state.step:
             return  # this step is saved already
         if trainer.guard is not None:  # its counters live on the device: a divergence is noticed here at the latest
-            trainer.guard.check(trainer.step)
+            trainer.guard.check(state.step)
         if not parameters_finite(*trainer.networks.values()):
             raise DivergenceError(
-                f"refusing to write a checkpoint at step {trainer.step}: a network holds non-finite weights; "
+                f"refusing to write a checkpoint at step {state.step}: a network holds non-finite weights; "
                 "the last complete checkpoint is kept"
             )
-        marker = {"run_id": trainer.run_id, "config": trainer.config.to_dict()}
+        marker = {"run_id": state.run_id, "config": trainer.config.to_dict()}
         try:
-            path = save_checkpoint(trainer.accelerator, trainer.output_dir, trainer.step, trainer.state_dict(),
-                                   self.keep, marker, keep_also=trainer.protected_checkpoints)
+            path = save_checkpoint(trainer.accelerator, trainer.output_dir, state.step, trainer.state_dict(),
+                                   self.keep, marker, keep_also=state.kept_checkpoints)
         except RunFolderError as error:
             raise RunFolderError(f"{error}. {trainer.checkpoint_note()}") from error
-        trainer.last_checkpoint, trainer.last_checkpoint_step = path, trainer.step
-        trainer.run_folder.sync_checkpoints()
+        trainer.control.checkpoint_written(path)

@@ -133,12 +133,11 @@ class EMA:
         self.stale = bool(state.get("stale", False))
 
 
-class EMACallback(Callback):
+class GeneratorEMA(Callback):
     """Keeps an :class:`EMA` of G, updated after every step; samples, evaluation and the exported
     weights use it (through ``trainer.sampling_generator()``, which recomputes stale BatchNorm
     statistics first when ``batchnorm="recompute"``)."""
 
-    name = "ema"
     shared_state = True  # identical on every process: a checkpoint keeps the main process's copy only
     recompute_batches = 8  # batches of 256 latents measure the average's BatchNorm statistics
 
@@ -182,3 +181,6 @@ class EMACallback(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.ema.load_state_dict(state)
+
+
+EMACallback = GeneratorEMA  # its name before it was named for what it averages

@@ -17,7 +17,6 @@ and ``best.json`` in the run folder names it with its score.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -27,15 +26,14 @@ from ..collective import run_together
 from ..eval.distributed import generated_features
 from ..eval.features import FeatureExtractor
 from ..eval.scores import score_features
-from ..state.checkpoint import checkpoint_name
-from ..state.files import write_bytes_synced
+from ..state.layout import BEST, checkpoint_name, write_json
 from .base import Callback
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
 LOWER_IS_BETTER = {"fd": True, "kid": True, "precision": False, "recall": False, "is": False}
-BEST_FILE = "best.json"
+BEST_FILE = BEST  # the name older code imported from here
 
 
 class Evaluator(Callback):
@@ -51,12 +49,10 @@ class Evaluator(Callback):
         logits: optional images -> class logits (N, K) for the Inception score.
         seed: the evaluation latents' seed (the same samples at every evaluation).
         keep_best: write and keep the best checkpoint and ``best.json`` (its ``checkpoint`` is null when
-            the ``checkpoints`` callback is switched off).
+            the ``checkpointer`` callback is switched off).
 
     The run's latent sampler must return one tensor per batch here (the evaluation slices it by sample).
     """
-
-    name = "evaluation"
 
     def __init__(self, extractor: FeatureExtractor, reference: Tensor, *, every: int, num_samples: int = 2000,
                  metric: str = "fd", logits: Callable[[Tensor], Tensor] | None = None, seed: int = 1234,
@@ -76,35 +72,44 @@ class Evaluator(Callback):
         self.keep_best, self.batch_size = keep_best, batch_size
         self.best: dict[str, Any] | None = None  # {"step", "value", "checkpoint", "scores"}
         self.history: list[dict[str, Any]] = []
+        self._new_best_step: int | None = None  # a new best whose checkpoint was asked for, not yet written
 
     # -- events --------------------------------------------------------------------------------
     def on_fit_start(self, trainer: "GANTrainer") -> None:
         if self.best is not None:  # resumed: the best as of the checkpoint (later ones may be set aside)
             if self.best["checkpoint"] is not None:
-                trainer.protected_checkpoints.add(self.best["checkpoint"])
-            self._write_best(trainer)
+                trainer.control.keep_checkpoint(self.best["checkpoint"])
+            run_together(trainer.accelerator, lambda: self._write_best(trainer))
 
     def on_step_end(self, trainer: "GANTrainer") -> None:
-        if trainer.step % self.every and trainer.step != trainer.config.max_steps:
+        step = trainer.step
+        if step % self.every and step != trainer.config.max_steps:
             return
         scores = self.evaluate(trainer)
-        trainer.pending_metrics.update({f"eval/{k}": v for k, v in scores.items()})
-        trainer.pending_metrics["eval/step"] = trainer.step
-        self.history.append({"step": trainer.step, **scores})
+        trainer.control.log({**{f"eval/{k}": v for k, v in scores.items()}, "eval/step": step})
+        self.history.append({"step": step, **scores})
         if self.keep_best and self._improves(scores[self.metric]):
             # The new best is set before its checkpoint is written, so that checkpoint knows it is the
             # best (a resume from it keeps it); the old best is no longer protected from pruning.
-            if self.best is not None:
-                trainer.protected_checkpoints.discard(self.best["checkpoint"])
-            name = checkpoint_name(trainer.step)
-            self.best = {"step": trainer.step, "metric": self.metric, "value": scores[self.metric],
-                         "checkpoint": name, "scores": scores}
-            trainer.protected_checkpoints.add(name)
-            trainer.fire_agreed("on_checkpoint")  # a checkpoint at this step (none is written twice)
-            if trainer.last_checkpoint_step != trainer.step:  # the checkpoints callback is switched off
-                trainer.protected_checkpoints.discard(name)
-                self.best["checkpoint"] = None
-            run_together(trainer.accelerator, lambda: self._write_best(trainer))
+            if self.best is not None and self.best["checkpoint"] is not None:
+                trainer.control.release_checkpoint(self.best["checkpoint"])
+            name = checkpoint_name(step)
+            self.best = {"step": step, "metric": self.metric, "value": scores[self.metric], "checkpoint": name,
+                         "scores": scores}
+            trainer.control.keep_checkpoint(name)
+            trainer.control.save_checkpoint()  # at this step, once on_step_end has run (none is written twice)
+            self._new_best_step = step
+
+    def on_checkpoint(self, trainer: "GANTrainer") -> None:
+        """After the checkpoint the new best asked for: name it in ``best.json`` (or null, when the
+        ``checkpointer`` callback is switched off and none was written)."""
+        if self._new_best_step != trainer.step:
+            return
+        self._new_best_step = None
+        if trainer.state.last_checkpoint_step != trainer.step:
+            trainer.control.release_checkpoint(self.best["checkpoint"])
+            self.best["checkpoint"] = None
+        self._write_best(trainer)  # on_checkpoint fires on every process together: failures are agreed
 
     # -- scoring -------------------------------------------------------------------------------
     def evaluate(self, trainer: "GANTrainer") -> dict[str, float]:
@@ -142,11 +147,9 @@ class Evaluator(Callback):
     def _write_best(self, trainer: "GANTrainer") -> None:
         if not trainer.accelerator.is_main_process:
             return
-        path = trainer.output_dir / BEST_FILE
         name = self.best["checkpoint"]
-        text = json.dumps({**self.best, "checkpoint": name and f"checkpoints/{name}"}, indent=2)
-        write_bytes_synced(path, (text + "\n").encode())
-        trainer.run_folder.record(path, self.best["step"])
+        path = write_json(trainer.output_dir / BEST, {**self.best, "checkpoint": name and f"checkpoints/{name}"})
+        trainer.control.record_file(path, self.best["step"])
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

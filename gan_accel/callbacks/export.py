@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..state.layout import GENERATOR
 from ..state.weights import save_weights
 from .base import Callback
 
@@ -14,14 +15,11 @@ if TYPE_CHECKING:
 class WeightsExporter(Callback):
     """At the end of the run, writes the sampling generator with the config and step in the file's metadata."""
 
-    name = "export"
-
-    def __init__(self, filename: str = "generator.safetensors") -> None:
+    def __init__(self, filename: str = GENERATOR) -> None:
         self.filename = filename
 
     def on_fit_end(self, trainer: "GANTrainer") -> None:
         if trainer.accelerator.is_main_process:
-            metadata = {"config": trainer.config.to_dict(), "step": trainer.step,
-                        "ema": trainer.callbacks.get("ema") is not None}
+            metadata = {"config": trainer.config.to_dict(), "step": trainer.step, "ema": trainer.ema is not None}
             save_weights(trainer.sampling_generator(), trainer.output_dir / self.filename, metadata)
-            trainer.run_folder.record(trainer.output_dir / self.filename, trainer.step)
+            trainer.control.record_file(trainer.output_dir / self.filename)

@@ -1,6 +1,6 @@
 """Training health: warnings when a run is failing in a recognisable way, and the samples' diversity.
 
-:class:`HealthMonitor` (built-in name ``health``) watches the metrics rows and the fixed latents'
+:class:`HealthMonitor` (built-in name ``health_monitor``) watches the metrics rows and the fixed latents'
 samples. Each rule prints one line, ``gan_accel: warning: ...``, naming what it saw and what to try,
 once per *episode*: a rule warns when its condition starts to hold and is silent until it has
 cleared (one healthy row or measurement) and holds again. The rules, with the constructor's defaults:
@@ -52,8 +52,6 @@ class HealthMonitor(Callback):
     """Warns once per episode when D wins outright, G's loss explodes or the samples' diversity
     collapses; logs ``health/diversity`` (see the module's docstring for the rules)."""
 
-    name = "health"
-
     def __init__(self, *, patience: int = 3, d_loss_fraction: float = 0.05, g_loss_factor: float = 3.0,
                  early_rows: int = 5, diversity_drop: float = 0.5, diversity_floor: float = 0.1,
                  early_samples: int = 3, max_samples: int = 64) -> None:
@@ -75,7 +73,7 @@ class HealthMonitor(Callback):
         self.streaks: dict[str, int] = {}  # consecutive rows a rule's condition has held
         self.warned: list[str] = []  # rules inside an episode that was already warned about
         self.diversity: list[list[float]] = []  # [step, value] of every measurement
-        self.unlogged: float | None = None  # a measurement handed to trainer.pending_metrics, not yet in a row
+        self.unlogged: float | None = None  # a measurement handed to the next metrics row, not yet in one
         self.warnings: list[str] = []  # every line printed (on every process), for tests and callers
 
     def setup(self, trainer: "GANTrainer") -> None:
@@ -88,7 +86,7 @@ class HealthMonitor(Callback):
     # -- events --------------------------------------------------------------------------------
     def on_fit_start(self, trainer: "GANTrainer") -> None:
         if self.unlogged is not None:  # resumed after a measurement whose row had not been written yet
-            trainer.pending_metrics.setdefault(DIVERSITY, self.unlogged)
+            trainer.control.log({DIVERSITY: self.unlogged})
 
     def on_step_end(self, trainer: "GANTrainer") -> None:
         # Measured where the samples are taken, but before the step's metrics row: at a sample step that
@@ -97,7 +95,8 @@ class HealthMonitor(Callback):
         if trainer.step % cfg.sample_every and trainer.step != cfg.max_steps:
             return
         value = mean_pairwise_distance(trainer.generate(), self.max_samples)  # every process: the same weights
-        trainer.pending_metrics[DIVERSITY] = self.unlogged = value
+        self.unlogged = value
+        trainer.control.log({DIVERSITY: value})
         earlier = [v for _, v in self.diversity[:self.early_samples]]
         self.diversity.append([trainer.step, value])
         below = []  # the limits this measurement is under

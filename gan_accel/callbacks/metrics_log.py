@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..state.layout import METRICS, append_metrics, read_metrics
 from .base import Callback
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
+
+__all__ = ["MetricsLog", "MetricsLogger", "read_metrics"]  # read_metrics: the layout's reader, also named here
 
 
 class MetricsLog:
@@ -22,26 +24,15 @@ class MetricsLog:
 
     def write(self, row: dict[str, Any]) -> None:
         """Append one row and flush it, so a crash loses at most the row being written."""
-        if not self.enabled:
-            return
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(row, sort_keys=True) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        if self.enabled:
+            append_metrics(self.path, row)
 
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Load a metrics log written by :class:`MetricsLog`."""
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 class MetricsLogger(Callback):
     """Writes every logged row to ``metrics.jsonl`` (on resume, rows after the checkpoint were moved aside first)."""
 
-    name = "metrics_log"
-
-    def __init__(self, filename: str = "metrics.jsonl") -> None:
+    def __init__(self, filename: str = METRICS) -> None:
         self.filename = filename
         self.log: MetricsLog | None = None
 

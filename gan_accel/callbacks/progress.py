@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 class ProgressBar(Callback):
     """Steps done of ``max_steps``; shows ``keys`` of the last logged row."""
 
-    name = "progress"
-
     def __init__(self, keys: tuple[str, ...] = ("loss/D", "loss/G", "D(x)", "D(G(z))", "images/s")) -> None:
         self.keys = keys
         self.bar: Any = None

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..visuals import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
+from ..pictures.samples import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
+from ..state.layout import PROGRESS_GIF, progress_frames, samples_stem
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -28,8 +29,6 @@ class SampleSaver(Callback):
     ``kind``: ``"auto"`` chooses by the samples' shape; ``"grid"``, ``"scatter"`` or ``"tensor"`` force one.
     """
 
-    name = "samples"
-
     def __init__(self, kind: str = "auto") -> None:
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r}: choose one of {', '.join(KINDS)}")
@@ -37,20 +36,20 @@ class SampleSaver(Callback):
 
     def on_sample(self, trainer: "GANTrainer") -> None:
         if trainer.accelerator.is_main_process:
-            self.write(trainer, f"samples_{trainer.step:06d}")
+            self.write(trainer, samples_stem(trainer.step))
 
     def on_fit_end(self, trainer: "GANTrainer") -> None:
         if not trainer.accelerator.is_main_process:
             return
-        final = self.write(trainer, "samples_final")
-        frames = sorted(trainer.output_dir.glob("samples_[0-9]*.png"))
+        final = self.write(trainer, samples_stem(None))
+        frames = progress_frames(trainer.output_dir)
         if final.suffix == ".png" and frames:
-            trainer.run_folder.record(save_gif(frames, trainer.output_dir / "progress.gif"), trainer.step)
+            trainer.control.record_file(save_gif(frames, trainer.output_dir / PROGRESS_GIF))
 
     def write(self, trainer: "GANTrainer", stem: str) -> Path:
         """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``, recorded as the run's."""
         path = self._write(trainer, stem)
-        trainer.run_folder.record(path, trainer.step)
+        trainer.control.record_file(path)
         return path
 
     def _write(self, trainer: "GANTrainer", stem: str) -> Path:

@@ -103,8 +103,6 @@ class SignalHandler(Callback):
     """Turns SIGINT / SIGTERM into a checkpoint and a clean stop at the end of the current step (with
     several processes, of the next step: see the module's docstring)."""
 
-    name = "signals"
-
     def __init__(self) -> None:
         self.flag = StopFlag()
         self._handlers: contextlib.ExitStack | None = None
@@ -123,7 +121,7 @@ class SignalHandler(Callback):
         else:  # every rank must stop at the same step: the flags as of the previous step, agreed
             stop = self._agreement.exchange(bool(self.flag))
         if stop:
-            trainer.request_stop(self.flag.signum or signal.SIGTERM)  # another rank got the signal
+            trainer.control.stop(self.flag.signum or signal.SIGTERM)  # or another rank got the signal
 
     def on_close(self, trainer: "GANTrainer") -> None:
         self._agreement = None  # an agreement still running completes on its own (every rank started it)

@@ -27,65 +27,23 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..visuals import is_image_batch, is_point_batch, save_scatter, to_grid
+from ..pictures.samples import is_image_batch, is_point_batch, save_scatter, to_grid
+from ..state.layout import TRACKER_IDS, TRACKERS
+from ..tracking import (BUILTIN_TRACKERS, missing_tracker_warning, resolve_trackers, tracker_available,  # noqa: F401
+                        tracker_name)
 from .base import Callback
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
-# The trackers Accelerate ships; each has a gan_accel extra of the same name (pip install 'gan_accel[mlflow]').
-BUILTIN_TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab")
-TRACKERS_DIR = "trackers"  # <run>/trackers: Accelerate's logging_dir (TensorBoard, Aim), W&B's and DVCLive's files
-RUN_IDS = "runs.json"  # <run>/trackers/runs.json: the tracker runs a resume continues (MLflow, Aim)
+TRACKERS_DIR = TRACKERS  # <run>/trackers: Accelerate's logging_dir (TensorBoard, Aim), W&B's and DVCLive's files
+RUN_IDS = TRACKER_IDS  # <run>/trackers/runs.json: the tracker runs a resume continues (MLflow, Aim)
 IMAGE_KEY = "samples"
 _STRICT_KEYS = ("mlflow", "swanlab")  # metric names limited to letters, digits and _ - . / space: "D(x)" -> "D_x"
-
-
-def tracker_available(name: str) -> bool:
-    """Whether ``name``'s package is installed (Accelerate's ``is_<name>_available``); a registered custom tracker is."""
-    import accelerate.utils
-
-    check = getattr(accelerate.utils, f"is_{name}_available", None)
-    return True if check is None or name not in BUILTIN_TRACKERS else bool(check())
-
-
-def resolve_trackers(log_with: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(the trackers to give Accelerate, the requested ones whose package is missing), in the order asked.
-
-    ``"all"`` stands for every built-in tracker whose package is installed; when none is, it is "missing".
-    """
-    available: list[str] = []
-    missing: list[str] = []
-    for requested in log_with:
-        names = [n for n in BUILTIN_TRACKERS if tracker_available(n)] if requested == "all" else [requested]
-        if requested == "all" and not names:
-            names = ["all"]
-        for name in names:
-            if name not in available and name not in missing:
-                (available if name != "all" and tracker_available(name) else missing).append(name)
-    return available, missing
-
-
-def missing_tracker_warning(name: str) -> str:
-    """The one line printed for a requested tracker whose package is not installed."""
-    if name == "all":
-        return ("gan_accel: warning: log_with 'all' found no tracker package installed: pip install "
-                "'gan_accel[tensorboard]' (or another tracker's extra); training continues without trackers")
-    return (f"gan_accel: warning: tracker {name!r} needs its package: pip install 'gan_accel[{name}]'; "
-            "training continues without it")
-
-
-def tracker_name(tracker: Any) -> str:
-    """The name of an entry of ``accelerator.log_with`` or ``accelerator.trackers`` (enum, string or tracker)."""
-    value = getattr(tracker, "value", None)  # accelerate.utils.LoggerType
-    if isinstance(value, str):
-        return value
-    name = getattr(tracker, "name", None)
-    return name if isinstance(name, str) else str(tracker)
 
 
 def metric_key(tracker: str, key: str) -> str:
@@ -191,8 +149,6 @@ class TrackerLogger(Callback):
     are used as they are, and left open at the end.
     """
 
-    name = "trackers"
-
     def __init__(self) -> None:
         self._owned: list[Any] = []  # the trackers this callback started (and finishes)
         self._start_failed = False
@@ -221,8 +177,7 @@ class TrackerLogger(Callback):
         for tracker in self._owned:
             _store_config(tracker, hyperparameters, continued=tracker_name(tracker) in ids)
         _write_ids(folder, project, {**ids, **_run_ids(self._owned)})
-        if TRACKERS_DIR not in trainer.run_folder.manifest["files"]:
-            trainer.run_folder.record(folder, 0)  # appended to by every resume: never moved aside with a branch
+        trainer.control.record_file(folder, step=0)  # appended to by every resume: never moved aside with a branch
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
         values = metric_values(row)

@@ -16,14 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import GanAccelError
-from ..state.checkpoint import (COMPLETE, PREFIX, TMP_PREFIX, checkpoint_root, checkpoint_step, is_complete,
-                                list_checkpoints)
+from ..state.checkpoint import is_complete, list_checkpoints
 from ..state.files import write_failure_reason
-from ..state.run_folder import HISTORY, MANIFEST, METRICS, RUN_FILES, RUN_PATTERNS, checkpoint_run_folder
+from ..state.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
+                            TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
 
-EXPORT = "generator.safetensors"
-# Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
-RUN_MARKS = ("config.json", MANIFEST, HISTORY, EXPORT, METRICS)
 PASS_A_RUN = "pass a run folder (the --output-dir of a training run) or one of its checkpoints/checkpoint_<step> folders"
 
 
@@ -40,10 +37,6 @@ class Source:
     checkpoint: Path | None = None
 
 
-def is_run_folder(path: Path) -> bool:
-    return path.is_dir() and (any((path / name).exists() for name in RUN_MARKS) or checkpoint_root(path).is_dir())
-
-
 def _checkpoints_named(run: Path) -> str:
     names = [p.name for p in list_checkpoints(run)]
     return ", ".join(names[-4:]) if names else "none"
@@ -57,11 +50,11 @@ def _common_mistakes(path: Path, what: str) -> None:
         holder = path.parent if is_run_folder(path.parent) or is_complete(path.parent) else None
         fix = f"pass the folder that holds it ({holder})" if holder else what
         raise CommandError(f"{path} is a file, not a run folder or a checkpoint folder: {fix}")
-    if path.name.startswith(TMP_PREFIX) or (path.name.startswith(PREFIX) and not (path / COMPLETE).is_file()):
+    if path.name.startswith(TMP_PREFIX) or (path.name.startswith(CHECKPOINT_PREFIX) and not (path / COMPLETE).is_file()):
         run = checkpoint_run_folder(path)
         raise CommandError(f"{path} is not a complete checkpoint (no {COMPLETE} marker: still being written, or cut "
                            f"short by a crash): pass a complete one (in {run}: {_checkpoints_named(run)})")
-    if path.name == "checkpoints" and is_run_folder(path.parent):
+    if path.name == CHECKPOINTS and is_run_folder(path.parent):
         raise CommandError(f"{path} is the folder of a run's checkpoints: pass the run folder {path.parent} or one "
                            f"checkpoint in it ({_checkpoints_named(path.parent)})")
 
@@ -74,13 +67,13 @@ def resolve_source(argument: str | os.PathLike) -> Source:
         return Source(path, checkpoint_run_folder(path), path)
     if not is_run_folder(path):
         raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {PASS_A_RUN}")
-    if not (path / EXPORT).is_file():
+    if not (path / GENERATOR).is_file():
         latest = list_checkpoints(path)
         if not latest:
-            raise CommandError(f"run {path} has no {EXPORT} (written when training ends) and no complete checkpoint "
+            raise CommandError(f"run {path} has no {GENERATOR} (written when training ends) and no complete checkpoint "
                                "yet: there is nothing to sample; let it reach its first checkpoint, or resume it "
                                "(--resume latest)")
-        raise CommandError(f"run {path} has no {EXPORT} yet (written when training ends; its latest checkpoint is "
+        raise CommandError(f"run {path} has no {GENERATOR} yet (written when training ends; its latest checkpoint is "
                            f"at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
     return Source(path, path)
 

@@ -17,20 +17,19 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..callbacks.evaluation import BEST_FILE
-from ..callbacks.metrics_log import read_metrics
+from ..config import upgrade_config_dict
 from ..errors import GanAccelError
-from ..state.checkpoint import ABANDONED, checkpoint_root, checkpoint_step, is_complete, list_checkpoints, read_marker
-from ..state.lock import LOCK_FILE
-from ..state.run_folder import HISTORY, METRICS
+from ..state.checkpoint import is_complete, list_checkpoints, read_marker
+from ..state.layout import (ABANDONED, BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_root,
+                            checkpoint_step, read_json, read_metrics_tolerant)
 from ..state.weights import read_metadata
-from .common import EXPORT, resolve_run
+from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
               "lr_schedule", "warmup_ratio", "ema_decay", "ema_half_life", "r1_gamma", "r1_every", "gp_weight",
               "num_classes", "label_distribution", "class_loss_weight", "mixed_precision", "seed", "log_every",
-              "checkpoint_every", "keep_checkpoints")
-EXTRA_FIELDS = ("dataset", "model", "num_processes")
+              "checkpoint_every", "keep_checkpoints", "model")
+EXTRA_FIELDS = ("dataset", "num_processes")
 
 
 def add_parser(commands: Any) -> None:
@@ -52,12 +51,12 @@ def run(args: argparse.Namespace) -> int:
 def describe_run(run: Path) -> dict[str, Any]:
     """Everything ``info`` reports, as a JSON-able dict (files that cannot be read are noted, not fatal)."""
     notes: list[str] = []
-    rows, skipped = _metrics(run / METRICS)
+    rows, skipped = read_metrics_tolerant(run / METRICS)
     if skipped:
         notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     export = _export(run, notes)
     checkpoints = list_checkpoints(run)
-    config = _config(run, export, checkpoints, notes)
+    config = upgrade_config_dict(_config(run, export, checkpoints, notes))
     last = rows[-1] if rows else None
     steps = {"last_metrics_row": last.get("step") if last else None,
              "latest_checkpoint": checkpoint_step(checkpoints[-1]) if checkpoints else None,
@@ -67,7 +66,7 @@ def describe_run(run: Path) -> dict[str, Any]:
     if export:
         export.pop("config", None)
     max_steps = config.get("max_steps")
-    best = _json_file(run / BEST_FILE, notes)
+    best = _json_file(run / BEST, notes)
     report = {
         "run": str(run),
         "status": _status(run, done, max_steps, export, checkpoints),
@@ -78,7 +77,7 @@ def describe_run(run: Path) -> dict[str, Any]:
         "last_metrics": last,
         "checkpoints": [_checkpoint(p) for p in checkpoints],
         "best": best,
-        "eval": _json_file(run / "eval.json", notes),
+        "eval": _json_file(run / EVAL, notes),
         "export": export,
         "branches": _branches(run),
         "history": _history(run / HISTORY, notes),
@@ -87,23 +86,8 @@ def describe_run(run: Path) -> dict[str, Any]:
     return report
 
 
-def _metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
-    if not path.is_file():
-        return [], 0
-    try:
-        return read_metrics(path), 0
-    except ValueError:  # a run killed mid-row: read the rows that are whole
-        rows, skipped = [], 0
-        for line in filter(str.strip, path.read_text().splitlines()):
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                skipped += 1
-        return rows, skipped
-
-
 def _export(run: Path, notes: list[str]) -> dict[str, Any] | None:
-    path = run / EXPORT
+    path = run / GENERATOR
     if not path.is_file():
         return None
     try:
@@ -117,7 +101,7 @@ def _export(run: Path, notes: list[str]) -> dict[str, Any] | None:
 
 def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], notes: list[str]) -> dict[str, Any]:
     """config.json (the config in use now); else the export's or the latest checkpoint's."""
-    config = _json_file(run / "config.json", notes)
+    config = _json_file(run / CONFIG, notes)
     if isinstance(config, dict):
         return config
     if export and isinstance(export.get("config"), dict):
@@ -131,7 +115,7 @@ def _json_file(path: Path, notes: list[str]) -> Any:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except (OSError, ValueError) as error:
         notes.append(f"{path.name} is unreadable: {error}")
         return None
@@ -150,7 +134,7 @@ def _branches(run: Path) -> list[dict[str, Any]]:
         return []
     branches = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        rows, _ = _metrics(folder / METRICS)
+        rows, _ = read_metrics_tolerant(folder / METRICS)
         checkpoints = sorted((p for p in folder.iterdir() if is_complete(p)), key=lambda p: p.name)
         branches.append({"folder": str(folder), "checkpoints": [_checkpoint(p) for p in checkpoints],
                          "metrics_rows": len(rows), "last_metrics_step": rows[-1].get("step") if rows else None,
@@ -199,7 +183,7 @@ def _lock_holder(run: Path) -> dict[str, Any] | None:
     process killed while holding it leaves them, so the pid is checked on this host.
     """
     try:
-        text = (run / LOCK_FILE).read_text()
+        text = (run / LOCK).read_text()
         holder = json.loads(text) if text.strip() else None
     except (OSError, ValueError):
         return None
@@ -249,7 +233,7 @@ def _config_line(config: dict[str, Any], extra: dict[str, Any]) -> list[str]:
                      f"{_number(c('class_loss_weight'))})")
     parts += [f"mixed precision {c('mixed_precision')}", f"seed {c('seed')}"]
     lines = ["config: " + ", ".join(str(p) for p in parts)]
-    model = extra.get("model")
+    model = config.get("model")
     if isinstance(model, dict) or "dataset" in extra:
         what = []
         if isinstance(model, dict):
@@ -303,9 +287,9 @@ def format_report(report: dict[str, Any]) -> str:
     export = report["export"]
     if export:
         what = {True: "the EMA of G", False: "the raw G"}.get(export.get("ema"), "G")
-        lines.append(f"weights: {EXPORT} ({what}, step {export.get('step')})")
+        lines.append(f"weights: {GENERATOR} ({what}, step {export.get('step')})")
     else:
-        lines.append(f"weights: no {EXPORT} yet (written when training ends)")
+        lines.append(f"weights: no {GENERATOR} yet (written when training ends)")
     best = report["best"]
     best_name = Path(str(best.get("checkpoint"))).name if isinstance(best, dict) and best.get("checkpoint") else None
     names = [c["name"] + (" (best)" if c["name"] == best_name else "") for c in report["checkpoints"]]
@@ -317,12 +301,12 @@ def format_report(report: dict[str, Any]) -> str:
     if isinstance(evaluation, dict):
         summary = evaluation.get("summary")
         if isinstance(summary, str):
-            lines.append("evaluation (eval.json):")
+            lines.append(f"evaluation ({EVAL}):")
             lines += [f"  {line}" for line in summary.splitlines()]
         else:
             scalars = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation.items())
                                 if isinstance(v, (int, float, str)))
-            lines.append(f"evaluation (eval.json): {scalars}")
+            lines.append(f"evaluation ({EVAL}): {scalars}")
     if report["branches"]:
         lines.append("branches (moved aside by resumes of older checkpoints):")
         for branch in report["branches"]:

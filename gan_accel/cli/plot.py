@@ -1,6 +1,6 @@
 """``gan-accel plot RUN [--out PATH]``: the run's metrics log drawn as one PNG.
 
-By default the picture is the run's own ``<run>/training_plot.png`` (the one its ``plot`` callback
+By default the picture is the run's own ``<run>/training_plot.png`` (the one its ``training_plot`` callback
 draws and records in ``manifest.json``), drawn again from the whole log. Where the run recorded no
 such file, ``--out`` is needed: a file the run did not record, named like one of its own, would make a
 later ``--overwrite`` of the folder refuse. ``--out`` names a new file; an existing one is never
@@ -14,7 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..pictures.training_plot import plot_run
 from ..state.files import atomic_path
+from ..state.layout import TRAINING_PLOT
 from ..state.run_folder import RunFolder
 from .common import CommandError, check_new_output, resolve_run, write_new_file
 
@@ -36,11 +38,6 @@ def run(args: argparse.Namespace) -> int:
         if out.suffix.lower() != ".png":
             raise CommandError(f"--out {out}: the plot is a PNG; give a path ending in .png")
         check_new_output(out)
-    try:
-        from ..plots import plot_run
-    except ImportError as error:
-        raise CommandError(f"gan-accel plot needs gan_accel.plots, which this installation lacks ({error}); "
-                           "update gan_accel") from None
     # Drawn aside first (a run without metrics rows is refused here), then put in place: the run's own
     # plot is replaced atomically, an --out is linked in (one that appeared meanwhile is not replaced).
     with tempfile.TemporaryDirectory() as scratch:
@@ -58,13 +55,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_own_plot(run_dir: Path) -> Path:
     """The default picture replaces only the plot the run itself recorded."""
-    from ..plots import PLOT_FILE
-
-    if PLOT_FILE in RunFolder(run_dir, writer=False).manifest["files"]:
-        return run_dir / PLOT_FILE
-    if (run_dir / PLOT_FILE).exists():
-        raise CommandError(f"{run_dir / PLOT_FILE} is not the run's own (its manifest.json does not record it), and "
+    if TRAINING_PLOT in RunFolder(run_dir, writer=False).manifest["files"]:
+        return run_dir / TRAINING_PLOT
+    if (run_dir / TRAINING_PLOT).exists():
+        raise CommandError(f"{run_dir / TRAINING_PLOT} is not the run's own (its manifest.json does not record it), and "
                            "gan-accel never replaces anything; pass --out PATH.png")
-    raise CommandError(f"run {run_dir} has drawn no {PLOT_FILE} of its own yet: one written there now would be a "
+    raise CommandError(f"run {run_dir} has drawn no {TRAINING_PLOT} of its own yet: one written there now would be a "
                        "file the run did not record (a later --overwrite of the folder would refuse it); pass "
                        "--out PATH.png")

@@ -119,10 +119,10 @@ def npz_bytes(images: torch.Tensor, labels: torch.Tensor | None) -> bytes:
 
 
 def grid_bytes(images: torch.Tensor, info: dict[str, Any], label: int | None) -> bytes:
-    """A PNG grid as ``gan_accel.visuals.save_grid`` draws it."""
+    """A PNG grid as :func:`gan_accel.pictures.save_grid` draws it."""
     from torchvision.utils import save_image
 
-    from ..visuals import to_grid
+    from ..pictures.samples import to_grid
 
     # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
     if not info["conditional"]:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import torch
 
 from ..config import TrainConfig
-from .latents import LabelSampler, class_rows, uniform_labels
+from ..errors import PreflightError
+from .latents import LabelSampler, LatentSampler, class_rows, draw_fixed_latents, leading_size, uniform_labels
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,15 @@ class Conditioning:
     def fixed_labels(self, num_samples: int) -> torch.Tensor | None:
         """One row per class: the same on every process (no randomness)."""
         return class_rows(self.num_classes, self.per_class(num_samples)) if self.conditional else None
+
+    def draw_fixed(self, sampler: LatentSampler, config: TrainConfig) -> tuple[Any, torch.Tensor | None]:
+        """The progress samples' latents (from ``config.seed``) and labels (one grid row per class)."""
+        count = self.fixed_count(config.num_samples)
+        latents = draw_fixed_latents(sampler, count, config.seed)
+        if leading_size(latents) != count:
+            raise PreflightError(f"the latent sampler returned {leading_size(latents)} fixed latents when asked "
+                                 f"for {count}")
+        return latents, self.fixed_labels(config.num_samples)
 
 
 def conditioning_for(config: TrainConfig, label_sampler: LabelSampler | None) -> Conditioning:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..errors import PhaseError
 from ..objectives.regularizers import scaled_input_gradients
+from .phases import DISCRIMINATOR, GENERATOR
 from .speed import eager_module
 
 if TYPE_CHECKING:
@@ -47,14 +48,14 @@ class StepContext:
 
     def __init__(self, nets: Mapping[str, nn.Module], *, conditional: bool = False,
                  log: Callable[[str, Tensor], None] | None = None, scaler: Any | None = None,
-                 versions: Mapping[str, int] | None = None) -> None:
+                 updates: Mapping[str, int] | None = None) -> None:
         self._nets = nets
         self._eager = {name: eager_module(net) for name, net in nets.items()}
         self.compiled = any(self._eager[name] is not net for name, net in nets.items())
         self.conditional = conditional
         self.scaler = scaler
         self._log = log
-        self._versions = versions if versions is not None else {name: 0 for name in nets}
+        self._updates = updates if updates is not None else {name: 0 for name in nets}  # versions of the networks
         self.phase: Phase | None = None
         self.micro: MicroBatch | None = None
         self.step = 0
@@ -90,8 +91,8 @@ class StepContext:
         follows D without accumulation.
         """
         micro = self.micro
-        trains_G = self.phase is not None and self.phase.net == "G"
-        version = self._versions["G"]
+        trains_G = self.phase is not None and self.phase.net == GENERATOR
+        version = self._updates[GENERATOR]
         if micro.fake is not None and micro.fake_version == version and (micro.fake_has_graph or not trains_G):
             return micro.fake if trains_G else micro.fake.detach()
         if trains_G:
@@ -112,19 +113,20 @@ class StepContext:
 
     @property
     def G(self) -> nn.Module:
-        return self.nets["G"]
+        return self.nets[GENERATOR]
 
     @property
     def D(self) -> nn.Module:
-        return self.nets["D"]
+        return self.nets[DISCRIMINATOR]
 
     def generate(self, latents: Any, labels: Tensor | None = None) -> Tensor:
         """``G(latents)``, or ``G(latents, labels)`` in a conditional run."""
-        return self.nets["G"](latents, labels) if self.conditional else self.nets["G"](latents)
+        G = self.nets[GENERATOR]
+        return G(latents, labels) if self.conditional else G(latents)
 
     def discriminate(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
         """``D(x)``, or ``D(x, labels)`` in a conditional run: one logit per sample."""
-        return self.nets["D"](x, labels) if self.conditional else self.nets["D"](x)
+        return self.nets[DISCRIMINATOR](x, labels) if self.conditional else self.nets[DISCRIMINATOR](x)
 
     def class_logits(self, x: Tensor, labels: Tensor) -> Tensor:
         """``D(x, labels, all_classes=True)``: D's logit for every class, shape (N, num_classes).
@@ -133,7 +135,7 @@ class StepContext:
         adversarial loss and a class loss (one BatchNorm update, and every parameter used, as DDP needs).
         """
         try:
-            logits = self.nets["D"](x, labels, all_classes=True)
+            logits = self.nets[DISCRIMINATOR](x, labels, all_classes=True)
         except TypeError as error:
             if "all_classes" not in str(error):
                 raise

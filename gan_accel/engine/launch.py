@@ -9,9 +9,10 @@ from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType,
                               GradientAccumulationPlugin, ProjectConfiguration)
 
-from ..callbacks.trackers import TRACKERS_DIR, resolve_trackers, tracker_name
 from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
+from ..state.layout import TRACKERS
+from ..tracking import resolve_trackers, tracker_name
 
 
 def build_accelerator(config: TrainConfig) -> Accelerator:
@@ -26,7 +27,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
     - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
       reproducible and lets a resumed run skip to the same position.
     - trackers: ``log_with=`` the trackers of ``config.log_with`` whose package is installed (the
-      ``trackers`` callback names the missing ones), ``project_dir=`` the run folder and its
+      ``tracker_logger`` callback names the missing ones), ``project_dir=`` the run folder and its
       ``trackers/`` subfolder as the logging folder (TensorBoard writes ``<run>/trackers/<project>/``).
     """
     check_sharding_not_requested()  # before Accelerate tries to set DeepSpeed or FSDP up
@@ -41,7 +42,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
         log_with=resolve_trackers(config.log_with)[0] or None,
         project_config=ProjectConfiguration(project_dir=str(config.output_dir),
-                                            logging_dir=str(Path(config.output_dir) / TRACKERS_DIR)),
+                                            logging_dir=str(Path(config.output_dir) / TRACKERS)),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
     return accelerator

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 PhaseLoss = Callable[["StepContext"], Tensor]
 
+# The two networks every run has, by the names phases use. The runner and the step context know one
+# thing about them: GENERATOR makes the samples (``ctx.fake``), so its phases see them with their graph.
+GENERATOR, DISCRIMINATOR = "G", "D"
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -75,7 +79,7 @@ class Phase:
 
 def r1_phase(gamma: float, every: int = 16, name: str = "R1") -> Phase:
     """Lazy R1 (StyleGAN2): every ``every``-th D step, loss gain ``every``, no scheduler tick."""
-    return Phase(name=name, net="D", loss=r1_penalty(gamma), every=every, gain=float(every),
+    return Phase(name=name, net=DISCRIMINATOR, loss=r1_penalty(gamma), every=every, gain=float(every),
                  tick_scheduler=False, double_backward=True)
 
 
@@ -92,13 +96,13 @@ def default_phases(config: "TrainConfig") -> list[Phase]:
     lazy_r1 = bool(config.r1_gamma) and config.r1_every > 1
     if config.r1_gamma and not lazy_r1:
         d_terms.append(r1_penalty(config.r1_gamma))
-    d_phase = Phase("D", "D", sum_losses(*d_terms) if len(d_terms) > 1 else d_terms[0], new_data=True,
+    d_phase = Phase(DISCRIMINATOR, DISCRIMINATOR, sum_losses(*d_terms) if len(d_terms) > 1 else d_terms[0], new_data=True,
                     double_backward=len(d_terms) > 1)
     r1 = r1_phase(config.r1_gamma, config.r1_every) if lazy_r1 else None
     phases: list[Phase] = []
     for _ in range(config.n_critic):
         phases += [d_phase, r1] if r1 is not None else [d_phase]
-    phases.append(Phase("G", "G", generator_loss(loss, config.class_loss_weight)))
+    phases.append(Phase(GENERATOR, GENERATOR, generator_loss(loss, config.class_loss_weight)))
     return phases
 
 
@@ -123,15 +127,15 @@ class PhasePlan:
             raise PhaseError(f"the first phase ({phases[0].name!r}) must draw data (new_data=True): the phases "
                              "after it reuse its real batch and latents")
         self.phases = tuple(phases)
-        self.counts = {name: 0 for name in by_name}
+        self.occurrences = {name: 0 for name in by_name}  # times each phase came up in the list, run or not
 
     def advance(self) -> list[Phase]:
         """The phases due in this step, in order; counts every occurrence (call once per step)."""
         due = []
         for phase in self.phases:
-            if self.counts[phase.name] % phase.every == 0:
+            if self.occurrences[phase.name] % phase.every == 0:
                 due.append(phase)
-            self.counts[phase.name] += 1
+            self.occurrences[phase.name] += 1
         return due
 
     def scheduler_steps(self, net: str, max_steps: int) -> int:
@@ -155,11 +159,12 @@ class PhasePlan:
         return ", ".join(p.name + (f"/{p.every}" if p.every > 1 else "") for p in self.phases)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts)}
+        return {"occurrences": dict(self.occurrences)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        unknown = set(state["counts"]) - set(self.counts)
+        saved = state["occurrences"] if "occurrences" in state else state["counts"]  # its older name
+        unknown = set(saved) - set(self.occurrences)
         if unknown:
             raise PhaseError(f"the checkpoint's phases {sorted(unknown)} are not in this run's phase list "
                              f"({self.describe()}): resume with the phases that wrote it")
-        self.counts.update(state["counts"])
+        self.occurrences.update(saved)

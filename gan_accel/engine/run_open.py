@@ -1,107 +1,93 @@
-"""Opening the run folder at the start of ``fit``: the lock, a new run or a resume, the history.
+"""Opening the run folder at the start of ``fit``: a new run or a resume, and what the history records.
 
-Every rule here keeps data: one run writes a folder at a time (the lock); a new run never starts
-over another one unless asked, and then removes only the files that run recorded; a checkpoint is
-resumed only into the folder that wrote it unless forked; resuming an older checkpoint moves the
-newer ones aside (a branch); a config change on resume is refused or applied for real, and dated.
+Every rule here keeps data: a new run never starts over another one unless asked, and then removes
+only the files that run recorded; a checkpoint is resumed only into the folder that wrote it unless
+forked; resuming an older checkpoint moves the newer ones aside (a branch); a config change on
+resume is refused or applied for real, and dated.
 
-Every process reaches the same decision: checks read the same files on every rank, and what only the
-main process does (the lock, the manifest, moving files) is agreed with :func:`run_together`.
+These functions take what they need and return what they decided; the trainer (``GANTrainer._open``)
+calls them on the right processes and is the one that changes its own state. Checks read the same
+files on every rank, so every process reaches the same decision.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping
 
-from ..collective import run_together
-from ..config import compare_configs
+from ..config import TrainConfig, compare_configs
 from ..errors import CheckpointError, RunFolderError
-from ..state.checkpoint import checkpoint_root, checkpoint_step, load_checkpoint, read_marker, resolve_resume
-from ..state.run_folder import checkpoint_run_folder, listing
-from .schedules import scheduler_ticks_per_optimizer_step, warmup_then_decay
-
-if TYPE_CHECKING:
-    from .trainer import GANTrainer
-
-
-def open_run(trainer: "GANTrainer", resume_from: Any, fork: bool) -> Path | None:
-    """Collective. Take the folder's lock, then start, continue or resume the run; returns the checkpoint resumed."""
-    acc, cfg, folder = trainer.accelerator, trainer.config, trainer.run_folder
-    run_together(acc, trainer.lock.acquire, main_only=True)
-    if resume_from is None:
-        if not trainer.fit_calls:  # a second fit() of one trainer continues its own run: nothing to check
-            run_together(acc, lambda: _start(trainer, event="start"), main_only=True)
-        run_together(acc, lambda: folder.write_description(cfg, trainer.fixed_latents, trainer.step, trainer.fixed_labels), main_only=True)
-        return None
-
-    path = run_together(acc, lambda: resolve_resume(resume_from, cfg.output_dir))
-    marker = read_marker(path)
-    owner = checkpoint_run_folder(path)
-    # Checkpoints from before run ids existed are judged by where they lie.
-    own = marker.get("run_id") == folder.run_id if marker.get("run_id") is not None else \
-        owner == trainer.output_dir.resolve()
-    if not own and not fork:
-        raise RunFolderError(
-            f"checkpoint {path} belongs to the run in {owner}, not to output_dir {trainer.output_dir}: resume it "
-            f"with output_dir={str(owner)!r} (--output-dir {owner}), or copy it into a new run folder with "
-            "fork=True (--fork)")
-    if "config" in marker:  # refuse a changed batch size or loss before loading anything
-        _refuse_fixed_changes(path, marker["config"], cfg.to_dict())
-    if fork and not own:
-        run_together(acc, lambda: _start(trainer, event="fork", source=str(path), step=checkpoint_step(path)),
-                     main_only=True)
-    state = load_checkpoint(acc, path, acc.process_index)
-    if "config" not in marker:  # a checkpoint from before the marker held the config
-        _refuse_fixed_changes(path, state["config"], cfg.to_dict())
-    trainer.load_state_dict(state)
-    _, changes = compare_configs(state["config"], cfg.to_dict())
-    notes = apply_changes(trainer, state["config"], changes)
-    trainer.resumed_from = trainer.last_checkpoint = path
-    trainer.last_checkpoint_step = trainer.step
-    if own:
-        # From the abandoned folder, the current branch's checkpoint of the same step moves aside too.
-        from_root = path.resolve().parent == checkpoint_root(owner).resolve()
-        run_together(acc, lambda: _resume(trainer, path, changes, include_step=not from_root), main_only=True)
-    elif changes:
-        run_together(acc, lambda: folder.log_event("config_change", step=trainer.step, changes=changes), main_only=True)
-    run_together(acc, lambda: folder.write_description(cfg, trainer.fixed_latents, trainer.step, trainer.fixed_labels), main_only=True)
-    acc.print(f"gan_accel: resumed from {path} at step {trainer.step}")
-    for note in notes:
-        acc.print(f"gan_accel: {note}")
-    return path
+from ..state.checkpoint import read_marker, resolve_resume
+from ..state.layout import checkpoint_root, checkpoint_run_folder
+from ..state.run_folder import RunFolder, listing
+from .phases import PhasePlan
+from .schedules import warmup_then_decay
 
 
-def _start(trainer: "GANTrainer", event: str, **fields: Any) -> None:
-    folder = trainer.run_folder
-    folder.check_new_run(trainer.config.overwrite)
-    removed = folder.clear() if trainer.config.overwrite else []
+@dataclass(frozen=True)
+class ResumeTarget:
+    """A checkpoint chosen for ``fit(resume_from=...)``: where it is, and whether this run folder wrote it."""
+
+    path: Path
+    owner: Path  # the run folder the checkpoint belongs to
+    own: bool  # written by the run in this output folder (else a fork)
+
+
+def start_run(folder: RunFolder, config: TrainConfig, event: str, **fields: Any) -> str:
+    """Main process: check the folder, clear the previous run if ``overwrite`` asks, start a manifest and
+    log ``event`` (``"start"`` or ``"fork"``); returns the new run's id."""
+    folder.check_new_run(config.overwrite)
+    removed = folder.clear() if config.overwrite else []
     if removed:
         print(f"gan_accel: overwrite: removed {len(removed)} file(s) the previous run in {folder.path} wrote: "
               f"{listing(removed)}")
         folder.log_event("overwrite", removed=removed)
-    trainer.run_id = folder.start()
-    folder.log_event(event, run_id=trainer.run_id, config=trainer.config.to_dict(), **fields)
+    run_id = folder.start()
+    folder.log_event(event, run_id=run_id, config=config.to_dict(), **fields)
+    return run_id
 
 
-def _resume(trainer: "GANTrainer", path: Path, changes: dict[str, Any], include_step: bool) -> None:
-    folder = trainer.run_folder
+def choose_checkpoint(resume_from: Any, config: TrainConfig, folder: RunFolder, fork: bool) -> ResumeTarget:
+    """Every process: the checkpoint to resume, refused in one line when it belongs to another run (without
+    ``fork``) or when its config differs in a field a run cannot change."""
+    path = resolve_resume(resume_from, config.output_dir)
+    marker = read_marker(path)
+    owner = checkpoint_run_folder(path)
+    # Checkpoints from before run ids existed are judged by where they lie.
+    own = marker.get("run_id") == folder.run_id if marker.get("run_id") is not None else \
+        owner == Path(config.output_dir).resolve()
+    if not own and not fork:
+        raise RunFolderError(
+            f"checkpoint {path} belongs to the run in {owner}, not to output_dir {config.output_dir}: resume it "
+            f"with output_dir={str(owner)!r} (--output-dir {owner}), or copy it into a new run folder with "
+            "fork=True (--fork)")
+    if "config" in marker:  # refuse a changed batch size or loss before loading anything
+        refuse_fixed_changes(path, marker["config"], config.to_dict())
+    return ResumeTarget(path, owner, own)
+
+
+def record_resume(folder: RunFolder, target: ResumeTarget, step: int, changes: Mapping[str, Any]) -> str:
+    """Main process, after a resume of the run's own checkpoint: move what was written after it aside
+    (a branch) and log the resume; returns the run's id."""
     folder.adopt()  # a folder from before manifests: its files become the run's own
-    trainer.run_id = folder.run_id
-    dest, moved = folder.move_aside(trainer.step - 1 if include_step else trainer.step)
-    entry: dict[str, Any] = {"step": trainer.step, "checkpoint": str(path)}
+    # From the abandoned folder, the current branch's checkpoint of the same step moves aside too.
+    from_root = target.path.resolve().parent == checkpoint_root(target.owner).resolve()
+    dest, moved = folder.move_aside(step if from_root else step - 1)
+    entry: dict[str, Any] = {"step": step, "checkpoint": str(target.path)}
     if changes:
-        entry["changes"] = changes
+        entry["changes"] = dict(changes)
     branch = any("checkpoint_" in name for name in moved)  # a later checkpoint was left behind
     if moved:
         entry["moved_aside"] = str(dest)
     if branch:
-        print(f"gan_accel: resuming step {trainer.step} starts a branch: the later checkpoints and samples "
+        print(f"gan_accel: resuming step {step} starts a branch: the later checkpoints and samples "
               f"were moved to {dest} (nothing was deleted); 'latest' now means this branch")
     folder.log_event("branch" if branch else "resume", **entry)
+    return folder.run_id
 
 
-def _refuse_fixed_changes(path: Path, saved: dict[str, Any], requested: dict[str, Any]) -> None:
+def refuse_fixed_changes(path: Path, saved: dict[str, Any], requested: dict[str, Any]) -> None:
     refused, _ = compare_configs(saved, requested)
     if refused:
         raise CheckpointError(
@@ -109,7 +95,9 @@ def _refuse_fixed_changes(path: Path, saved: dict[str, Any], requested: dict[str
             "batch or the losses of a run; resume with the checkpoint's values, or start a new run")
 
 
-def apply_changes(trainer: "GANTrainer", saved: dict[str, Any], changes: dict[str, Any]) -> list[str]:
+def apply_schedule_changes(config: TrainConfig, saved: dict[str, Any], changes: Mapping[str, Any],
+                           plan: PhasePlan, optimizers: Mapping[str, Any], schedulers: Mapping[str, Any],
+                           built_from_config: frozenset[str], ticks: int, step: int) -> list[str]:
     """Make the allowed config changes real from this step on; returns what to tell the user.
 
     The loaded optimizer and scheduler states hold the old rates and betas: set the new base rates
@@ -119,31 +107,27 @@ def apply_changes(trainer: "GANTrainer", saved: dict[str, Any], changes: dict[st
     schedule_fields = {"lr_G", "lr_D", "betas_G", "betas_D", "max_steps", "warmup_ratio", "lr_schedule"}
     if not schedule_fields & set(changes):
         return []
-    cfg, notes = trainer.config, []
-    ticks = scheduler_ticks_per_optimizer_step(trainer.accelerator)
-    for name in sorted(trainer.built_from_config):
-        lr, betas = (cfg.lr_D, cfg.betas_D) if name == "D" else (cfg.lr_G, cfg.betas_G)
-        scheduler = trainer.schedulers[name].scheduler
-        optimizer = trainer.optimizers[name]
-        for index, group in enumerate(optimizer.param_groups):
+    notes = []
+    for name in sorted(built_from_config):
+        lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
+        scheduler = schedulers[name].scheduler
+        for index, group in enumerate(optimizers[name].param_groups):
             scheduler.base_lrs[index] = group["initial_lr"] = lr
             group["betas"] = tuple(betas)
             group["lr"] = lr * scheduler.lr_lambdas[index](scheduler.last_epoch)
-        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        scheduler._last_lr = [group["lr"] for group in optimizers[name].param_groups]
         if name in ("G", "D"):
-            note = _schedule_jump(trainer, name, saved, scheduler.last_epoch // ticks,
+            note = _schedule_jump(plan, name, saved, scheduler.last_epoch // ticks,
                                   scheduler.lr_lambdas[0](scheduler.last_epoch))
             if note:
                 notes.append(note)
     changed = ", ".join(f"{k} {v[0]!r} -> {v[1]!r}" for k, v in sorted(changes.items()))
-    notes.insert(0, f"config changed on resume, applied from step {trainer.step} on: {changed}")
-    return notes
+    return [f"config changed on resume, applied from step {step} on: {changed}", *notes]
 
 
-def _schedule_jump(trainer: "GANTrainer", name: str, saved: dict[str, Any], optimizer_step: int,
+def _schedule_jump(plan: PhasePlan, name: str, saved: dict[str, Any], optimizer_step: int,
                    new_multiplier: float) -> str | None:
     """Say so when the schedule's multiplier at this step differs between the old and new schedule."""
-    plan = trainer.runner.plan
     old_total = max(1, plan.scheduler_steps(name, int(saved["max_steps"])))
     schedule = saved.get("lr_schedule", "linear") if name in ("G", "D") else "constant"
     old = warmup_then_decay(old_total, int(float(saved.get("warmup_ratio", 0.1)) * old_total), schedule)(optimizer_step)
@@ -152,4 +136,3 @@ def _schedule_jump(trainer: "GANTrainer", name: str, saved: dict[str, Any], opti
     return (f"the learning-rate schedule of {name} is recomputed for the new settings: at its optimizer step "
             f"{optimizer_step} its multiplier goes from {old:.4g} to {new_multiplier:.4g} (a jump in the rate); "
             "keep max_steps, warmup_ratio and lr_schedule to continue the old curve")
-

@@ -38,7 +38,7 @@ from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
 from .guard import DivergenceGuard, non_finite_flag, non_finite_on_host
 from .latents import LatentSampler
-from .phases import Phase, PhasePlan
+from .phases import GENERATOR, Phase, PhasePlan
 from .running_means import RunningMeans
 from .schedules import scheduler_stepper
 from .skip_step import SkippableStep, direct_stepper
@@ -68,7 +68,7 @@ class PhaseRunner:
         self.k = accelerator.gradient_accumulation_steps
         self._distributed = accelerator.use_distributed
         self._one_process = accelerator.num_processes == 1
-        self.versions = {name: 0 for name in self.nets}  # updates of each network so far (cache key of G's samples)
+        self.updates = {name: 0 for name in self.nets}  # optimizer updates of each network (version of G's samples)
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
         self.lr_used: dict[str, float] = {}
         self.images_seen = 0  # real samples drawn, on this process
@@ -77,7 +77,7 @@ class PhaseRunner:
         # frozen sub-module stays frozen when the network is unfrozen again.
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
         self.ctx = StepContext(self.nets, conditional=conditioning.conditional, log=means.add,
-                               scaler=accelerator.scaler, versions=self.versions)
+                               scaler=accelerator.scaler, updates=self.updates)
         self.batches: Iterator[RealBatch] | None = None
         self.window: list[MicroBatch] = []
 
@@ -86,7 +86,7 @@ class PhaseRunner:
         """Run every phase due in this step, in list order; ``on_phase_end(phase)`` after each."""
         due = self.plan.advance()
         for index, phase in enumerate(due):
-            keep_graph = phase.new_data and self.k == 1 and phase.net != "G" and _G_follows(due, index)
+            keep_graph = phase.new_data and self.k == 1 and phase.net != GENERATOR and _G_follows(due, index)
             self._run_phase(phase, keep_graph)
             on_phase_end(phase)
 
@@ -146,7 +146,7 @@ class PhaseRunner:
         if phase.tick_scheduler:
             self._tickers[name]()  # a skipped update still uses up its step of the schedule
         stepper.zero_grad(set_to_none=True)
-        self.versions[name] += 1
+        self.updates[name] += 1
         self.phase_runs[phase.name] += 1
 
     def _log_grad_norm(self, name: str, norm: torch.Tensor, flag: torch.Tensor | bool | None) -> None:
@@ -197,7 +197,7 @@ class PhaseRunner:
             # the G phase's backward all-reduces G's gradients as usual.
             with self._autocast():
                 micro.fake = self.ctx.generate(latents, fake_labels)
-            micro.fake_version, micro.fake_has_graph = self.versions["G"], True
+            micro.fake_version, micro.fake_has_graph = self.updates[GENERATOR], True
         return micro
 
     def _set_trainable(self, names: list[str], flag: bool) -> None:
@@ -207,12 +207,12 @@ class PhaseRunner:
 
     # -- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"plan": self.plan.state_dict(), "versions": dict(self.versions), "phase_runs": dict(self.phase_runs),
+        return {"plan": self.plan.state_dict(), "updates": dict(self.updates), "phase_runs": dict(self.phase_runs),
                 "lr_used": dict(self.lr_used), "images_seen": self.images_seen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
-        self.versions.update(state["versions"])
+        self.updates.update(state["updates"] if "updates" in state else state["versions"])  # its older name
         self.phase_runs.update(state["phase_runs"])
         self.lr_used = dict(state["lr_used"])
         self.images_seen = int(state["images_seen"])
@@ -223,6 +223,6 @@ def _G_follows(due: list[Phase], index: int) -> bool:
     for phase in due[index + 1:]:
         if phase.new_data:
             return False
-        if phase.net == "G":
+        if phase.net == GENERATOR:
             return True
     return False

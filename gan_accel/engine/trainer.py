@@ -9,8 +9,17 @@ The loop, in one place (``fit``)::
     on_checkpoint, on_fit_end, on_close
 
 What a step does is data (the phase list, engine/phases.py); what happens around it is callbacks
-(gan_accel/callbacks/). The trainer itself owns only the counters, the data stream, the metric
-reduction and the checkpoint state.
+(gan_accel/callbacks/). The trainer owns the run's state (``state``, a :class:`RunState`), the data
+stream, the metric reduction and the checkpoint state; callbacks read ``state`` and ask for changes
+through ``control`` (engine/control.py), which the trainer applies in :meth:`GANTrainer._apply`.
+
+Counting, in one vocabulary (everything is checkpointed):
+
+* ``step``: passes over the phase list (one G update each with the default list); intervals count it;
+* ``d_step``: updates of the phase named "D"; ``runner.phase_runs[phase]``: runs of each phase;
+* ``runner.updates[net]``: optimizer updates of each network (also the version of G's cached samples);
+* ``runner.plan.occurrences[phase]``: times a phase came up in the list, run or not (``every`` counts these);
+* ``images_seen``: real samples drawn on this process.
 """
 
 from __future__ import annotations
@@ -27,25 +36,28 @@ from torch.utils.data import DataLoader
 
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
-from ..config import TrainConfig
 from ..collective import run_together
-from ..errors import PreflightError, TrainingInterrupted
+from ..config import TrainConfig, compare_configs
+from ..errors import TrainingInterrupted
+from ..state.checkpoint import load_checkpoint, read_marker
+from ..state.layout import checkpoint_step
 from ..state.lock import RunLock
 from ..state.run_folder import RunFolder
 from .build import ExtraNetwork, collect_networks, prepare_run
+from .conditioning import conditioning_for
+from .control import Control, RunState
 from .data_stream import DataStream
 from .guard import DivergenceGuard
-from .conditioning import conditioning_for
-from .latents import (LabelSampler, LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples,
-                      leading_size, map_tensors)
+from .latents import LabelSampler, LatentSampler, gaussian_latents
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
-from .run_open import open_run
-from .trainer_state import restore_trainer_state, trainer_state
+from .run_open import apply_schedule_changes, choose_checkpoint, record_resume, refuse_fixed_changes, start_run
 from .runner import PhaseRunner
 from .running_means import RunningMeans
-from .schedules import LRMultiplier
+from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
+from .trainer_state import check_restorable, restore_buffers, trainer_state
+from .trainer_views import TrainerViews
 
 
 def loss_scale(accelerator: Accelerator) -> dict[str, float]:
@@ -53,17 +65,13 @@ def loss_scale(accelerator: Accelerator) -> dict[str, float]:
     return {} if accelerator.scaler is None else {"loss_scale": float(accelerator.scaler.get_scale())}
 
 
-def _entry(table: str, name: str) -> property:
-    return property(lambda self: getattr(self, table)[name], doc=f"``self.{table}[{name!r}]``")
-
-
-class GANTrainer:
+class GANTrainer(TrainerViews):
     """Trains a generator ``G`` and a discriminator ``D`` (and any extra networks) on Accelerate.
 
     Args:
         G: maps latents (from ``latent_sampler``) to samples shaped like the real data.
         D: maps samples to one logit per sample.
-        train_dataloader: yields real samples (see :func:`~gan_accel.engine.batch.split_batch`); map-style
+        train_dataloader: yields real samples (see :func:`~gan_accel.batch.split_batch`); map-style
             or ``IterableDataset``.
         config: the run's :class:`TrainConfig`.
         accelerator: built from ``config`` when omitted (see :func:`~gan_accel.engine.launch.build_accelerator`).
@@ -108,7 +116,7 @@ class GANTrainer:
         self.reference_samples = dry_run(nets, plan, train_dataloader, self.sample_latents,
                                          conditioning=self.conditioning, num_reference=max(config.num_samples, 256),
                                          warn=accelerator.is_main_process)
-        self.fixed_latents, self.fixed_labels = self._draw_fixed_samples()
+        self.fixed_latents, self.fixed_labels = self.conditioning.draw_fixed(self.sample_latents, config)
         prepared = prepare_run(accelerator, config, plan, nets, optimizers, {"G": sched_G, "D": sched_D},
                                {"G": lr_multiplier_G, "D": lr_multiplier_D}, train_dataloader)
         self.networks, self.optimizers, self.schedulers = prepared.networks, prepared.optimizers, prepared.schedulers
@@ -118,7 +126,7 @@ class GANTrainer:
         # the noise different on each (the same noise everywhere would waste the larger batch).
         set_seed(config.seed, device_specific=True)
 
-        self.step = 0  # passes over the phase list (generator steps with the default list)
+        self.state, self.control = RunState(), Control()
         self.data = DataStream(self.train_dataloader, accelerator)
         self.means = RunningMeans()
         self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print) if config.nan_guard else None
@@ -126,30 +134,14 @@ class GANTrainer:
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D})
         self.last_metrics: dict[str, float] = {}
-        self.resumed_from: Path | None = None
-        self.last_checkpoint: Path | None = None
-        self.last_checkpoint_step: int | None = None
-        # Checkpoint names never pruned (the best one), and values a callback adds to the next metrics row.
-        self.protected_checkpoints, self.pending_metrics = set[str](), dict[str, Any]()
-        self._stop_signum: int | None = None
+        self._next_row: dict[str, Any] = {}  # values the callbacks logged for the next metrics row
         # The run folder: its lock (held by the main process while fit runs), manifest and history.
         self.lock = RunLock(self.output_dir)
         self.run_folder = RunFolder(self.output_dir, writer=accelerator.is_main_process)
-        self.run_id: str | None = None
         self.fit_calls = 0
         self.callbacks = CallbackList(assemble(default_callbacks(config), callbacks, disable_callbacks,
                                                BUILTIN_CALLBACKS))
-        self.callbacks.bind(self)
-
-    def _draw_fixed_samples(self) -> tuple[Any, torch.Tensor | None]:
-        """The progress samples' latents (and labels: one grid row per class in a conditional run)."""
-        cfg = self.config
-        count = self.conditioning.fixed_count(cfg.num_samples)
-        latents = draw_fixed_latents(self.sample_latents, count, cfg.seed)
-        if leading_size(latents) != count:
-            raise PreflightError(f"the latent sampler returned {leading_size(latents)} fixed latents when asked "
-                                 f"for {count}")
-        return latents, self.conditioning.fixed_labels(cfg.num_samples)
+        self.callbacks.bind(self, after_each=self._apply)
 
     # -- the loop -----------------------------------------------------------------------------
     def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None,
@@ -163,10 +155,10 @@ class GANTrainer:
         ``fit()`` of the same trainer continues. SIGINT/SIGTERM: the current step finishes, a
         checkpoint is written, then :class:`TrainingInterrupted` is raised.
         """
-        cfg, acc = self.config, self.accelerator
+        cfg, acc, control = self.config, self.accelerator, self.control
         target = cfg.max_steps if stop_at_step is None else min(stop_at_step, cfg.max_steps)
         try:
-            open_run(self, resume_from, fork)
+            self._open(resume_from, fork)
             self.fit_calls += 1
             if acc.mixed_precision == "fp16" and acc.scaler is None:
                 acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
@@ -178,18 +170,20 @@ class GANTrainer:
                 self.runner.ctx.step = self.step
                 self.runner.measure_grad_norm = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == cfg.max_steps
                 self.runner.run_step(self._phase_end)
-                self.step += 1
+                self.state.step += 1
                 self.callbacks.fire("on_step_end")
+                self._checkpoint_if_asked()
                 last = self.step == cfg.max_steps
                 if self.step % cfg.log_every == 0 or last:
                     self.log_metrics()
                 if self.step % cfg.sample_every == 0 or last:
                     self.fire_agreed("on_sample")
-                if self._stop_signum is not None:
+                self._checkpoint_if_asked()
+                if control.stop_signal is not None:
                     self.fire_agreed("on_checkpoint")
-                    name = {2: "SIGINT", 15: "SIGTERM"}.get(self._stop_signum, f"signal {self._stop_signum}")
+                    name = {2: "SIGINT", 15: "SIGTERM"}.get(control.stop_signal, f"signal {control.stop_signal}")
                     raise TrainingInterrupted(f"stopped by {name} at step {self.step}; {self.checkpoint_note()}",
-                                              self._stop_signum)
+                                              control.stop_signal)
                 if self.step % cfg.checkpoint_every == 0 and self.step < target:
                     self.fire_agreed("on_checkpoint")
             self.fire_agreed("on_checkpoint")
@@ -211,6 +205,62 @@ class GANTrainer:
         """Fire an event whose handlers write files on the main process: a failure stops every process alike."""
         run_together(self.accelerator, lambda: self.callbacks.fire(event, *args))
 
+    def _checkpoint_if_asked(self) -> None:
+        if self.control.checkpoint_requested:  # a callback asked for one at this step (e.g. a new best)
+            self.control.checkpoint_requested = False
+            self.fire_agreed("on_checkpoint")
+
+    def _apply(self) -> None:
+        """Apply what the callback handler that just returned asked through ``self.control``: the one place
+        where callbacks change the run (``save_checkpoint`` and ``stop`` are acted on by the loop)."""
+        control, state = self.control, self.state
+        if control.metrics:
+            self._next_row.update(control.metrics)
+            control.metrics = {}
+        for name, keep in control.keeps:
+            (state.kept_checkpoints.add if keep else state.kept_checkpoints.discard)(name)
+        control.keeps = []
+        for path, step in control.files:
+            self.run_folder.record(path, state.step if step is None else step)
+        control.files = []
+        if control.written is not None:
+            state.last_checkpoint, state.last_checkpoint_step, control.written = control.written, state.step, None
+            self.run_folder.sync_checkpoints()
+
+    def _open(self, resume_from: Any, fork: bool) -> None:
+        """Collective. Take the folder's lock, then start, continue or resume the run (engine/run_open.py)."""
+        acc, cfg, folder, state = self.accelerator, self.config, self.run_folder, self.state
+        run_together(acc, self.lock.acquire, main_only=True)
+        describe = lambda: folder.write_description(cfg, self.fixed_latents, state.step, self.fixed_labels)  # noqa: E731
+        if resume_from is None:
+            if not self.fit_calls:  # a second fit() of one trainer continues its own run: nothing to check
+                state.run_id = run_together(acc, lambda: start_run(folder, cfg, "start"), main_only=True)
+            run_together(acc, describe, main_only=True)
+            return
+        target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg, folder, fork))
+        if fork and not target.own:
+            state.run_id = run_together(acc, lambda: start_run(folder, cfg, "fork", source=str(target.path),
+                                                               step=checkpoint_step(target.path)), main_only=True)
+        saved = load_checkpoint(acc, target.path, acc.process_index)
+        if "config" not in read_marker(target.path):  # a checkpoint from before the marker held the config
+            refuse_fixed_changes(target.path, saved["config"], cfg.to_dict())
+        self.load_state_dict(saved)
+        _, changes = compare_configs(saved["config"], cfg.to_dict())
+        notes = apply_schedule_changes(cfg, saved["config"], changes, self.runner.plan, self.optimizers,
+                                       self.schedulers, self.built_from_config,
+                                       scheduler_ticks_per_optimizer_step(acc), state.step)
+        state.resumed_from = state.last_checkpoint = target.path
+        state.last_checkpoint_step = state.step
+        if target.own:
+            state.run_id = run_together(acc, lambda: record_resume(folder, target, state.step, changes), main_only=True)
+        elif changes:
+            run_together(acc, lambda: folder.log_event("config_change", step=state.step, changes=changes),
+                         main_only=True)
+        run_together(acc, describe, main_only=True)
+        acc.print(f"gan_accel: resumed from {target.path} at step {state.step}")
+        for note in notes:
+            acc.print(f"gan_accel: {note}")
+
     def _phase_end(self, phase: Phase) -> None:
         self.callbacks.fire("on_phase_end", phase)
 
@@ -226,79 +276,23 @@ class GANTrainer:
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
             row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
-        row.update(self.pending_metrics)
-        self.pending_metrics = {}
+        row.update(self._next_row)
+        self._next_row = {}
         self.last_metrics = row
         self.fire_agreed("on_log", row)
         return row
 
     def request_stop(self, signum: int) -> None:
         """Ask the loop to checkpoint and stop after the current step (call on every rank alike)."""
-        self._stop_signum = signum
+        self.control.stop(signum)
 
     def checkpoint_note(self) -> str:
         """Where the run can be resumed from, for error messages."""
-        if self.last_checkpoint is None:
+        if self.state.last_checkpoint is None:
             return ("No checkpoint of this run was written, so there is nothing to resume: start it again "
                     "(overwrite=True, --overwrite, removes only the files it wrote).")
-        return (f"The last complete checkpoint is {self.last_checkpoint}; resume with --resume latest "
+        return (f"The last complete checkpoint is {self.state.last_checkpoint}; resume with --resume latest "
                 "(fit(resume_from='latest')) and the same output folder.")
-
-    # -- what the loop produces -----------------------------------------------------------------
-    # The prepared networks, optimizers and schedulers by their usual names (all are in the dicts).
-    G = _entry("networks", "G")
-    D = _entry("networks", "D")
-    opt_G = _entry("optimizers", "G")
-    opt_D = _entry("optimizers", "D")
-    sched_G = _entry("schedulers", "G")
-    sched_D = _entry("schedulers", "D")
-
-    @property
-    def epoch(self) -> int:
-        """Passes over the training data completed (zero-based index of the current one)."""
-        return self.data.epoch
-
-    @property
-    def d_step(self) -> int:
-        """Discriminator updates of the phase named "D" so far."""
-        return self.runner.phase_runs.get("D", 0)
-
-    @property
-    def images_seen(self) -> int:
-        """Real samples drawn on this process."""
-        return self.runner.images_seen
-
-    @property
-    def ema(self) -> Any:
-        """The EMA of G (None without the ``ema`` callback)."""
-        callback = self.callbacks.get("ema")
-        return callback.ema if callback is not None else None
-
-    @property
-    def images_per_step(self) -> int:
-        """Latents G trains on in one step, over all processes (batch x accumulation x processes)."""
-        return self.config.batch_size * self.config.grad_accum_steps * self.accelerator.num_processes
-
-    def sampling_generator(self) -> nn.Module:
-        """The generator to sample from: the EMA when enabled, else the unwrapped G."""
-        callback = self.callbacks.get("ema")
-        return callback.module if callback is not None else self.accelerator.unwrap_model(self.G)
-
-    def draw_latents(self, count: int, seed: int, device: torch.device | None = None) -> Any:
-        """``count`` latents of the run's sampler from ``seed`` (on CPU, or moved to ``device``): the same
-        on every process, and the training noise is not shifted (for evaluation and the EMA's statistics)."""
-        latents = draw_fixed_latents(self.sample_latents, count, seed)
-        return latents if device is None else map_tensors(latents, lambda t: t.to(device))
-
-    def generate(self, latents: Any = None, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Samples from :meth:`sampling_generator` in eval mode: the fixed latents (and fixed labels)
-        by default; a conditional run needs ``labels`` (class indices) with its own ``latents``."""
-        if latents is None:
-            latents, labels = self.fixed_latents, self.fixed_labels if labels is None else labels
-        if self.conditioning.conditional and labels is None:
-            raise ValueError("a conditional run samples G(z, y): pass labels (class indices) with the latents")
-        return generate_samples(self.sampling_generator(), latents, self.accelerator,
-                                labels if self.conditioning.conditional else None)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -306,4 +300,14 @@ class GANTrainer:
         return trainer_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_trainer_state(self, state)
+        """Restore :meth:`state_dict` (this process's), after checking it can continue this run."""
+        check_restorable(state, self.accelerator.num_processes, self.callbacks.state_dict())
+        self.state.step = int(state["step"])
+        self.data.load_state_dict(state["data"])
+        self.runner.load_state_dict(state["runner"])
+        self.means.load_state_dict(state["means"], self.accelerator.device)
+        if self.guard is not None and state["guard"] is not None:
+            self.guard.load_state_dict(state["guard"])
+        self.callbacks.load_state_dict(state["callbacks"])
+        self.fixed_latents, self.fixed_labels = state["fixed_latents"], state.get("fixed_labels")
+        restore_buffers(self.networks, self.accelerator.unwrap_model, state["buffers"])

@@ -30,21 +30,10 @@ from torch import nn
 from ..collective import raise_together
 from ..errors import CheckpointError, RunFolderError
 from .files import is_write_failure, write_failure_reason
+from .layout import (CHECKPOINT_PREFIX, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX, checkpoint_name, checkpoint_root,
+                     checkpoint_run_folder)
 
-PREFIX = "checkpoint_"
-ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/: the newer checkpoints of a branch left behind
-TMP_PREFIX = ".tmp-"
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0.pt holds
-ENGINE_STATE = "gan_accel_state_{rank}.pt"  # per process: metric sums differ between ranks
-COMPLETE = "COMPLETE"
-
-
-def checkpoint_root(output_dir: str | os.PathLike) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(path.name[len(PREFIX):])
 
 
 def read_marker(path: Path) -> dict[str, Any]:
@@ -56,12 +45,7 @@ def read_marker(path: Path) -> dict[str, Any]:
 
 
 def is_complete(path: Path) -> bool:
-    return path.is_dir() and path.name.startswith(PREFIX) and (path / COMPLETE).is_file()
-
-
-def checkpoint_name(step: int) -> str:
-    """The folder name of the checkpoint written at ``step``."""
-    return f"{PREFIX}{step:08d}"
+    return path.is_dir() and path.name.startswith(CHECKPOINT_PREFIX) and (path / COMPLETE).is_file()
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -93,7 +77,7 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
     if not is_complete(path):
         raise CheckpointError(
             f"{path} is not a complete gan_accel checkpoint (no {COMPLETE} marker: partial or foreign); "
-            f"complete ones in this run: {[p.name for p in list_checkpoints(path.parent.parent)] or 'none'}"
+            f"complete ones in this run: {[p.name for p in list_checkpoints(checkpoint_run_folder(path))] or 'none'}"
         )
     return path
 
@@ -205,7 +189,7 @@ def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> 
 
 def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
     """Accelerate only logs (at INFO) when it cannot restore RNG states: verify it ourselves."""
-    rng_file = path / f"random_states_{accelerator.process_index}.pkl"
+    rng_file = path / RNG_STATE.format(rank=accelerator.process_index)
     if not rng_file.is_file():
         raise CheckpointError(
             f"{path} has no RNG state for process {accelerator.process_index}: it was saved with fewer "

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from ..errors import RunFolderError
 from .files import write_failure_reason
-
-LOCK_FILE = ".lock"
+from .layout import LOCK
 
 try:
     import fcntl
@@ -30,7 +29,7 @@ class RunLock:
     """An exclusive lock on a run folder; ``acquire`` raises :class:`RunFolderError` naming the holder."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        self.path = Path(folder) / LOCK_FILE
+        self.path = Path(folder) / LOCK
         self._fd: int | None = None
 
     @property

@@ -23,16 +23,11 @@ from typing import Any
 import torch
 
 from ..errors import PreflightError, RunFolderError
-from .checkpoint import ABANDONED, checkpoint_root, checkpoint_step, list_checkpoints
+from .checkpoint import list_checkpoints
 from .files import atomic_path
+from .layout import (ABANDONED, CHECKPOINT_PREFIX, CHECKPOINTS, CONFIG, FIXED_LABELS, FIXED_NOISE, HISTORY, MANIFEST,
+                     METRICS, RUN_FILES, RUN_PATTERNS, checkpoint_root, checkpoint_step)
 
-MANIFEST = "manifest.json"
-HISTORY = "history.jsonl"
-METRICS = "metrics.jsonl"
-# Names gan_accel writes; one that exists but is not in the manifest is someone else's.
-RUN_FILES = ("config.json", METRICS, "fixed_noise.pt", "fixed_labels.pt", "generator.safetensors", "eval.json", "progress.gif",
-             "best.json", "training_plot.png", "trackers")
-RUN_PATTERNS = ("samples_*.png", "samples_*.pt", "checkpoints/checkpoint_*")
 _SHOWN = 6  # files named in a message before "and N more"
 
 
@@ -91,7 +86,7 @@ class RunFolder:
             return
         files = self.manifest["files"]
         current = {self._relative(p): checkpoint_step(p) for p in list_checkpoints(self.path)}
-        for name in [n for n in files if n.startswith("checkpoints/checkpoint_") and n not in current]:
+        for name in [n for n in files if n.startswith(f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}") and n not in current]:
             del files[name]
         files.update(current)
         self._save()
@@ -178,7 +173,7 @@ class RunFolder:
         """
         files = self.manifest["files"]
         later = sorted(name for name, step in files.items()
-                       if step > after_step and not name.startswith(f"checkpoints/{ABANDONED}/")
+                       if step > after_step and not name.startswith(f"{CHECKPOINTS}/{ABANDONED}/")
                        and name != METRICS and (self.path / name).exists())
         rows = _later_rows(self.path / METRICS, after_step)
         if not later and not rows:
@@ -207,15 +202,15 @@ class RunFolder:
         if not self.writer:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        with atomic_path(self.path / "config.json") as tmp:
+        with atomic_path(self.path / CONFIG) as tmp:
             config.to_json(tmp)
-        with atomic_path(self.path / "fixed_noise.pt") as tmp:
+        with atomic_path(self.path / FIXED_NOISE) as tmp:
             torch.save(fixed_latents, tmp)
-        names = ["config.json", "fixed_noise.pt"]
+        names = [CONFIG, FIXED_NOISE]
         if fixed_labels is not None:
-            with atomic_path(self.path / "fixed_labels.pt") as tmp:
+            with atomic_path(self.path / FIXED_LABELS) as tmp:
                 torch.save(fixed_labels, tmp)
-            names.append("fixed_labels.pt")
+            names.append(FIXED_LABELS)
         for name in names:
             self.manifest["files"].setdefault(name, step)
         self.manifest["files"].setdefault(METRICS, step)
@@ -241,12 +236,3 @@ def listing(names: list[str]) -> str:
     """The first names, then how many more: for messages."""
     shown = ", ".join(names[:_SHOWN])
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-
-
-def checkpoint_run_folder(checkpoint: Path) -> Path:
-    """The run folder a checkpoint belongs to (``<run>/checkpoints/[abandoned/<label>/]checkpoint_N``)."""
-    for parent in checkpoint.resolve().parents:
-        if parent.name == "checkpoints":
-            return parent.parent
-    return checkpoint.resolve().parent
-

@@ -1,0 +1,85 @@
+"""What a callback may read of the run (:class:`RunState`) and ask of it (:class:`Control`).
+
+The trainer owns both. Callbacks read ``trainer.state`` and make requests through ``trainer.control``;
+they never set the trainer's fields. The trainer applies a callback's requests right after the
+handler that made them (so the next handler of the same event already sees a reported checkpoint),
+and acts on ``save_checkpoint`` and ``stop`` once the whole event has run. Everything a callback can
+change about the run is therefore listed here, and applied in one place (``GANTrainer._apply``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+
+@dataclass
+class RunState:
+    """The run as the trainer knows it. Read it; only the trainer writes it.
+
+    Attributes:
+        step: steps completed (passes over the phase list; see :mod:`gan_accel.engine.phases`).
+        run_id: the run's id in its folder's ``manifest.json`` (None before ``fit``).
+        resumed_from: the checkpoint this run was resumed from, if any.
+        last_checkpoint: the newest complete checkpoint of this run, and the step it was written at.
+        kept_checkpoints: checkpoint folder names that are never pruned (e.g. the best one by evaluation).
+    """
+
+    step: int = 0
+    run_id: str | None = None
+    resumed_from: Path | None = None
+    last_checkpoint: Path | None = None
+    last_checkpoint_step: int | None = None
+    kept_checkpoints: set[str] = field(default_factory=set)
+
+
+class Control:
+    """Requests of the callbacks, collected here and applied by the trainer.
+
+    * :meth:`log`: values for the next metrics row (``metrics.jsonl``, the trackers, the progress bar);
+    * :meth:`save_checkpoint`: write a checkpoint at this step once the current event has run (if none
+      is written at this step already); :meth:`keep_checkpoint` / :meth:`release_checkpoint`: protect a
+      checkpoint from pruning, or end that protection;
+    * :meth:`record_file`: a file the run wrote, for its ``manifest.json`` (``--overwrite`` removes only
+      recorded files, and a resume of an older checkpoint moves later ones aside);
+    * :meth:`checkpoint_written`: the checkpoint writer reports a complete checkpoint;
+    * :meth:`stop`: checkpoint and stop after this step (as on SIGINT/SIGTERM; every process alike).
+    """
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, Any] = {}
+        self.keeps: list[tuple[str, bool]] = []  # (checkpoint name, keep or release), in the order asked
+        self.files: list[tuple[Path, int | None]] = []
+        self.written: Path | None = None
+        self.checkpoint_requested = False
+        self.stop_signal: int | None = None
+
+    def log(self, values: Mapping[str, Any]) -> None:
+        """Add ``values`` to the next metrics row (a later value of the same key replaces an earlier one)."""
+        self.metrics.update(values)
+
+    def save_checkpoint(self) -> None:
+        """Write a checkpoint at this step after the current event (on every process: a collective)."""
+        self.checkpoint_requested = True
+
+    def keep_checkpoint(self, name: str) -> None:
+        """Never prune the checkpoint folder ``name`` (``checkpoint_<step>``) while it is kept."""
+        self.keeps.append((name, True))
+
+    def release_checkpoint(self, name: str) -> None:
+        """End :meth:`keep_checkpoint`: ``name`` is pruned like any other checkpoint."""
+        self.keeps.append((name, False))
+
+    def record_file(self, path: str | os.PathLike, step: int | None = None) -> None:
+        """The run wrote ``path`` (inside its folder) at ``step`` (default: the current step)."""
+        self.files.append((Path(path), step))
+
+    def checkpoint_written(self, path: str | os.PathLike) -> None:
+        """A complete checkpoint of the current step is at ``path`` (reported by the checkpoint writer)."""
+        self.written = Path(path)
+
+    def stop(self, signum: int) -> None:
+        """Checkpoint and stop after this step, as a signal would (call on every process alike)."""
+        self.stop_signal = signum

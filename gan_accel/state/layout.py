@@ -1,0 +1,160 @@
+"""The run folder's layout: every name gan_accel writes there, with the reader of each file others read.
+
+One run folder (``TrainConfig.output_dir``)::
+
+    <run>/
+      config.json               the config in use now (its changes are dated in history.jsonl)    RunFolder
+      manifest.json             the run's id and every file it wrote, with the step               RunFolder
+      history.jsonl             one dated line per start, resume, branch, fork, overwrite         RunFolder
+      .lock                     who holds the run (host, pid, since) while it trains              RunLock
+      metrics.jsonl             one JSON row per log interval                                     MetricsLogger
+      fixed_noise.pt            the progress samples' latents (and fixed_labels.pt: their labels) RunFolder
+      samples_<step>.png        progress grids (or scatter plots; samples_<step>.pt otherwise)    SampleSaver
+      samples_final.png, progress.gif                                                             SampleSaver
+      training_plot.png         the metrics as line charts                                        TrainingPlot
+      generator.safetensors     the finished run's generator (the EMA when kept)                  WeightsExporter
+      best.json                 the best evaluation and its checkpoint                            Evaluator
+      eval.json                 a final evaluation (the MNIST examples' --eval)                   the examples
+      trackers/                 files of the experiment trackers (trackers/runs.json: their ids)  TrackerLogger
+      checkpoints/
+        checkpoint_<step>/      one complete checkpoint (COMPLETE written last)                   Checkpointer
+        .tmp-checkpoint_<step>/ a checkpoint being written
+        abandoned/<label>/      what a resume of an older checkpoint moved aside                  RunFolder
+
+Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.safetensors`` D, the
+optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.pt``
+(the trainer's own state on that process) and ``COMPLETE`` (JSON: step, processes, run id, config).
+
+Everything that names one of these files takes the name from here, and everything that reads
+``metrics.jsonl`` or a JSON file of the run reads it with the functions below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .files import atomic_path
+
+# -- the run folder -------------------------------------------------------------------------------------
+CONFIG = "config.json"
+MANIFEST = "manifest.json"
+HISTORY = "history.jsonl"
+LOCK = ".lock"
+METRICS = "metrics.jsonl"
+FIXED_NOISE = "fixed_noise.pt"
+FIXED_LABELS = "fixed_labels.pt"
+GENERATOR = "generator.safetensors"
+BEST = "best.json"
+EVAL = "eval.json"
+TRAINING_PLOT = "training_plot.png"
+PROGRESS_GIF = "progress.gif"
+FINAL_SAMPLES = "samples_final"
+TRACKERS = "trackers"
+TRACKER_IDS = "runs.json"  # inside trackers/
+CHECKPOINTS = "checkpoints"
+ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/
+CHECKPOINT_PREFIX = "checkpoint_"
+TMP_PREFIX = ".tmp-"
+
+# -- inside a checkpoint --------------------------------------------------------------------------------
+COMPLETE = "COMPLETE"
+ENGINE_STATE = "gan_accel_state_{rank}.pt"
+RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
+RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
+
+# Names a run writes at its top level, and patterns of those it writes many of: a file that exists under
+# one of them but is not in the manifest is someone else's (a later --overwrite refuses to mix it in).
+RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
+             TRACKERS)
+RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
+# Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
+RUN_MARKS = (CONFIG, MANIFEST, HISTORY, GENERATOR, METRICS)
+
+
+def samples_stem(step: int | None) -> str:
+    """``samples_000500`` for a step's progress samples, ``samples_final`` for the end of the run."""
+    return FINAL_SAMPLES if step is None else f"samples_{step:06d}"
+
+
+def progress_frames(run: str | os.PathLike) -> list[Path]:
+    """The step-stamped progress grids of a run, in step order (the frames of ``progress.gif``)."""
+    return sorted(Path(run).glob("samples_[0-9]*.png"))
+
+
+def checkpoint_root(run: str | os.PathLike) -> Path:
+    return Path(run) / CHECKPOINTS
+
+
+def checkpoint_name(step: int) -> str:
+    """The folder name of the checkpoint written at ``step``."""
+    return f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step of a checkpoint folder, from its name."""
+    return int(Path(path).name[len(CHECKPOINT_PREFIX):])
+
+
+def checkpoint_run_folder(checkpoint: str | os.PathLike) -> Path:
+    """The run folder a checkpoint belongs to (``<run>/checkpoints/[abandoned/<label>/]checkpoint_N``)."""
+    checkpoint = Path(checkpoint)
+    for parent in checkpoint.resolve().parents:
+        if parent.name == CHECKPOINTS:
+            return parent.parent
+    return checkpoint.resolve().parent
+
+
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder holding any file that marks a gan_accel run, or a checkpoints folder."""
+    path = Path(path)
+    return path.is_dir() and (any((path / name).exists() for name in RUN_MARKS) or checkpoint_root(path).is_dir())
+
+
+# -- the metrics log --------------------------------------------------------------------------------------
+def append_metrics(path: str | os.PathLike, row: dict[str, Any]) -> None:
+    """Append one row to a metrics log and flush it to disk, so a crash loses at most the row being written."""
+    with open(path, "a") as handle:
+        handle.write(json.dumps(row, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a metrics log (``metrics.jsonl``). Raises ``ValueError`` on a line that is not JSON."""
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
+    """(the rows that are whole, how many lines were not): for readers of a log a crash may have cut short."""
+    rows, skipped = [], 0
+    if not Path(path).is_file():
+        return rows, skipped
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            skipped += 1
+    return rows, skipped
+
+
+# -- JSON files -------------------------------------------------------------------------------------------
+def write_json(path: str | os.PathLike, value: Any) -> Path:
+    """Write ``value`` as indented JSON, atomically and flushed to disk (a reader never sees half a file)."""
+    data = (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    return Path(path)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file of the run (config.json, best.json, eval.json, ...). Raises ``OSError`` or ``ValueError``."""
+    return json.loads(Path(path).read_text())
