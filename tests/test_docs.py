@@ -102,6 +102,21 @@ def test_readme_links_land_on_files_and_headings():
                 f"(its anchors: {sorted(anchors(target))})")
 
 
+def test_table_rows_have_the_cells_of_their_header():
+    """Every row of a table has as many cells as its header, counted as GitHub counts them: a ``|`` inside code
+    ends a cell there too (the site would keep it, GitHub would shift the row)."""
+    for page in markdown_files():
+        header = None
+        for line in without_code(page.read_text()).splitlines():
+            if not line.startswith("|"):
+                header = None
+                continue
+            cells = len(re.split(r"(?<!\\)\|", line.strip().strip("|")))
+            if header is None:
+                header = cells
+            assert cells == header, f"{page_name(page)}: table row {line[:80]!r} has {cells} cells, its header {header}"
+
+
 # -- what the pages say ------------------------------------------------------------------------------------
 def test_every_config_field_is_documented():
     from gan_accel import TrainConfig
