@@ -1,4 +1,4 @@
-"""The benchmark suite: one run, every comparison side by side, one markdown report (the README's table).
+"""The benchmark suite: one run, every comparison side by side, one markdown report (docs/benchmarks.md's tables).
 
     python benchmarks/run.py                     # the full suite (about half an hour on 2 idle CPU cores)
     python benchmarks/run.py --quick             # a smoke run: tiny steps, batches and repeats (a minute or

@@ -4,7 +4,7 @@
     accelerate launch examples/dcgan_mnist.py            # same flags, as many processes as configured
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 examples/dcgan_mnist.py
 
-The defaults are sized for a 2-core CPU (a few minutes, recognisable digits); see README.md for
+The defaults are sized for a 2-core CPU (a few minutes, recognisable digits); see docs/index.md for
 the full-size GPU settings. Outputs land in --output-dir: samples_<step>.png, samples_final.png,
 progress.gif, metrics.jsonl, config.json, generator.safetensors and, with --eval, eval.json.
 """
@@ -25,7 +25,7 @@ from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGA
 from gan_accel.scripts import ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, run_script
 
 
-# (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (README: the ablation)
+# (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the ablation)
 DEFAULT_STEPS = {False: 5000, True: 4000}
 DEFAULT_R1_GAMMA = {False: 0.1, True: 0.0}
 
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     run.add_argument("--channels-last", action="store_true",
                      help="convolutions in channels-last memory format (1.2-1.4x images/s on the 2-core CPUs here)")
     run.add_argument("--keep-freed-memory", action="store_true",
-                     help="Linux/glibc: freed memory stays in the process, no page faults per step (see the README)")
+                     help="Linux/glibc: freed memory stays in the process, no page faults per step (see docs/benchmarks.md)")
     run.add_argument("--sample-every", type=positive_int, default=500, help="save a fixed-noise grid every N steps")
     run.add_argument("--log-every", type=positive_int, default=50, help="metrics row every N steps")
     run.add_argument("--log-with", nargs="+", default=[], metavar="TRACKER",

@@ -6,7 +6,7 @@
 Writes a scatter plot of G's samples over the real points every --sample-every steps
 (samples_<step>.png, progress.gif), and at the end eval.json: ``modes`` (modes holding at least 1%
 of 5,000 samples within 0.12 of their centre) and ``high_quality`` (the share of samples within 0.12
-of some centre). The defaults were picked by measurement (see README.md, "Toy 2-D").
+of some centre). The defaults were picked by measurement (see docs/custom-modules.md, "A toy 2-D GAN").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The benchmark suite runs end to end: ``benchmarks/run.py --quick`` prints its report with every section.
 
-Only the report's shape is checked, never its numbers (timings belong in the README, not in asserts).
+Only the report's shape is checked, never its numbers (timings belong in docs/benchmarks.md, not in asserts).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Tests for gan_accel.data: fast loader vs torchvision, offline digits, dataset resolution."""
+"""The data path: the fast uint8 loader gives the images of torchvision's per-item path, shuffles reproducibly
+and shards under Accelerate; the offline digits look like MNIST; a missing MNIST falls back (or refuses) with
+one message."""
 
 from __future__ import annotations
 

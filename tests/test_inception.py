@@ -1,5 +1,5 @@
-"""Tests for gan_accel.eval.inception: the uint8/RGB wiring with a stand-in network, the offline
-weights lookup (never a download), and the errors when torch-fidelity or the weights are missing."""
+"""Inception features: the uint8/RGB wiring is right (checked with a stand-in network), the weights are looked up
+offline (never downloaded), and a missing torch-fidelity or weights file is one clear error."""
 
 from __future__ import annotations
 

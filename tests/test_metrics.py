@@ -1,5 +1,6 @@
-"""Tests for gan_accel.eval: Fréchet distance against independent references, feature batching,
-classifier caching, and the MNIST evaluation on real data (skipped when MNIST is not available)."""
+"""Evaluation: the Fréchet distance equals independent references (closed forms, numpy), feature batching does not
+change features, the MNIST classifier is trained once and cached, and the MNIST report tells realism from coverage
+(on real data; skipped when MNIST is not available)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 glibc's allocator keeping freed memory.
 
 All three are off by default: ``benchmarks/run.py`` measures them against the eager default on the
-machine at hand, and none helps everywhere (see the README's benchmark tables).
+machine at hand, and none helps everywhere (see docs/benchmarks.md).
 
 * ``channels_last``: the networks' 4-D weights are converted to the channels-last memory format
   before ``prepare`` (the parameters stay the same objects, so optimizers built by the user still

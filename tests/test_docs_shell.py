@@ -1,10 +1,11 @@
-"""The README's shell commands are real: every command of its ```bash blocks runs in order, at small settings
-(or, where it cannot run here, is checked).
+"""The shell commands of the README and of every docs page are real: every command of their ```bash blocks
+runs, in order, at small settings (or, where it cannot run here, is checked).
 
-The commands run one after the other, in README order, in one scratch folder (the working directory),
-as a reader following the guide would run them: a later command may use what an earlier one wrote
-(``--resume latest`` after the quickstart, ``gan-accel sample runs/...`` after a training run). The
-repository's ``examples/`` and ``benchmarks/`` folders are symlinked into the scratch folder, and
+Pages run in reading order (the README, then mkdocs.yml's nav). Each page's commands run one after the other,
+in page order, in a scratch folder of the page's own (the working directory), as a reader following that page
+would run them: a later command may use what an earlier one of the same page wrote (``--resume latest`` after a
+training run, ``gan-accel sample runs/...`` after it), and a page never depends on another page's commands.
+The repository's ``examples/`` and ``benchmarks/`` folders are symlinked into each scratch folder, and
 ``./data`` is a symlink to real MNIST ($GAN_ACCEL_MNIST_DIR, else ../shared/data) when it exists.
 Every command must exit 0, or the code its comment names (``# exits 2``).
 
@@ -13,7 +14,7 @@ How each kind of command is run (the rules; ``rewrite()`` applies them):
 * ``python examples/<script>.py ...`` runs at 1/1000 of its length, in this test's process: every step
   count (``--steps``, ``--checkpoint-every``, ``--sample-every``, ``--log-every``, ``--eval-every``;
   the value in the command or else the script's default, read from its own argument parser) is
-  divided by 1000, rounded up, and so is the step in a ``checkpoint_<step>`` path (the README's
+  divided by 1000, rounded up, and so is the step in a ``checkpoint_<step>`` path (a page's
   ``checkpoint_00004000`` of a 5,000-step run is ``checkpoint_00000004`` of the 5-step run). An
   ``--epochs`` is dropped for the scaled default ``--steps``. Then, where the script has the flag:
   ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
@@ -36,10 +37,13 @@ How each kind of command is run (the rules; ``rewrite()`` applies them):
   rule checks that the command exists): each would otherwise spend most of its time importing torch.
 * Checked, not run: ``pip install`` (the project is installed from this checkout, the ``gan-accel``
   command exists and every ``[extra]`` named is in pyproject.toml); ``python -m pytest`` (this test
-  would run itself: it must be the command ``.ci/run`` runs); ``accelerate config`` (interactive: the
-  command and its parser must exist); ``python benchmarks/run.py [flags]`` (the full suite takes half
-  an hour: its flags must pass the script's own parser, and tests/test_benchmarks.py runs every
-  section with ``--quick``).
+  would run itself: without arguments it must be the command ``.ci/run`` runs; with arguments, they may
+  only select tests: ``-x``, ``-q``, ``-v``, ``-k EXPR``, ``-m EXPR`` of markers pyproject.toml declares, and
+  test files or folders that exist); ``accelerate config`` (interactive: the command and its parser must
+  exist); ``python benchmarks/<script>.py [flags]`` (the full suite takes half an hour: its flags must pass
+  the script's own parser, and tests/test_benchmarks.py runs every section with ``--quick``);
+  ``mkdocs build --strict`` (tests/test_docs.py runs it: the command, mkdocs.yml and the flags must exist)
+  and ``mkdocs serve`` (it serves until stopped: the same check).
 
 Anything else fails with a message saying how to teach ``rewrite()`` about it. The fast tests check
 the rules and run the checks in seconds; the slow one runs everything.
@@ -69,8 +73,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+from doc_pages import README, ROOT, page_name, pages
+
 SCALE = 1000  # the README's runs are this many times longer than the test's
 SCALED_FLAGS = ("--steps", "--checkpoint-every", "--sample-every", "--log-every", "--eval-every")
 SMALL_VALUES = {"--batch-size": "8", "--width": "8", "--eval-samples": "100", "--num-eval": "200"}
@@ -78,18 +82,19 @@ SMALL_SWITCHES = ("--no-progress",)
 EVAL_NUM_MAX = 200
 GAN_ACCEL_AS_WRITTEN = ("sample", "info", "plot")  # subcommands that only read a run and write small files
 LINKED = ("examples", "benchmarks")  # repository folders the commands name by relative path
-TEACH = ("teach tests/test_readme_shell.py: add a case to rewrite() that runs this kind of command at small "
+TEACH = ("teach tests/test_docs_shell.py: add a case to rewrite() that runs this kind of command at small "
          "settings (or checks it without running it, saying why), and describe the rule in the module docstring")
 
 
-# -- reading the README -----------------------------------------------------------------------------
+# -- reading the pages -------------------------------------------------------------------------------
 @dataclass
 class Command:
-    block: int  # 1-based number of the ```bash block
-    line: str  # the README line (continuations joined), for messages
+    page: str  # README.md, docs/cli.md, ...
+    block: int  # 1-based number of the ```bash block on its page
+    line: str  # the page's line (continuations joined), for messages
     env: dict[str, str]
     argv: list[str]
-    expect: int = 0  # exit code the README's comment names, else 0
+    expect: int = 0  # exit code the line's comment names, else 0
 
 
 def _split_comment(line: str) -> tuple[str, str]:
@@ -105,9 +110,10 @@ def _split_comment(line: str) -> tuple[str, str]:
     return line, ""
 
 
-def readme_shell_commands(text: str | None = None) -> list[Command]:
-    """Every command of every ```bash block, in order; ``a && b`` gives two commands."""
-    text = README.read_text() if text is None else text
+def shell_commands(page: Path = README, text: str | None = None) -> list[Command]:
+    """Every command of every ```bash block of ``page`` (or of ``text``), in order; ``a && b`` gives two commands."""
+    name = page_name(page)
+    text = page.read_text() if text is None else text
     commands = []
     for number, block in enumerate(re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL), start=1):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
@@ -123,7 +129,7 @@ def readme_shell_commands(text: str | None = None) -> list[Command]:
                 if token == "&&":
                     parts.append([])
                 elif token and set(token) <= set("();<>|&"):
-                    pytest.fail(f"README bash block {number}: {line.strip()!r} uses {token!r}, which the shell test "
+                    pytest.fail(f"{name} bash block {number}: {line.strip()!r} uses {token!r}, which the shell test "
                                 f"does not run; write one command per line (or '&&'), or {TEACH}")
                 else:
                     parts[-1].append(token)
@@ -133,9 +139,15 @@ def readme_shell_commands(text: str | None = None) -> list[Command]:
                     key, value = part.pop(0).split("=", 1)
                     env[key] = value
                 if part:
-                    commands.append(Command(number, line.strip(), env, part,
+                    commands.append(Command(name, number, line.strip(), env, part,
                                             int(expect.group(1)) if expect and part is parts[-1] else 0))
     return commands
+
+
+def docs_shell_commands() -> dict[str, list[Command]]:
+    """Each page's commands, pages in reading order (pages without a ```bash block left out)."""
+    every = {page_name(page): shell_commands(page) for page in pages()}
+    return {name: commands for name, commands in every.items() if commands}
 
 
 # -- a script's own flags ---------------------------------------------------------------------------
@@ -197,7 +209,7 @@ def check_script_flags(script: Path, args: list[str], line: str) -> None:
             parser.parse_args(args)
     except SystemExit as exit_:
         if exit_.code:
-            pytest.fail(f"README line {line!r}: {script.name} refuses its flags {args}: {stderr.getvalue().strip()}")
+            pytest.fail(f"{line!r}: {script.name} refuses its flags {args}: {stderr.getvalue().strip()}")
 
 
 # -- the rules ----------------------------------------------------------------------------------------
@@ -211,7 +223,7 @@ def scale_checkpoint_paths(args: list[str]) -> list[str]:
 
 
 def small_script_args(script: Path, args: list[str], line: str, mnist: bool) -> list[str]:
-    """The README's flags for ``script``, scaled down (see the module docstring), checked by its parser."""
+    """A page's flags for ``script``, scaled down (see the module docstring), checked by its parser."""
     check_script_flags(script, args, line)
     options = _options(script_parser(script))
     args = scale_checkpoint_paths(args)
@@ -251,7 +263,7 @@ def small_script_args(script: Path, args: list[str], line: str, mnist: bool) -> 
 
 @dataclass
 class Step:
-    """What the test does for one README command: run ``argv`` (with ``env``), or call ``check``."""
+    """What the test does for one command of a page: run ``argv`` (with ``env``), or call ``check``."""
 
     command: Command
     argv: list[str] | None = None
@@ -270,13 +282,13 @@ def _free_port() -> int:
 def _check_pip_install(args: list[str], line: str) -> None:
     extras_known = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     targets = [a for a in args if not a.startswith("-")]
-    assert targets, f"README line {line!r}: pip install of nothing"
+    assert targets, f"{line!r}: pip install of nothing"
     for target in targets:
         match = re.fullmatch(r"(?P<base>[^\[\]]+)(?:\[(?P<extras>[^\]]*)\])?", target)
         assert match and match["base"] in (".", "gan_accel", "gan-accel"), (
-            f"README line {line!r}: the shell test knows how to check installs of this project only; {TEACH}")
+            f"{line!r}: the shell test knows how to check installs of this project only; {TEACH}")
         for extra in filter(None, (match["extras"] or "").split(",")):
-            assert extra.strip() in extras_known, f"README line {line!r}: pyproject.toml has no extra {extra!r}"
+            assert extra.strip() in extras_known, f"{line!r}: pyproject.toml has no extra {extra!r}"
     import gan_accel
 
     importlib.metadata.distribution("gan_accel")
@@ -285,10 +297,36 @@ def _check_pip_install(args: list[str], line: str) -> None:
 
 
 def _check_pytest(args: list[str], line: str) -> None:
-    lines = (ROOT / ".ci" / "run").read_text().splitlines()
-    ci = [shlex.split(text) for text in lines if text and not text.startswith("#")]
-    assert ["python", "-m", "pytest", *args] in ci, (
-        f"README line {line!r}: .ci/run must run exactly this command (the shell test does not run pytest itself)")
+    """Without arguments: the command .ci/run runs. With arguments: options that only select tests."""
+    if not args:
+        lines = (ROOT / ".ci" / "run").read_text().splitlines()
+        ci = [shlex.split(text) for text in lines if text and not text.startswith("#")]
+        assert ["python", "-m", "pytest"] in ci, (
+            f"{line!r}: .ci/run must run exactly this command (the shell test does not run pytest itself)")
+        return
+    markers = {entry.split(":")[0].strip() for entry in
+               tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-x", "-q", "-v"):
+            i += 1
+        elif arg in ("-k", "-m") and i + 1 < len(args):
+            if arg == "-m":
+                unknown = set(re.findall(r"\w+", args[i + 1])) - {"and", "or", "not"} - markers
+                assert not unknown, f"{line!r}: pyproject.toml declares no marker {sorted(unknown)}"
+            i += 2
+        elif not arg.startswith("-"):
+            assert (ROOT / arg.split("::")[0]).exists(), f"{line!r}: no test file or folder {arg}"
+            i += 1
+        else:
+            pytest.fail(f"{line!r}: the shell test checks pytest options that select tests only, not {arg!r}; {TEACH}")
+
+
+def _check_mkdocs(args: list[str], line: str) -> None:
+    assert shutil.which("mkdocs"), "the mkdocs command is not installed (pip install -e \".[docs]\")"
+    assert (ROOT / "mkdocs.yml").is_file(), "no mkdocs.yml at the repository root"
+    assert args[0] in ("build", "serve") and set(args[1:]) <= {"--strict"}, f"{line!r}: no rule for it; {TEACH}"
 
 
 def _check_accelerate_config() -> None:
@@ -299,8 +337,8 @@ def _check_accelerate_config() -> None:
 
 
 def rewrite(command: Command, mnist: bool) -> Step:
-    """The rules of the module docstring: how one README command runs here, or how it is checked."""
-    argv, line = command.argv, command.line
+    """The rules of the module docstring: how one command of a page runs here, or how it is checked."""
+    argv, line = command.argv, f"{command.page}: {command.line}"
     env = dict(command.env)
     if argv[0] == "python" and argv[1:3] == ["-m", "gan_accel.cli"]:
         argv = ["gan-accel", *argv[3:]]
@@ -308,7 +346,10 @@ def rewrite(command: Command, mnist: bool) -> Step:
         args = argv[argv.index("install") + 1:] if "install" in argv else pytest.fail(f"{line!r}: {TEACH}")
         return Step(command, check=lambda: _check_pip_install(args, line), why="pip install: checked, not run")
     if argv[:3] == ["python", "-m", "pytest"]:
-        return Step(command, check=lambda: _check_pytest(argv[3:], line), why="the test command: .ci/run runs it")
+        return Step(command, check=lambda: _check_pytest(argv[3:], line), why="a test command: checked, not run")
+    if argv[0] == "mkdocs" and len(argv) > 1:
+        return Step(command, check=lambda: _check_mkdocs(argv[1:], line),
+                    why="the docs site: checked (tests/test_docs.py builds it)")
     if argv == ["accelerate", "config"]:
         return Step(command, check=_check_accelerate_config, why="interactive: the command exists")
     if argv[:2] == ["accelerate", "launch"]:
@@ -319,13 +360,13 @@ def rewrite(command: Command, mnist: bool) -> Step:
             with contextlib.redirect_stderr(stderr):
                 launch = launch_command_parser().parse_args(argv[2:])
         except SystemExit:
-            pytest.fail(f"README line {line!r}: accelerate launch refuses its flags: {stderr.getvalue().strip()}")
+            pytest.fail(f"{line!r}: accelerate launch refuses its flags: {stderr.getvalue().strip()}")
         script = Path(launch.training_script)
         split = len(argv) - len(launch.training_script_args) - 1
         assert argv[split] == launch.training_script, line
         launch_flags, script_args = argv[2:split], list(launch.training_script_args)
         if not (ROOT / script).is_file():
-            pytest.fail(f"README line {line!r}: no script {script} in the repository")
+            pytest.fail(f"{line!r}: no script {script} in the repository")
         if (launch.num_machines or 1) > 1:
             def check() -> None:
                 check_script_flags(ROOT / script, script_args, line)
@@ -343,12 +384,14 @@ def rewrite(command: Command, mnist: bool) -> Step:
             env.setdefault("ACCELERATE_USE_CPU", "1")
         small = small_script_args(ROOT / script, script_args, line, mnist)
         return Step(command, ["accelerate", "launch", *launch_flags, str(script), *small], env)
-    if argv[0] == "python" and len(argv) > 1 and argv[1] == "benchmarks/run.py":
+    if argv[0] == "python" and len(argv) > 1 and argv[1].startswith("benchmarks/") and argv[1].endswith(".py"):
+        if not (ROOT / argv[1]).is_file():
+            pytest.fail(f"{line!r}: no script {argv[1]} in the repository")
         return Step(command, check=lambda: check_script_flags(ROOT / argv[1], argv[2:], line),
-                    why="the benchmark suite: its flags parsed (tests/test_benchmarks.py runs it with --quick)")
+                    why="a benchmark: its flags parsed (tests/test_benchmarks.py runs the suite with --quick)")
     if argv[0] == "python" and len(argv) > 1 and argv[1].startswith("examples/") and argv[1].endswith(".py"):
         if not (ROOT / argv[1]).is_file():
-            pytest.fail(f"README line {line!r}: no script {argv[1]} in the repository")
+            pytest.fail(f"{line!r}: no script {argv[1]} in the repository")
         return Step(command, [sys.executable, argv[1], *small_script_args(ROOT / argv[1], argv[2:], line, mnist)], env,
                     in_process=True)
     if argv[0] == "gan-accel":
@@ -361,9 +404,9 @@ def rewrite(command: Command, mnist: bool) -> Step:
             else:
                 args += ["--num", str(EVAL_NUM_MAX)]
         elif sub not in GAN_ACCEL_AS_WRITTEN:
-            pytest.fail(f"README line {line!r}: no rule for `gan-accel {sub}`; {TEACH}")
+            pytest.fail(f"{line!r}: no rule for `gan-accel {sub}`; {TEACH}")
         return Step(command, ["gan-accel", *args], env, in_process=True)
-    pytest.fail(f"README line {line!r}: no rule for commands starting with {argv[0]!r}; {TEACH}")
+    pytest.fail(f"{line!r}: no rule for commands starting with {argv[0]!r}; {TEACH}")
 
 
 def run_in_process(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -431,33 +474,49 @@ def _mnist() -> str | None:
 
 
 # -- the tests ----------------------------------------------------------------------------------------
-def test_every_readme_shell_command_has_a_rule():
+def test_every_shell_command_of_every_page_has_a_rule():
     """Fast: every command maps to a rule, and the commands that are only checked pass their checks."""
-    commands = readme_shell_commands()
-    assert commands, "the README has no ```bash block"
-    assert commands[0].argv[:2] == ["pip", "install"], "the README starts with the set-up commands"
+    commands = docs_shell_commands()
+    assert "README.md" in commands, "the README has no ```bash block"
+    assert commands["README.md"][0].argv[:2] == ["pip", "install"], "the README starts with the set-up commands"
     mnist = _mnist() is not None
-    for command in commands:
+    for command in (command for page in commands.values() for command in page):
         step = rewrite(command, mnist)
         if step.check is not None:
             step.check()
 
 
 def test_the_rules_scale_a_run_and_its_checkpoints():
-    """The rewrite of a resume from the README's step 4,000 of a 5,000-step run: step 4 of 5."""
-    (command,) = readme_shell_commands(
+    """The rewrite of a resume from a page's step 4,000 of a 5,000-step run: step 4 of 5."""
+    (command,) = shell_commands(text=(
         "```bash\npython examples/dcgan_mnist.py --resume runs/x/checkpoints/checkpoint_00004000 --epochs 25"
-        " --width 64  # a comment\n```")
+        " --width 64  # a comment\n```"))
     argv = rewrite(command, mnist=False).argv
     assert argv[1:4] == ["examples/dcgan_mnist.py", "--resume", "runs/x/checkpoints/checkpoint_00000004"]
     line = " ".join(argv)
     assert "--epochs" not in argv and "--width 64" not in line and "--no-progress" in argv
     for flags in ("--steps 5", "--checkpoint-every 1", "--sample-every 1", "--width 8", "--dataset digits"):
         assert flags in line
-    (failing,) = readme_shell_commands("```bash\ngan-accel serve runs/x   # exits 2\n```")
+    (failing,) = shell_commands(text="```bash\ngan-accel serve runs/x   # exits 2\n```")
     assert failing.expect == 2
-    with pytest.raises(pytest.fail.Exception, match="teach tests/test_readme_shell.py"):
+    with pytest.raises(pytest.fail.Exception, match="teach tests/test_docs_shell.py"):
         rewrite(failing, mnist=False)
+
+
+def test_the_rules_check_test_and_docs_commands_without_running_them():
+    """pytest with selecting options only, mkdocs build/serve: checked; anything else is refused."""
+    checked = shell_commands(text=(
+        "```bash\npython -m pytest -m 'not slow' tests/test_docs_shell.py -x -q\nmkdocs build --strict\nmkdocs serve\n"
+        "python benchmarks/engine_overhead.py --control\n```"))
+    for command in checked:
+        step = rewrite(command, mnist=False)
+        assert step.argv is None and step.check is not None, command.line
+        step.check()
+    for bad in ("python -m pytest -m 'not quick'", "python -m pytest tests/test_nothing.py",
+                "python -m pytest --lf", "mkdocs gh-deploy"):
+        (command,) = shell_commands(text=f"```bash\n{bad}\n```")
+        with pytest.raises((AssertionError, pytest.fail.Exception)):
+            rewrite(command, mnist=False).check()
 
 
 def run_shell_commands(commands: list[Command], scratch: Path) -> list[str]:
@@ -478,7 +537,7 @@ def run_shell_commands(commands: list[Command], scratch: Path) -> list[str]:
                 step.argv, check=False, capture_output=True, text=True, timeout=900, cwd=scratch,
                 env=_environment(step.env))
             assert result.returncode == command.expect, (
-                f"README bash block {command.block}: {command.line!r}\nran as: {shlex.join(step.argv)} "
+                f"{command.page} bash block {command.block}: {command.line!r}\nran as: {shlex.join(step.argv)} "
                 f"(env {step.env}{', in this process' if step.in_process else ''})\n"
                 f"exit {result.returncode}, expected {command.expect}\n"
                 f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-3000:]}")
@@ -486,8 +545,9 @@ def run_shell_commands(commands: list[Command], scratch: Path) -> list[str]:
     return timings
 
 
-@pytest.mark.slow  # training runs, two 2-process launches, the quickstart's 10,000-sample evaluation
-def test_readme_shell_commands_run_in_order_at_small_settings(tmp_path, monkeypatch):
+@pytest.mark.slow  # training runs, 2-process launches, evaluations with the MNIST classifier
+@pytest.mark.parametrize("page", list(docs_shell_commands()))
+def test_shell_commands_of_each_page_run_in_order_at_small_settings(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GAN_ACCEL_DATA_DIR", raising=False)  # the commands' default ./data, as for a reader
-    print("\n".join(run_shell_commands(readme_shell_commands(), tmp_path)))
+    print("\n".join(run_shell_commands(docs_shell_commands()[page], tmp_path)))

@@ -1,0 +1,120 @@
+"""The Python examples of the README and of every docs page are real code: each page's blocks run, in order,
+as written, and do what the page says they do.
+
+Pages run in reading order (the README, then mkdocs.yml's nav), each in a scratch folder and a namespace of its
+own, as a reader who opens that page would run it: a block may use what an earlier block of the same page
+defined. Every page with Python blocks has a check below of what its blocks say they do; a new page with Python
+blocks needs one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from doc_pages import blocks, page_name, pages
+
+
+def rows(metrics: Path) -> list[dict]:
+    """The rows of a metrics.jsonl file."""
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def check_readme(runs: Path, namespace: dict) -> None:
+    # the API in ten lines
+    assert (runs / "readme" / "samples_final.png").exists() and (runs / "readme" / "metrics.jsonl").exists()
+    # your own modules: the callback's file, the lazy R1 phase, the GANLoss of its own
+    assert [line.split()[0] for line in (runs / "readme_own" / "losses.txt").read_text().splitlines()] == ["10", "20"]
+    assert "loss/R1" in rows(runs / "readme_own" / "metrics.jsonl")[-1]
+    assert json.loads((runs / "readme_own" / "config.json").read_text())["loss"] == "ls"
+
+
+def check_api(runs: Path, namespace: dict) -> None:
+    assert (runs / "api" / "samples_final.png").exists()
+    assert namespace["samples"].shape == (16, 1, 28, 28)
+    # the phase example: its extra phases ran and were logged
+    assert {"loss/D", "loss/R1", "loss/G", "loss/brightness"} <= set(rows(runs / "api_phases" / "metrics.jsonl")[-1])
+
+
+def check_config(runs: Path, namespace: dict) -> None:
+    messages = namespace["messages"]
+    assert messages[0] == "lr_G=0.0 is invalid: expected a finite number > 0"
+    assert messages[1] == "mixed_precision='fp8' is invalid: choose one of no, bf16, fp16"
+    assert len(messages) == 3 and "'tensorbord' is not a tracker" in messages[2]
+
+
+def check_callbacks(runs: Path, namespace: dict) -> None:
+    gaps = json.loads((runs / "callback" / "logit_gap.json").read_text())
+    assert [step for step, _ in gaps] == [5, 10, 15, 20]
+
+
+def check_conditional(runs: Path, namespace: dict) -> None:
+    # one grid row per class, samples of the class asked for
+    assert namespace["threes"].shape == (8, 1, 28, 28)
+    fixed_labels = torch.load(runs / "conditional" / "fixed_labels.pt")
+    assert torch.equal(fixed_labels, torch.arange(10).repeat_interleave(10))
+
+
+def check_custom_modules(runs: Path, namespace: dict) -> None:
+    # 2-D points give scatter plots (not tensors), trained with the loss of its own
+    assert (runs / "circle" / "samples_000050.png").exists() and not list((runs / "circle").glob("samples_*.pt"))
+    assert json.loads((runs / "circle" / "config.json").read_text())["loss"] == "least_squares_01"
+    assert rows(runs / "circle" / "metrics.jsonl")[-1]["step"] == 100
+
+
+def check_resume(runs: Path, namespace: dict) -> None:
+    assert namespace["metrics"]["step"] == 20 and namespace["trainer"].step == 20
+    history = [json.loads(line)["event"] for line in (runs / "resumable" / "history.jsonl").read_text().splitlines()]
+    assert history == ["start", "resume"]
+    assert [row["step"] for row in rows(runs / "resumable" / "metrics.jsonl")] == [20]  # log_every 50: the last step
+
+
+def check_evaluation(runs: Path, namespace: dict) -> None:
+    # scores logged, the best checkpoint named and kept
+    best = json.loads((runs / "eval" / "best.json").read_text())
+    assert (runs / "eval" / best["checkpoint"]).is_dir()
+    assert "eval/fd" in rows(runs / "eval" / "metrics.jsonl")[-1] and "eval/fd" in namespace["metrics"]
+
+
+def check_health_and_trackers(runs: Path, namespace: dict) -> None:
+    assert (runs / "watched" / "training_plot.png").exists() and (runs.parent / "late_steps.png").exists()
+    assert list((runs / "tracked" / "trackers" / "tracked").glob("events.out.tfevents.*"))
+
+
+CHECKS = {
+    "README.md": check_readme,
+    "docs/api.md": check_api,
+    "docs/config.md": check_config,
+    "docs/callbacks.md": check_callbacks,
+    "docs/conditional.md": check_conditional,
+    "docs/custom-modules.md": check_custom_modules,
+    "docs/resume.md": check_resume,
+    "docs/evaluation.md": check_evaluation,
+    "docs/health-and-trackers.md": check_health_and_trackers,
+}
+
+
+def pages_with_python() -> list[Path]:
+    return [page for page in pages() if blocks(page, "python")]
+
+
+def test_every_page_with_python_blocks_has_a_check_of_what_they_do():
+    assert [page_name(page) for page in pages_with_python()] == list(CHECKS), (
+        "CHECKS must name the pages with ```python blocks, in reading order: add a check of what a new page's "
+        "blocks say they do")
+    assert len(blocks(pages()[0], "python")) >= 2, "the README holds the API in ten lines and the own-modules example"
+
+
+@pytest.mark.parametrize("page", pages_with_python(), ids=page_name)
+def test_python_blocks_run_and_do_what_they_say(page, tmp_path, monkeypatch):
+    from conftest import reset_accelerate_state
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for number, block in enumerate(blocks(page, "python"), start=1):
+        reset_accelerate_state()  # each block builds its own trainer, as a fresh script would
+        exec(compile(block, f"{page_name(page)}, python block {number}", "exec"), namespace)
+    CHECKS[page_name(page)](tmp_path / "runs", namespace)
