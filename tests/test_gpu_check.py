@@ -153,3 +153,34 @@ def test_the_fp16_accelerator_on_cpu_runs_the_engines_fp16_paths(tmp_path):
     trainer.fit()
     assert trainer.runner.skippable.modes_used == {"scaler": 4}
     assert conv_dtypes and all(d == torch.float16 for d in conv_dtypes)
+
+
+class CudaShapedRun(gpu_check.Run):
+    """A Run that takes the CUDA branches while everything stays on the CPU (torch.cuda faked by the test)."""
+
+    @property
+    def cuda(self) -> bool:
+        return True
+
+
+def test_the_cuda_only_sections_run_their_python_on_cpu_with_torch_cuda_faked(tmp_path, monkeypatch):
+    """syncs, memory and engine_vs_plain only run on CUDA: with torch.cuda's sync-debug, synchronize and memory
+    calls faked and a tiny case, their code runs end to end here (what a GPU run would otherwise find first)."""
+    peak = iter(range(100, 10**6, 100))
+    fakes = {"set_sync_debug_mode": lambda mode: None, "synchronize": lambda *a: None, "empty_cache": lambda: None,
+             "memory_allocated": lambda *a: 0, "reset_peak_memory_stats": lambda *a: None,
+             "max_memory_allocated": lambda *a: next(peak) * 2**20, "is_bf16_supported": lambda *a, **k: True}
+    for name, fake in fakes.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # the networks stay on the CPU even where a GPU is present
+    tiny = dict(image=32, width=4, channels=3, batch=8, precision="no", block=2, blocks=2, warmup=1, n=64)
+    monkeypatch.setattr(gpu_check, "_speed_case", lambda run: dict(tiny))
+    run = CudaShapedRun(**vars(fake_run(tmp_path)))
+    report = gpu_check.Report(tmp_path / "out", {"device": "cuda"})
+    gpu_check.run_sections(run, ["syncs", "engine_vs_plain", "memory"], report)
+    sections = {s.name: s for s in report.sections}
+    assert {n: (s.status, s.error) for n, s in sections.items()} == {n: ("pass", "") for n in sections}
+    syncs = sections["syncs"].numbers
+    assert syncs["plain loop: syncs per step"] == 0  # nothing warns here: the counting ran, on nothing
+    assert sections["memory"].numbers["engine peak, MiB"] > 0
+    assert sections["engine_vs_plain"].targets[0]["name"] == "engine / plain images/s"
