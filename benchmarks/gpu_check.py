@@ -18,7 +18,7 @@ engine). Speed targets are reported as met / not met and do not fail a section e
 The correctness sections build their reference independently, in plain PyTorch inside this script
 (a hand-written twin loop, a larger batch, an uninterrupted run, a closed-form penalty), and use the
 engine only through its public API. On CUDA they run with TF32 off, ``torch.backends.cudnn``
-deterministic and ``torch.use_deterministic_algorithms(True)`` (``CUBLAS_WORKSPACE_CONFIG=:4096:8``,
+deterministic and ``torch.use_deterministic_algorithms(True, warn_only=True)`` (``CUBLAS_WORKSPACE_CONFIG=:4096:8``,
 set by this script before cuBLAS starts), so that "the same computation on the same device" can be
 compared bit for bit; the resume section also says whether it is still bitwise without them.
 
@@ -36,26 +36,29 @@ Sections (``--sections``; all by default, in this order):
   with its own GradScaler. On CPU Accelerate turns fp16 off (no autocast, no scaler): this section switches
   both on (fp16 autocast runs on CPU, and a CPU GradScaler) so the engine's fp16 paths still run.
 * ``bf16``: bf16 autocast (convolutions really in bf16) = a plain bf16 loop.
-* ``penalties``: R1 and WGAN-GP under fp16 loss scaling against closed forms (a linear D), R1 with weights
-  so small that an unscaled fp16 input gradient would lose them.
+* ``penalties``: R1 and WGAN-GP under fp16 loss scaling against closed forms (a linear D): the logged
+  penalty and D's update (scaled, then unscaled once); and what happens at Accelerate's default scale 2^16.
 * ``guard``: the divergence guard on the device: NaN loss and NaN gradients skip exactly their update
   (weights and optimizer state bitwise), counted on the device; DivergenceError at the next log row;
   under fp16 a NaN loss becomes the scaler's skip.
 * ``channels_last``, ``compile``: they train, match the eager run (SGD, so that a parameter difference is
   a gradient difference), and compile runs the lazy R1 phase eagerly. CPU ``--quick``: dynamo with the
-  "eager" backend (no inductor code generation, which takes minutes on a small CPU).
+  "eager" backend (no inductor code generation, which takes minutes on a small CPU). ``compile`` runs last.
 * ``checkpoint``: a run written on the device, sampled by ``gan-accel sample`` in a process that sees no
   GPU (``CUDA_VISIBLE_DEVICES=""``): the weights bitwise, the images against the device's own.
 * ``evaluator``: the Evaluator callback on the device logs the FD an independent CPU computation gives.
-* ``engine_vs_plain``: GANTrainer against the hand-written loop, same models and optimizers, blocks of
-  steps alternating in one process (DCGAN 64 px, width 64, batch 256, bf16 on CUDA); target >= 0.97x.
 * ``syncs``: host-device synchronisations per step outside log rows (``torch.cuda.set_sync_debug_mode``),
   with the code lines that caused them; the plain loop's for comparison. CPU: n/a.
+* ``engine_vs_plain``: GANTrainer against the hand-written loop, same models and optimizers, blocks of
+  steps alternating in one process (DCGAN 64 px, width 64, batch 256, bf16 on CUDA); target >= 0.97x.
 * ``memory``: peak GPU memory (``max_memory_allocated``), engine against the plain loop. CPU: n/a.
 * ``quickstart``: ``examples/dcgan_mnist.py`` at its defaults and with the fast options (bf16,
   channels_last, compile, batch 256 with the learning rate scaled by sqrt(4)): wall time, images/s,
   the MNIST scores (``--eval``). MNIST is read from ``--data-dir`` (no download on a GPU machine
   without network: without it the example trains on its offline digits and says so).
+
+Deterministic algorithms are switched on with ``warn_only=True``: an op without a deterministic CUDA
+kernel is named in its section's notes instead of stopping the section.
 
 Single process only: the multi-GPU parts (DDP with ``broadcast_buffers=False`` and BatchNorm, the
 asynchronous stop flag) need two GPUs and are listed as not covered in the report.
@@ -189,7 +192,8 @@ class Report:
         for s in self.sections:
             checks = f"{len(s.checks) - len(s.failed_checks)}/{len(s.checks)}" if s.checks else "-"
             targets = ", ".join("met" if t["met"] else "NOT met" for t in s.targets) or "-"
-            status = s.status + (f": {s.reason}" if s.reason and s.status in ("skipped", "not run") else "")
+            short = s.reason.split(": ")[0].split(" (")[0]  # the whole reason is in the section below
+            status = s.status + (f": {short}" if s.reason and s.status in ("skipped", "not run") else "")
             lines.append(f"| {s.name} | {status} | {s.seconds:.1f} | {checks} | {len(s.findings) or '-'} | {targets} | "
                          f"{_md_cell(s.numbers.get('summary', s.error))} |")
         lines += ["", "Not covered by a one-GPU run: " + " ".join(NOT_COVERED), ""]
@@ -211,7 +215,7 @@ class Report:
             numbers = {k: v for k, v in s.numbers.items() if k != "summary"}
             if numbers:
                 lines += ["| number | value |", "| --- | --- |"]
-                lines += [f"| {k} | {_md_cell(_fmt(v))} |" for k, v in numbers.items()]
+                lines += [f"| {_md_cell(k)} | {_md_cell(_fmt(v))} |" for k, v in numbers.items()]
                 lines.append("")
             lines += [f"- {n}" for n in s.notes]
             if s.notes:
@@ -1109,8 +1113,9 @@ def sec_penalties(run: Run, s: Section, report: Report) -> None:
                   f"at Accelerate's default initial scale ({scale:g}) the R1 loss came out {row.get('loss/R1')} and the "
                   f"update was skipped (skipped/D = {skipped}, scale then {row.get('loss_scale')}). "
                   "objectives/regularizers.py scaled_input_gradients takes autograd.grad of scaler.scale(logits.sum()): "
-                  "the gradient reaching each fp16 logit is the scale itself, and 2^16 > 65504 (fp16's largest) is inf, "
-                  "whatever the batch. So the first R1 (or every GP) update of an fp16 run is skipped, and again each "
+                  "on CUDA autocast sums in fp32 and the gradient cast back into each fp16 logit is the scale itself, "
+                  "and 2^16 > 65504 (fp16's largest) is inf, whatever the batch (where the sum stays fp16, as CPU "
+                  "autocast keeps it, the scaled sum overflows already). So the first R1 (or every GP) update of an fp16 run is skipped, and again each "
                   "time the scaler grows back to 2^16 (every 2000 finite updates). A fix: take the input gradient of "
                   "scaler.scale(logits.sum()) / n (n the batch) and multiply it back by n, or cap the penalty's scale "
                   "at 2^15; the unscale stays exact.")
