@@ -1700,8 +1700,9 @@ def sec_quickstart(run: Run, s: Section, report: Report) -> None:
     from gan_accel.eval.mnist import cache_dir
 
     mnist = _mnist_available(run.data_dir)
-    s.number("data", f"MNIST in {run.data_dir}" if mnist else f"no MNIST in {run.data_dir}: the offline digits")
-    classifier = cache_dir() / "mnist_classifier.safetensors"
+    s.number("data", f"MNIST in {run.data_dir}" if mnist else f"no MNIST in {run.data_dir}: the offline digits "
+             "(--dataset digits; scores judged by a classifier trained on them)")
+    classifier = cache_dir() / f"{'mnist' if mnist else 'offline-digits'}_classifier.safetensors"  # eval/mnist.py's
     evaluate = not run.quick or run.cuda or classifier.is_file()
     if mnist and evaluate and not classifier.is_file():
         from gan_accel.eval.mnist import load_or_train_classifier, reference_digits
@@ -1721,6 +1722,8 @@ def sec_quickstart(run: Run, s: Section, report: Report) -> None:
     compile_fast = run.cuda or not run.quick
     bf16 = "bf16" if not run.cuda or torch.cuda.is_bf16_supported() else "no"
     common = ["--data-dir", run.data_dir, "--overwrite", "--no-progress"] + (["--eval"] if evaluate else [])
+    if not mnist:  # no download attempt (a GPU machine here has no network): the offline digits at once
+        common += ["--dataset", "digits"]
     defaults = [] if run.cuda and not run.quick else ["--steps", str(base_steps), "--sample-every", str(every_sample),
                                                         "--log-every", str(every_log)]
     if not run.cuda:
@@ -1743,7 +1746,8 @@ def sec_quickstart(run: Run, s: Section, report: Report) -> None:
            f"default's {base_steps}), EMA decay 0.99^{ratio:g} per step (the same half-life in images), samples, log "
            "rows and checkpoints at the same images.")
     if not evaluate:
-        s.note("scores not computed: --quick on CPU and the MNIST classifier is not cached (training it takes ~30 s)")
+        s.note(f"scores not computed: --quick on CPU and {classifier.name} is not cached in {classifier.parent} (training "
+               "it takes 30 s to minutes on a small CPU)")
     in_process = not run.cuda and run.quick
     if in_process:
         s.note("CPU --quick: each run in this process (quickstart_driver, what the subprocess runs), so the wall "
