@@ -304,8 +304,8 @@ def test_the_reduce_hook_gets_the_interval_statistic_and_its_result_moves_p():
     control.p = 0.5
     control.observe(torch.tensor([1.0, 2.0, -3.0, float("nan")]))
     control.tick()
-    assert [t.tolist() for t in seen] == [[1, 4]]  # (sum of signs, count): NaN counts, with sign 0
-    assert control.rt == -9 / 14 and control.p == 0.5 - 14 / 1000
+    assert [t.tolist() for t in seen] == [[1, 3]]  # (sum of signs, count): a NaN logit counts as nothing
+    assert control.rt == -9 / 13 and control.p == 0.5 - 13 / 1000
 
 
 def test_two_processes_end_with_the_same_p_as_one_that_saw_both_batches():

@@ -10,9 +10,10 @@ where ``images`` is the number of real logits observed in the interval, on all p
 from 0 to 1 in ``ada_kimg`` thousand images. ``r_t`` above the target means D is confident on the
 reals (overfitting): more augmentation; below it, less.
 
-Counting is exact: signs are summed as integers on the device (no host read per step, no float
-round-off whatever the batch), and p is a Python float computed from integers reduced across
-processes, so every process holds the same p, bit for bit.
+Counting is exact: signs and counts are summed as integers on the device (no host read per step, no
+float round-off whatever the batch; a NaN logit, from an update the engine's guard will skip, counts
+as nothing), and p is a Python float computed from integers reduced across processes, so every
+process holds the same p, bit for bit.
 
 The module knows nothing of Accelerate: pass ``reduce``, a function that sums a tensor over processes
 and returns the sum (``lambda t: accelerator.reduce(t, "sum")``); without it the statistic is local.
@@ -39,7 +40,8 @@ class AdaptiveP:
     """
 
     def __init__(self, augment: Augment | None = None, *, target: float = 0.6, interval: int = 4,
-                 ada_kimg: float = 500.0, p: float = 0.0, p_max: float = 0.99, reduce: Reduce | None = None) -> None:
+                 ada_kimg: float = 500.0, p: float = 0.0, p_max: float = 0.99, reduce: Reduce | None = None,
+                 device: torch.device | str | None = None) -> None:
         if not 0 < p_max < 1:
             raise ValueError(f"p_max={p_max!r} must be in (0, 1): at p = 1 every transform always applies, "
                              "and D's augmentations leak into G's samples")
@@ -55,15 +57,18 @@ class AdaptiveP:
         self.rt: float | None = None  # the last interval's statistic (None before the first update)
         self.ticks = 0  # D updates since the last adjustment
         self.updates = 0
-        self._signs: Tensor | int = 0  # sum of sign(logit) over the interval, on the logits' device
-        self._count = 0  # logits observed in the interval (known on the host: no read)
+        # (sum of sign(logit), number of logits) over the interval, int64 on the logits' device; ``device``
+        # (the engine's) is where an interval without logits reduces its zeros (NCCL needs a CUDA tensor).
+        self._stats: Tensor | None = None
+        self.device = None if device is None else torch.device(device)
         self._set_p(p)
 
     def observe(self, real_logits: Tensor) -> None:
         """Add D's logits on real images to the interval's statistic (on the device; no host read)."""
         logits = real_logits.detach()
-        self._signs = self._signs + ((logits > 0).sum() - (logits < 0).sum())  # int64, exact; NaN counts 0
-        self._count += logits.numel()
+        stats = torch.stack([(logits > 0).sum() - (logits < 0).sum(), (~logits.isnan()).sum()])  # int64: exact
+        # (a partial interval loaded from a checkpoint may sit on the CPU)
+        self._stats = stats if self._stats is None else self._stats.to(stats.device) + stats
 
     def tick(self) -> bool:
         """One D update done: every ``interval``-th call updates p (a collective: call on every process)."""
@@ -76,11 +81,9 @@ class AdaptiveP:
     def update(self, reduce: Reduce | None = None) -> float:
         """Reduce the interval's statistic over processes, move p, start a new interval; returns p."""
         reduce = reduce or self.reduce
-        device = self._signs.device if isinstance(self._signs, Tensor) else torch.device("cpu")
-        local = torch.stack([torch.as_tensor(self._signs, device=device).to(torch.int64),
-                             torch.tensor(self._count, dtype=torch.int64, device=device)])
+        local = self._stats if self._stats is not None else torch.zeros(2, dtype=torch.int64, device=self.device)
         signs, count = (reduce(local) if reduce is not None else local).tolist()
-        self._signs, self._count, self.ticks = 0, 0, 0
+        self._stats, self.ticks = None, 0
         if count > 0:
             self.rt = signs / count
             step = count / (self.ada_kimg * 1000)
@@ -96,9 +99,9 @@ class AdaptiveP:
 
     def state_dict(self) -> dict[str, Any]:
         """p, the last r_t and this process's partial interval (the signs are read from the device)."""
-        signs = int(self._signs.item()) if isinstance(self._signs, Tensor) else int(self._signs)
+        signs, count = (0, 0) if self._stats is None else self._stats.tolist()
         return {"p": self.p, "rt": self.rt, "ticks": self.ticks, "updates": self.updates, "signs": signs,
-                "count": self._count}
+                "count": count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` exactly (``p`` may be a float or a 0-dim tensor)."""
@@ -108,4 +111,5 @@ class AdaptiveP:
             self.augment.p = self.p
         self.rt = None if state["rt"] is None else float(state["rt"])
         self.ticks, self.updates = int(state["ticks"]), int(state["updates"])
-        self._signs, self._count = int(state["signs"]), int(state["count"])
+        partial = (int(state["signs"]), int(state["count"]))
+        self._stats = None if partial == (0, 0) else torch.tensor(partial, dtype=torch.int64, device=self.device)
