@@ -80,6 +80,12 @@ def test_projection_contract_column_y_is_the_plain_logit_and_labels_matter():
     torch.testing.assert_close(every, by_hand, atol=1e-12, rtol=0)
 
 
+def test_an_unsupported_size_is_refused_by_both_constructors():
+    for build in (lambda: ResNetGenerator(image_size=48), lambda: ResNetDiscriminator(image_size=48)):
+        with pytest.raises(ValueError, match="image_size=48 is not supported .* choose one of 28, 32, 64, 128, 256"):
+            build()
+
+
 def test_labels_must_match_the_model():
     G, D = tiny(32)
     with pytest.raises(TypeError, match="unconditional"):

@@ -159,6 +159,7 @@ class ResNetDiscriminator(nn.Module):
                  num_classes: int | None = None) -> None:
         super().__init__()
         self.width, self.image_size, self.channels, self.num_classes = width, image_size, channels, num_classes
+        self.base = base_size(image_size)
         widths = [width * m for m in reversed(CHANNELS[image_size])]  # after each block: S/2, ..., base, base
         c_in, blocks = channels, []
         for index, c_out in enumerate(widths):
