@@ -22,7 +22,7 @@ ALLOWED = {
     "objectives": {"errors", "objectives"},
     "models": {"errors", "models"},
     "data": {"errors", "data", "state", "batch"},
-    "augment": {"errors", "augment"},
+    "augment": {"augment"},
     "tracking": set(),
     "config": {"errors", "objectives", "tracking"},
     "pictures": {"errors", "state", "pictures"},
