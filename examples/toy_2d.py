@@ -65,8 +65,8 @@ def train(args: argparse.Namespace) -> int:
         warmup_ratio=0.0, r1_gamma=args.r1_gamma or None, r1_every=args.r1_every, ema_decay=args.ema_decay or None,
         sample_every=args.sample_every, log_every=args.log_every, num_samples=1000, output_dir=args.output_dir,
         seed=args.seed, overwrite=args.overwrite, progress_bar=not args.no_progress, checkpoint_every=args.steps,
-        model={"family": "mlp", "z_dim": args.z_dim, "width": args.width, "depth": args.depth},
-        extra={"data": "ring of 8 Gaussians, radius 2, std 0.02"},
+        extra={"data": "ring of 8 Gaussians, radius 2, std 0.02",
+               "networks": {"z_dim": args.z_dim, "width": args.width, "depth": args.depth}},
     )
     accelerator = build_accelerator(config)
     points, _ = ring_of_gaussians(100_000, seed=args.seed)

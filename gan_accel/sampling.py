@@ -26,12 +26,11 @@ from torch import nn
 
 from .config import upgrade_config_dict
 from .errors import CheckpointError, ConfigError
-from .models import ConditionalDCGANGenerator, DCGANGenerator
+from .models import build_generator
 from .state.checkpoint import is_complete, list_checkpoints, read_marker
 from .state.layout import CHECKPOINTS, ENGINE_STATE, GENERATOR, RAW_GENERATOR, checkpoint_name
 from .state.weights import load_weights, read_metadata
 
-MODEL_KEYS = {"z_dim", "width", "image_size", "channels"}
 EMA_STATE_NAMES = ("generator_ema", "ema")  # the EMA callback's state in a checkpoint: its name now, and before
 
 
@@ -103,14 +102,16 @@ def _config_has_ema(config: dict[str, Any]) -> bool:
 
 
 def _build(config: dict[str, Any], source: Path) -> nn.Module:
-    model = config.get("model") or {}
-    if not MODEL_KEYS <= set(model):
-        raise CheckpointError(f"{source} does not record DCGAN model sizes (config.model): load the weights "
-                              "with gan_accel.state.load_weights into your own generator class")
-    sizes = {key: model[key] for key in ("z_dim", "width", "image_size", "channels")}
-    if model.get("conditional"):
-        return ConditionalDCGANGenerator(model["num_classes"], **sizes)
-    return DCGANGenerator(**sizes)
+    """G from the run's recorded spec (:func:`gan_accel.models.build_generator`)."""
+    spec = config.get("model")
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"{source} records no model spec (config.model): load the weights with "
+                              "gan_accel.state.load_weights into your own generator class")
+    try:
+        return build_generator(spec)
+    except ConfigError as error:
+        raise CheckpointError(f"{source} records a model spec gan_accel cannot rebuild ({error}): load the weights "
+                              "with gan_accel.state.load_weights into your own generator class") from None
 
 
 def _info(config: dict[str, Any], step: Any, ema: bool, has_ema: bool, weights: Path) -> dict[str, Any]:

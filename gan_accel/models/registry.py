@@ -2,7 +2,7 @@
 
 A spec is a flat dict of JSON values, e.g. ``{"family": "resnet", "z_dim": 128, "width": 64,
 "d_width": 64, "image_size": 128, "channels": 3, "num_classes": None, "norm": "batch"}``. It is
-what a run writes into its config (``config.extra.model``) and what sampling rebuilds G from, so
+what a run writes into its config (``config.model``) and what sampling rebuilds G from, so
 :func:`normalize_spec` fills every default in: a recorded spec never depends on the defaults of the
 version that reads it.
 
