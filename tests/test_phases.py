@@ -98,11 +98,25 @@ def test_penalties_are_unchanged_by_fp16_loss_scaling(init_scale):
 
 def test_an_overflowing_scale_shows_up_as_a_non_finite_penalty():
     """Scaled input gradients that overflow must not be silently finite: the GradScaler then skips the step."""
-    D = TanhD(16).half()
     real = make_images(4).half().requires_grad_(True)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)  # beyond fp16's range
-    grad = scaled_input_gradients(D(real).sum(), real, scaler)
+    logits = (real * 4).flatten(1).sum(1)  # d logit / d x = 4: 4 x the penalty's scale 2**15 is beyond fp16
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)
+    grad = scaled_input_gradients(logits.sum(), real, scaler)
     assert not torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("init_scale", [2.0 ** 16, 2.0 ** 24])
+def test_a_penalty_at_the_default_fp16_scale_is_finite_and_unscaled(init_scale):
+    """The gradient of a scaled sum reaches each fp16 logit as the scale itself: at Accelerate's default
+    2**16 (above fp16's 65504) every penalty was inf and its update skipped. The penalty's own scale is capped."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, generator=generator).requires_grad_(True)
+    w = torch.rand(3, generator=generator) * 2 - 1  # |d logit / d x| < 1: 2**15 x that fits in fp16
+    logits = (x.half() * w.half()).sum(1)  # fp16 logits, as D gives under fp16 autocast
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    grad = scaled_input_gradients(logits.sum(), x, scaler)
+    (plain,) = torch.autograd.grad(logits.float().sum(), x)
+    torch.testing.assert_close(grad, plain, rtol=1e-3, atol=1e-3)  # fp16 logits: fp16 precision
 
 
 # -- the phase list -------------------------------------------------------------------------------

@@ -28,19 +28,26 @@ if TYPE_CHECKING:
 EpsilonSampler = Callable[[int, Tensor], Tensor]
 
 
+# The largest scale a penalty's own gradient uses. The gradient of a scaled sum of fp16 logits reaches each
+# logit as the scale itself, and the GradScaler's default 2**16 is above fp16's largest finite value (65504):
+# every penalty at that scale came out inf and its update was skipped. 2**15 still lifts small gradients
+# out of fp16's underflow range, which is what the scaling is for.
+PENALTY_MAX_SCALE = 2.0 ** 15
+
+
 def scaled_input_gradients(output: Tensor, inputs: Tensor, scaler: Any | None = None) -> Tensor:
     """``d output / d inputs`` with ``create_graph=True`` (for a penalty's double backward).
 
     With a ``torch.amp.GradScaler``, ``output`` is scaled before ``autograd.grad`` and the result
-    unscaled after, as PyTorch's AMP recipe for gradient penalties does; the scale is read on the
-    device (no host sync).
+    unscaled after, as PyTorch's AMP recipe for gradient penalties does, with the scale capped at
+    :data:`PENALTY_MAX_SCALE`; the scale is read on the device (no host sync).
     """
     if scaler is None or not getattr(scaler, "is_enabled", lambda: True)():
         (grad,) = torch.autograd.grad(output, inputs, create_graph=True)
         return grad
-    scaled = scaler.scale(output)
-    (grad,) = torch.autograd.grad(scaled, inputs, create_graph=True)
-    scale = scaler._get_scale_async() if hasattr(scaler, "_get_scale_async") else torch.tensor(scaler.get_scale())
+    # the scaler's scale as a device tensor (scale() of a one: public, no host sync, initialised on first use)
+    scale = scaler.scale(torch.ones((), device=output.device)).float().clamp(max=PENALTY_MAX_SCALE).reshape(())
+    (grad,) = torch.autograd.grad(output.float() * scale, inputs, create_graph=True)
     return grad * scale.double().reciprocal().to(grad.dtype)
 
 
