@@ -79,7 +79,7 @@ class ScanReport:
         more = ", ..." if len(self.skipped) > SHOWN_NAMES else ""
         tail = f"; the full list is in {where}" if where else ""
         return (f"gan_accel: warning: skipped {len(self.skipped):,} of {self.files:,} files that are not readable "
-                f"images ({kind_text}: {names}{more}){tail}")
+                f"images ({kind_text}): {names}{more}{tail}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

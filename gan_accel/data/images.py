@@ -373,19 +373,44 @@ class ImageData:
         return False
 
 
-def _is_builder(accelerator: Any) -> bool:
-    """Whether this process builds: the first process (by rank) of each machine, machines told apart by
-    host name. (LOCAL_RANK cannot say it: some launchers, accelerate's debug launcher among them, leave
-    it 0 on every process.) Collective when there are several processes."""
+def _is_builder(accelerator: Any) -> tuple[bool, str]:
+    """Whether this process builds, and a token naming this call on every process (collective).
+
+    The builder is the first process (by rank) of each machine, machines told apart by host name
+    (LOCAL_RANK cannot say it: some launchers, accelerate's debug launcher among them, leave it 0 on
+    every process). The token is the first process's: the status file of this build is named after it.
+    """
     if accelerator is None or accelerator.num_processes == 1:
-        return True
+        return True, ""
     import socket
+    import uuid
 
     from accelerate.utils import gather_object
 
-    hosts = gather_object([socket.gethostname()])
+    reports = gather_object([(socket.gethostname(), uuid.uuid4().hex)])
+    hosts = [host for host, _ in reports]
     rank = accelerator.process_index
-    return hosts.index(hosts[rank]) == rank
+    return hosts.index(hosts[rank]) == rank, reports[0][1]
+
+
+def _write_status(path: Path, state: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({"state": state}))
+
+
+def _wait_for_status(path: Path, poll: float = 0.2) -> None:
+    """Wait until the builder of this machine has written its status file ("done" or "error").
+
+    A file, not a collective: a large build can take longer than the process group's timeout (30 min).
+    """
+    while True:
+        try:
+            if json.loads(path.read_text()).get("state") in ("done", "error"):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(poll)
 
 
 def _local_processes() -> int:
@@ -406,8 +431,18 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
         import contextlib
 
         first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
+        error: GanAccelError | None = None
         with first:  # the first process downloads into the Hugging Face cache, the others then read it
-            loaded, description = load_hf(text, split)
+            try:
+                loaded, description = load_hf(text, split)
+            except GanAccelError as caught:  # caught inside: escaping would skip the block's closing barrier
+                error = caught
+        if accelerator is not None and accelerator.num_processes > 1:
+            from ..collective import raise_together
+
+            raise_together(accelerator, error)
+        elif error is not None:
+            raise error
         dataset, description = pick_split(loaded, split, description)
         return HFSource(dataset, description, image_column, label_column, use_labels)
     path = Path(text).expanduser()
@@ -540,7 +575,7 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
     """
     _validate(resolution, channels, crop, labels, background)
     multi = accelerator is not None and accelerator.num_processes > 1
-    builder = _is_builder(accelerator)
+    builder, token = _is_builder(accelerator)
     speaker = accelerator is None or accelerator.is_main_process
     say = log if (speaker and log is not None) else (lambda _line: None)
 
@@ -563,10 +598,27 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
                    build_workers, accelerator, say)
         except (GanAccelError, OSError) as caught:
             error = caught if isinstance(caught, GanAccelError) else _cache_error(caught, root)
+        except Exception as caught:  # a bug: the other processes must not wait for the build forever
+            if not multi:
+                raise
+            error = caught
     if multi:
         from ..collective import raise_together
 
-        raise_together(accelerator, error)  # also the barrier: the others wait here for the build
+        # In the machine's temporary folder: per machine, like the builder, and writable even when the
+        # cache folder is not (then the builder's error must still reach the others).
+        import tempfile
+
+        status = Path(tempfile.gettempdir()) / f"gan_accel-image-build-{token}.status"
+        if builder:
+            _write_status(status, "error" if error is not None else "done")
+        else:
+            _wait_for_status(status)
+        try:
+            raise_together(accelerator, error)  # every process raises the builder's error, if any
+        finally:
+            if builder:  # every process of this machine has read it: they are all in raise_together
+                status.unlink(missing_ok=True)
     elif error is not None:
         raise error
     data = _load(src, names, cache, resolution, channels, crop, labels, background, key, budget, builder)
