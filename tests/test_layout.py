@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gan_accel"
 ALLOWED = {
     "models": {"models"},
     "state": {"errors", "collective", "state"},
-    "data": {"errors", "data"},
+    "data": {"errors", "collective", "data"},  # collective: one process builds the image cache, errors agreed
     "objectives": {"errors", "objectives"},
     "eval": {"errors", "collective", "batch", "data", "state", "eval"},
     "callbacks": {"errors", "collective", "state", "visuals", "plots", "eval", "callbacks"},

@@ -25,7 +25,8 @@ import math
 import os
 import shutil
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,35 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..state.files import atomic_path
 from . import image_decode
 from .image_decode import RANDOM_CROP_MAX_ASPECT
 from .image_scan import SkippedFile, skip_reason
 from .image_sources import ImageSource
 
 CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``, renamed over it on success, removed on failure.
+
+    (gan_accel.state.files has the same helper; data/ does not import state/, which loads checkpoints.)
+    The temporary name carries the host and process: concurrent writers, even on a shared folder, never clash.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def default_cache_root() -> Path:
@@ -97,8 +120,7 @@ class CacheFolder:
         return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, **data}))
+        write_text_atomic(path, json.dumps({"version": CACHE_VERSION, **data}))
 
     def open_images(self, prep: str, rows: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         """The cached arrays, memory-mapped read-only, or None when absent or not of ``rows`` rows."""

@@ -43,9 +43,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..errors import DataError, GanAccelError
-from ..state.files import atomic_path
 from . import image_cache, image_decode
-from .image_cache import CacheFolder, build_images, default_cache_root, prep_name, scan_key, strip_width
+from .image_cache import (CacheFolder, build_images, default_cache_root, prep_name, scan_key, strip_width,
+                          write_text_atomic)
 from .image_decode import BACKGROUNDS, CROPS, mode_family
 from .image_scan import ScanReport, SkippedFile, scan, size_summary, skip_reason
 from .image_sources import FolderSource, HFSource, ImageSource, ZipSource, folder_classes, load_hf, pick_split
@@ -330,18 +330,14 @@ class ImageData:
         """Write ``data.json`` (:meth:`run_record`), ``class_names.json`` (with labels) and
         ``skipped_files.txt`` (when files were skipped: "name<TAB>reason" lines) into a run folder."""
         folder = Path(folder)
-        written = [folder / "data.json"]
-        with atomic_path(written[0]) as tmp:
-            tmp.write_text(json.dumps(self.run_record(), indent=2) + "\n")
+        files = {"data.json": json.dumps(self.run_record(), indent=2) + "\n"}
         if self.class_names is not None:
-            written.append(folder / "class_names.json")
-            with atomic_path(written[-1]) as tmp:
-                tmp.write_text(json.dumps(self.class_names, indent=2) + "\n")
+            files["class_names.json"] = json.dumps(self.class_names, indent=2) + "\n"
         if self.report.skipped:
-            written.append(folder / "skipped_files.txt")
-            with atomic_path(written[-1]) as tmp:
-                tmp.write_text("".join(f"{s.name}\t{s.reason}\n" for s in self.report.skipped))
-        return written
+            files["skipped_files.txt"] = skipped_text(self.report.skipped)
+        for name, text in files.items():
+            write_text_atomic(folder / name, text)
+        return [folder / name for name in files]
 
     def check_resume(self, folder: str | os.PathLike, allow_changed: bool = False,
                      log: Callable[[str], Any] | None = print) -> bool:
@@ -373,6 +369,11 @@ class ImageData:
         return False
 
 
+def skipped_text(skipped: Sequence[SkippedFile]) -> str:
+    """The full list of skipped files: one "name<TAB>reason" line each."""
+    return "".join(f"{s.name}\t{s.reason}\n" for s in skipped)
+
+
 def _is_builder(accelerator: Any) -> tuple[bool, str]:
     """Whether this process builds, and a token naming this call on every process (collective).
 
@@ -394,9 +395,7 @@ def _is_builder(accelerator: Any) -> tuple[bool, str]:
 
 
 def _write_status(path: Path, state: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps({"state": state}))
+    write_text_atomic(path, json.dumps({"state": state}))
 
 
 def _wait_for_status(path: Path, poll: float = 0.2) -> None:
@@ -563,8 +562,7 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
         cache_dir: the cache root (default :func:`~gan_accel.data.image_cache.default_cache_root`).
         memory_budget: the largest uint8 array (bytes) decoded into the cache; larger sets are decoded
             per item in DataLoader workers. Default: a quarter of the physical memory; 0: never cache.
-        batch_size: when given, fewer usable images than one batch (on every process) is refused here,
-            before anything is decoded.
+        batch_size: when given, fewer images than one batch on every process is refused before decoding.
         accelerator: under ``accelerate launch``: one process per machine builds, the others wait.
         build_workers: processes decoding the cache build (default: the cores, at most 8, from 2,048 images).
         log: where the summary and the warning lines go (the main process only); None: silent.
@@ -574,7 +572,6 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
         readable image, no labels with ``labels="required"``, fewer images than a batch, bad settings).
     """
     _validate(resolution, channels, crop, labels, background)
-    multi = accelerator is not None and accelerator.num_processes > 1
     builder, token = _is_builder(accelerator)
     speaker = accelerator is None or accelerator.is_main_process
     say = log if (speaker and log is not None) else (lambda _line: None)
@@ -591,51 +588,57 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
     cache = CacheFolder(root, key)
     budget = default_memory_budget() if memory_budget is None else memory_budget
 
+    _build_once(accelerator, builder, token, root, lambda: _build(
+        src, entries, cache, resolution, channels, crop, labels, background, budget, batch_size, build_workers,
+        accelerator, say))
+    data = _load(src, names, cache, resolution, channels, crop, labels, background, key, budget, builder)
+    if accelerator is not None:
+        data.num_processes, data.process_index = accelerator.num_processes, accelerator.process_index
+    for line in (data.describe(), data.report.skipped_warning(str(data.skipped_list_path))):
+        if line:  # the summary, and the one warning line when files were skipped
+            say(line)
+    return data
+
+
+def _build_once(accelerator: Any, builder: bool, token: str, root: Path, build: Callable[[], None]) -> None:
+    """Run ``build`` on the builder while the other processes of its machine wait; every process then
+    raises the builder's error, if any (a bug included: no process is left waiting)."""
+    multi = accelerator is not None and accelerator.num_processes > 1
     error: BaseException | None = None
     if builder:
         try:
-            _build(src, entries, cache, resolution, channels, crop, labels, background, budget, batch_size,
-                   build_workers, accelerator, say)
+            build()
         except (GanAccelError, OSError) as caught:
             error = caught if isinstance(caught, GanAccelError) else _cache_error(caught, root)
         except Exception as caught:  # a bug: the other processes must not wait for the build forever
             if not multi:
                 raise
             error = caught
-    if multi:
-        from ..collective import raise_together
+    if not multi:
+        if error is not None:
+            raise error
+        return
+    import tempfile
 
-        # In the machine's temporary folder: per machine, like the builder, and writable even when the
-        # cache folder is not (then the builder's error must still reach the others).
-        import tempfile
+    from ..collective import raise_together
 
-        status = Path(tempfile.gettempdir()) / f"gan_accel-image-build-{token}.status"
-        if builder:
-            _write_status(status, "error" if error is not None else "done")
-        else:
-            _wait_for_status(status)
-        try:
-            raise_together(accelerator, error)  # every process raises the builder's error, if any
-        finally:
-            if builder:  # every process of this machine has read it: they are all in raise_together
-                status.unlink(missing_ok=True)
-    elif error is not None:
-        raise error
-    data = _load(src, names, cache, resolution, channels, crop, labels, background, key, budget, builder)
-    if accelerator is not None:
-        data.num_processes, data.process_index = accelerator.num_processes, accelerator.process_index
-    say(data.describe())
-    warning = data.report.skipped_warning(str(data.skipped_list_path))
-    if warning:
-        say(warning)
-    return data
+    # In the machine's temporary folder: per machine, like the builder, and writable even when the
+    # cache folder is not (then the builder's error must still reach the others).
+    status = Path(tempfile.gettempdir()) / f"gan_accel-image-build-{token}.status"
+    if builder:
+        _write_status(status, "error" if error is not None else "done")
+    else:
+        _wait_for_status(status)
+    try:
+        raise_together(accelerator, error)  # every process raises the builder's error, if any
+    finally:
+        if builder:  # every process of this machine has read it: they are all in raise_together
+            status.unlink(missing_ok=True)
 
 
 def _cache_error(error: OSError, root: Path) -> DataError:
-    from ..state.files import write_failure_reason
-
-    where = error.filename or root
-    return DataError(f"cannot write the image cache at {where}: {write_failure_reason(error)}; choose another place "
+    reason = f"{os.strerror(error.errno)}" if error.errno else (str(error) or type(error).__name__)
+    return DataError(f"cannot write the image cache at {error.filename or root}: {reason}; choose another place "
                      "with cache_dir (or $GAN_ACCEL_CACHE)")
 
 
@@ -736,8 +739,7 @@ def _load(src: ImageSource, names: list[str], cache: CacheFolder, resolution: in
     assembled = _assemble(scan_data, src, names, labels, failed, resolution)
     skipped_list = cache.path / f"{prep}.skipped.txt"
     if builder:  # the full list the warning line points to
-        with atomic_path(skipped_list) as tmp:
-            tmp.write_text("".join(f"{s.name}\t{s.reason}\n" for s in assembled.report.skipped))
+        write_text_atomic(skipped_list, skipped_text(assembled.report.skipped))
     fingerprint = hashlib.sha256(f"{key}\0{prep}\0{image_cache.CACHE_VERSION}".encode()).hexdigest()[:16]
     data = ImageData(source=src, report=assembled.report, names=[names[p] for p in assembled.positions],
                      labels=assembled.labels, class_names=assembled.class_names, resolution=resolution, channels=c,
