@@ -282,6 +282,26 @@ def test_second_open_decodes_nothing_and_reads_the_same_bytes(tmp_path: Path, ca
     assert isinstance(second.dataset().array, np.memmap)
 
 
+def test_build_in_worker_processes_gives_the_same_cache(tmp_path: Path, cache: Path) -> None:
+    root = _labelled_folder(tmp_path / "data", per_class=5)
+    _broken_png(root / "dogs" / "garbled.png")  # found by the decode, in a worker: dropped from the array
+    alone = _open(root, cache / "a", build_workers=0)
+    pooled = _open(root, cache / "b", build_workers=2)
+    assert len(pooled) == len(alone) == 10 and pooled.fingerprint == alone.fingerprint
+    assert np.array_equal(_rows(pooled), _rows(alone)) and np.array_equal(pooled.labels, alone.labels)
+    assert [s.name for s in pooled.skipped_files] == ["dogs/garbled.png"]
+
+
+def test_default_cache_root_follows_the_environment(tmp_path: Path, monkeypatch) -> None:
+    from gan_accel.data import default_cache_root
+
+    monkeypatch.setenv("GAN_ACCEL_CACHE", str(tmp_path / "mine"))
+    assert default_cache_root() == tmp_path / "mine" / "images"
+    monkeypatch.delenv("GAN_ACCEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_root() == tmp_path / "xdg" / "gan_accel" / "images"
+
+
 @pytest.mark.parametrize("change", ["touch", "add", "remove", "rewrite", "resolution", "channels", "crop",
                                     "background"])
 def test_cache_is_rebuilt_when_the_files_or_the_preprocessing_change(tmp_path: Path, cache: Path, count_decodes,

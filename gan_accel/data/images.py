@@ -248,6 +248,11 @@ class ImageData:
     def __len__(self) -> int:
         return len(self.names)
 
+    def __repr__(self) -> str:  # the default would print every name and label
+        return (f"ImageData({self.report.source!r}, {len(self):,} images, {self.channels}x{self.resolution}x"
+                f"{self.resolution}, crop={self.crop!r}, classes={len(self.class_names or [])}, "
+                f"{'cached' if self.cached else 'per item'}, fingerprint={self.fingerprint!r})")
+
     @property
     def skipped_files(self) -> list[SkippedFile]:
         """Every candidate file not trained on, with its reason (scan and cache build)."""
