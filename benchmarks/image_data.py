@@ -84,8 +84,10 @@ def throughput(sources: dict[str, Any], cache: Path, resolution: int, batch: int
         zipped = open_image_data(sources["zip"], resolution, cache_dir=cache, memory_budget=0, log=None)
         loaders["decode per item from the ZIP, 0 workers"] = zipped.dataloader(batch, num_workers=0)
     try:
-        import datasets  # noqa: F401  (only whether it is installed)
+        import datasets
 
+        datasets.disable_progress_bars()
+        datasets.config.HF_DATASETS_CACHE = cache / "hf"  # its arrow copy goes with the benchmark's files
         hub = open_image_data(f"hf:{folder}", resolution, cache_dir=cache, memory_budget=0, log=None)
         loaders["decode per item through datasets' imagefolder, 0 workers"] = hub.dataloader(batch, num_workers=0)
     except ImportError:
