@@ -56,3 +56,8 @@ class PreflightWarning(UserWarning):
 
 class RunFolderError(GanAccelError, RuntimeError):
     """The run folder cannot be used as asked: held by another run, holds another run, or cannot be written."""
+
+
+class DataError(GanAccelError, ValueError):
+    """The training data cannot be used as given: a missing or empty source, no readable image, no labels
+    for a conditional run, a column that is not there, a setting the images cannot be prepared with."""

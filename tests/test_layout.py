@@ -21,7 +21,7 @@ ALLOWED = {
     "state": {"errors", "collective", "state"},
     "objectives": {"errors", "objectives"},
     "models": {"errors", "models"},
-    "data": {"errors", "data", "state", "batch"},
+    "data": {"errors", "collective", "data", "state", "batch"},  # collective: one process builds the image cache
     "augment": {"augment"},
     "tracking": set(),
     "config": {"errors", "objectives", "tracking"},

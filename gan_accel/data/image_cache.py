@@ -1,0 +1,241 @@
+"""The on-disk cache of a scanned and decoded image set: JSON for what was found, ``.npy`` for the pixels.
+
+Layout, under the cache root (``cache_dir``, else ``$GAN_ACCEL_CACHE/images``, else
+``$XDG_CACHE_HOME/gan_accel/images``, else ``~/.cache/gan_accel/images``)::
+
+    <key>/scan.json                          the scan: readable images (header size and mode), skipped files
+    <key>/64px-3ch-center-white.json         this preprocessing: cached or not, and what failed to decode
+    <key>/64px-3ch-center-white.skipped.txt  every file skipped (scan and decode), one "name<TAB>reason" a line
+    <key>/64px-3ch-center-white.npy          uint8 (N, C, R, R); (N, C, R, 1.5R) strips for crop="random"
+    <key>/64px-3ch-random-white.strips.npy   int16 (N, 2): each strip's length and whether it was portrait
+
+``<key>`` hashes the source (its path, or a dataset's fingerprint) and every candidate's name, size and
+modification time (a CRC inside a ZIP): adding, removing, replacing or touching a file gives a new key,
+so a changed folder is scanned and decoded again and the old entry is simply no longer used. The
+preprocessing (resolution, channels, crop, background) names the files inside. Every file is written
+to a temporary name and renamed into place, the JSON last: a reader never sees half a cache.
+Nothing here is unpickled: ``np.load(allow_pickle=False)`` and JSON only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from . import image_decode
+from .image_decode import RANDOM_CROP_MAX_ASPECT
+from .image_scan import SkippedFile, skip_reason
+from .image_sources import ImageSource
+
+CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``, renamed over it on success, removed on failure.
+
+    (gan_accel.state.files has the same helper; data/ does not import state/, which loads checkpoints.)
+    The temporary name carries the host and process: concurrent writers, even on a shared folder, never clash.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def default_cache_root() -> Path:
+    """Where image caches go when ``cache_dir`` is not given (see the module docstring)."""
+    if os.environ.get("GAN_ACCEL_CACHE"):
+        return Path(os.environ["GAN_ACCEL_CACHE"]) / "images"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gan_accel" / "images"
+
+
+def scan_key(identity: dict[str, Any], entries: Sequence[Any]) -> str:
+    """A hex digest of the source and its listing (names, sizes, change stamps)."""
+    digest = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "source": identity}, sort_keys=True).encode())
+    for entry in entries:
+        digest.update(f"{entry.name}\0{entry.size}\0{entry.stamp}\n".encode())
+    return digest.hexdigest()
+
+
+def prep_name(resolution: int, channels: int, crop: str, background: str) -> str:
+    """The name of one preprocessing's files, e.g. ``64px-3ch-center-white``."""
+    return f"{resolution}px-{channels}ch-{crop}-{background}"
+
+
+def strip_width(resolution: int, crop: str) -> int:
+    """The stored width: R for a centre crop, the longest strip for a random crop."""
+    return resolution if crop == "center" else math.floor(resolution * RANDOM_CROP_MAX_ASPECT)
+
+
+class CacheFolder:
+    """The files of one key (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike, key: str) -> None:
+        self.root = Path(root)
+        self.path = self.root / key[:32]
+
+    @property
+    def scan_json(self) -> Path:
+        return self.path / "scan.json"
+
+    def images(self, prep: str) -> Path:
+        return self.path / f"{prep}.npy"
+
+    def strips(self, prep: str) -> Path:
+        return self.path / f"{prep}.strips.npy"
+
+    def prep_json(self, prep: str) -> Path:
+        return self.path / f"{prep}.json"
+
+    def read_json(self, path: Path) -> dict[str, Any] | None:
+        """The JSON at ``path``, or None when it is missing or unreadable (then it is rebuilt)."""
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
+
+    def write_json(self, path: Path, data: dict[str, Any]) -> None:
+        write_text_atomic(path, json.dumps({"version": CACHE_VERSION, **data}))
+
+    def open_images(self, prep: str, rows: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The cached arrays, memory-mapped read-only, or None when absent or not of ``rows`` rows."""
+        try:
+            images = np.load(self.images(prep), mmap_mode="r", allow_pickle=False)
+            strips = None
+            if self.strips(prep).exists():
+                strips = np.load(self.strips(prep), allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[0] != rows:
+            return None
+        return images, strips
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the file system that holds ``path`` (its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+class _DecodeJob(Dataset):
+    """One decode per index, for the cache build (in DataLoader workers when there are many images)."""
+
+    def __init__(self, source: ImageSource, names: Sequence[str], resolution: int, channels: int, crop: str,
+                 background: str) -> None:
+        self.source, self.names = source, names
+        self.args = (resolution, channels, crop, background)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
+        try:
+            return index, image_decode.decode_bytes_or_path(self.source.open(self.names[index]), *self.args), ""
+        except MemoryError:
+            raise
+        except Exception as error:  # Pillow raises many types for corrupt data; any of them means "skip this file"
+            return index, None, skip_reason(error)
+
+
+def _single_thread(_: int) -> None:
+    torch.set_num_threads(1)  # decoding workers need no intra-op threads of their own
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+
+def build_images(folder: CacheFolder, prep: str, source: ImageSource, names: Sequence[str], resolution: int,
+                 channels: int, crop: str, background: str, workers: int,
+                 progress: Callable[[int], Any] | None = None) -> list[tuple[int, SkippedFile]]:
+    """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (position, reason) of failures.
+
+    Written to a temporary file and renamed: a build cut short leaves no cache behind. With
+    ``workers > 0`` the decoding runs in that many DataLoader worker processes.
+    """
+    n, width = len(names), strip_width(resolution, crop)
+    final = folder.images(prep)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(final)
+    failed: list[tuple[int, SkippedFile]] = []
+    try:
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, channels, resolution, width))
+        strips = np.zeros((n, 2), dtype=np.int16) if crop == "random" else None
+        job = _DecodeJob(source, names, resolution, channels, crop, background)
+        if workers > 0:
+            results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
+                                                         worker_init_fn=_single_thread) for item in batch)
+        else:
+            results = (job[i] for i in range(n))
+        done = 0
+        for index, decoded, reason in results:
+            if decoded is None:
+                failed.append((index, SkippedFile(names[index], reason)))
+            else:
+                portrait = decoded.shape[1] > decoded.shape[2]
+                if portrait:  # stored with the long side last; the random crop turns it back
+                    decoded = decoded.transpose(0, 2, 1)
+                length = decoded.shape[-1]
+                array[index, :, :, :length] = decoded
+                if strips is not None:
+                    # the random crop needs each strip's real length (the rest is padding) and orientation
+                    strips[index] = (length, int(portrait))
+            done += 1
+            if progress is not None and done % 4096 == 0:
+                progress(done)
+        if failed:
+            array = _without_rows(array, tmp, {i for i, _ in failed})
+            if strips is not None:
+                strips = np.delete(strips, [i for i, _ in failed], axis=0)
+        array.flush()
+        del array
+        if strips is not None:
+            with atomic_path(folder.strips(prep)) as strips_tmp:
+                with open(strips_tmp, "wb") as handle:
+                    np.save(handle, strips, allow_pickle=False)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return failed
+
+
+def _without_rows(array: np.ndarray, path: Path, drop: set[int]) -> np.ndarray:
+    """Rewrite the memmapped ``array`` at ``path`` without the rows in ``drop`` (chunked: bounded memory)."""
+    keep = np.array([i for i in range(array.shape[0]) if i not in drop], dtype=np.int64)
+    compact_path = path.with_name(path.name + ".compact")
+    out = np.lib.format.open_memmap(compact_path, mode="w+", dtype=np.uint8, shape=(len(keep), *array.shape[1:]))
+    for start in range(0, len(keep), 4096):
+        out[start:start + 4096] = array[keep[start:start + 4096]]
+    out.flush()
+    del array
+    os.replace(compact_path, path)
+    return out

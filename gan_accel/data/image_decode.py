@@ -1,0 +1,252 @@
+"""Decoding one image file into a square uint8 array, and the cheap checks a scan makes before decoding.
+
+One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow:
+
+* formats: PNG, JPEG (and MPO, the multi-picture JPEG of cameras), WebP, BMP, GIF (first frame),
+  TIFF. Other Pillow plugins are not used: some run external programs (EPS runs Ghostscript), and
+  nothing the project loads may execute code.
+* EXIF orientation is applied (a phone's portrait photo is trained upright).
+* transparency (RGBA, LA, palette with a transparent colour) is flattened onto a background, white by
+  default: the colour stored under fully transparent pixels is arbitrary (often black, sometimes
+  leftovers of an edit), and transparent graphics are made to be seen on a light page.
+* 16- and 32-bit grey (``I;16``, ``I``) are scaled from 0..65535 to 0..255; float (``F``) is clipped
+  to 0..255; CMYK, YCbCr, LAB and HSV go through Pillow's conversion to RGB; RGB -> grey is Pillow's
+  ``convert("L")`` (ITU-R 601-2 luma); grey -> RGB repeats the channel.
+* ``crop="center"``: the central square (the short side's length) is resized to R x R in one
+  antialiased Lanczos resample, exactly :func:`PIL.ImageOps.fit`'s maths (resize the short side to R,
+  then crop the centre, without rounding the intermediate size).
+* ``crop="random"``: the image is resized so its short side is R and its long side is kept up to
+  ``RANDOM_CROP_MAX_ASPECT`` x R (longer images lose their ends first); the R x R window is chosen per
+  draw, at batch time (see :mod:`gan_accel.data.images`).
+* JPEG: libjpeg decodes at 1/2, 1/4 or 1/8 scale when the result still has at least 2R pixels on the
+  short side (Pillow's ``draft``): a large photo costs a fraction of its full decode, and the Lanczos
+  resample from >= 2R keeps the quality.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from typing import IO, Any, NamedTuple
+
+import numpy as np
+from PIL import Image, ImageOps
+
+# The plugins of ALLOWED_FORMATS, registered by importing them (Image.open(formats=...) needs them loaded;
+# Image.init() would load every plugin, those that run external programs included).
+from PIL import (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin, TiffImagePlugin,  # noqa: F401
+                 WebPImagePlugin)
+
+ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")  # JPEG also opens MPO files
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jpe", ".jfif", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+CROPS = ("center", "random")
+BACKGROUNDS = {"white": 255, "black": 0}
+RANDOM_CROP_MAX_ASPECT = 1.5
+GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
+_ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+_TAIL = 4096  # bytes read from the end of a file to find its format's end marker
+
+
+class ImageHeader(NamedTuple):
+    """The size and mode a file's header states (width and height swapped by an EXIF rotation where cheap to read)."""
+
+    width: int
+    height: int
+    mode: str
+
+
+def open_image(fp: str | os.PathLike | IO[bytes]) -> Image.Image:
+    """``Image.open`` restricted to :data:`ALLOWED_FORMATS` (lazy: reads the header only)."""
+    return Image.open(fp, formats=ALLOWED_FORMATS)
+
+
+def is_grey(img: Image.Image) -> bool:
+    """Whether the image has no colour: a grey mode, or a palette whose entries are all grey."""
+    if img.mode in GREY_MODES:
+        return True
+    if img.mode in ("P", "PA"):
+        palette = img.getpalette() or []
+        return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
+    return False
+
+
+def mode_family(mode: str, grey: bool = False) -> str:
+    """What a scan reports for a Pillow mode: "grayscale", "RGB", "RGBA", "palette", "16-bit grayscale", "CMYK", ..."""
+    if mode in ("1", "L"):
+        return "grayscale"
+    if mode in ("LA", "La"):
+        return "grayscale+alpha"
+    if mode.startswith("I;16"):
+        return "16-bit grayscale"
+    if mode in ("I", "F"):
+        return "32-bit grayscale"
+    if mode in ("P", "PA"):
+        return "palette (grey)" if grey else "palette"
+    if mode in ("RGBA", "RGBa"):
+        return "RGBA"
+    if mode in ("RGB", "RGBX"):
+        return "RGB"
+    return mode
+
+
+def read_header(fp: str | os.PathLike | IO[bytes]) -> tuple[ImageHeader, bool]:
+    """The header of an image file and whether it has no colour; raises for a non-image or a truncated file.
+
+    Reads the header and, for PNG, JPEG and WebP, the end of the file: a file cut short (an interrupted
+    copy or download) lacks its format's end marker. Nothing is decoded; a full decode (the cache build)
+    finds the rest.
+    """
+    with open_image(fp) as img:
+        width, height = img.size
+        if img.format in ("JPEG", "MPO", "WEBP", "TIFF"):
+            # Orientations 5-8 turn the picture by 90 degrees. PNG is left out: its EXIF may follow the
+            # pixel data, and reading it would decode the whole file.
+            if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+                width, height = height, width
+        header = ImageHeader(width, height, img.mode)
+        grey = is_grey(img)
+        check_complete(img)
+    return header, grey
+
+
+def check_complete(img: Image.Image) -> None:
+    """Raise ``OSError`` when a PNG, JPEG or WebP file lacks its end marker (it was cut short)."""
+    fp = img.fp
+    if fp is None or img.format not in ("PNG", "JPEG", "MPO", "WEBP"):
+        return
+    position = fp.tell()
+    try:
+        fp.seek(0, os.SEEK_END)
+        size = fp.tell()
+        if img.format == "WEBP":
+            fp.seek(0)
+            head = fp.read(12)
+            declared = struct.unpack("<I", head[4:8])[0] + 8 if len(head) >= 8 else 0
+            if size < declared:
+                raise OSError(f"truncated WebP file ({size} of {declared} bytes)")
+            return
+        fp.seek(max(0, size - _TAIL))
+        tail = fp.read(_TAIL)
+    finally:
+        fp.seek(position)
+    # JPEG: the end-of-image marker FF D9 cannot occur inside entropy-coded data (an FF there is always
+    # followed by 00 or a restart marker), so a file cut short has none in its last bytes. PNG: the IEND
+    # chunk with its fixed CRC. Trailing bytes after the marker are tolerated, as decoders do.
+    marker = b"IEND\xaeB`\x82" if img.format == "PNG" else b"\xff\xd9"
+    if marker not in tail:
+        raise OSError(f"truncated {img.format} file (no end marker)")
+
+
+def _flatten(img: Image.Image, background: int) -> Image.Image:
+    """Composite an image with alpha onto a uniform background: out = src * a + bg * (1 - a)."""
+    grey = img.mode in ("LA", "La")
+    base = Image.new("L" if grey else "RGB", img.size, background if grey else (background,) * 3)
+    img = img.convert("LA" if grey else "RGBA")  # un-premultiplies La/RGBa
+    base.paste(img.convert("L" if grey else "RGB"), mask=img.getchannel("A"))
+    return base
+
+
+def _high_bit_depth_to_l(img: Image.Image) -> Image.Image:
+    array = np.asarray(img)
+    if img.mode == "F":
+        array = np.clip(np.nan_to_num(array), 0, 255).round()
+    else:  # I;16* and I: 0..65535 -> 0..255, rounded
+        array = (np.clip(array.astype(np.int64), 0, 65535) * 255 + 32767) // 65535
+    return Image.fromarray(array.astype(np.uint8), mode="L")
+
+
+def to_working_mode(img: Image.Image, channels: int, background: int) -> Image.Image:
+    """The image as "L" (grey sources, or ``channels == 1``) or "RGB", transparency flattened.
+
+    Grey sources stay "L" even for 3 channels: resizing one channel and repeating it afterwards gives
+    the same bytes as converting to RGB first, for a third of the work.
+    """
+    mode = img.mode
+    if mode in ("P", "PA"):
+        has_alpha = mode == "PA" or "transparency" in img.info
+        img = img.convert("RGBA" if has_alpha else "RGB")
+        mode = img.mode
+    if mode == "1":
+        img = img.convert("L")
+    elif mode.startswith("I") or mode == "F":
+        img = _high_bit_depth_to_l(img)
+    elif mode in _ALPHA_MODES:
+        img = _flatten(img, background)
+    elif mode not in ("L", "RGB"):
+        img = img.convert("RGB")  # RGBX, CMYK, YCbCr, LAB, HSV
+    if channels == 1 and img.mode == "RGB":
+        img = img.convert("L")
+    return img
+
+
+def centre_square(width: int, height: int) -> tuple[float, float, float, float]:
+    """The central square of a width x height image, as a resize box (fractional when the excess is odd)."""
+    side = min(width, height)
+    left, top = (width - side) / 2, (height - side) / 2
+    return (left, top, left + side, top + side)
+
+
+def strip_size(width: int, height: int, resolution: int) -> tuple[tuple[float, float, float, float], int]:
+    """For ``crop="random"``: the source box and the long side of the strip (short side = resolution).
+
+    The strip keeps the image's aspect up to :data:`RANDOM_CROP_MAX_ASPECT`; a longer image loses
+    equal parts of both ends first.
+    """
+    short, long_ = min(width, height), max(width, height)
+    kept = min(long_, short * RANDOM_CROP_MAX_ASPECT)
+    length = max(resolution, min(round(resolution * kept / short), math.floor(resolution * RANDOM_CROP_MAX_ASPECT)))
+    cut = (long_ - kept) / 2
+    box = (cut, 0.0, cut + kept, float(height)) if width >= height else (0.0, cut, float(width), cut + kept)
+    return box, length
+
+
+def _draft(img: Image.Image, resolution: int) -> None:
+    """JPEG: let libjpeg decode at the smallest 1/2^k scale that keeps >= 2 x resolution on the short side."""
+    if img.format in ("JPEG", "MPO"):
+        width, height = img.size
+        scale = 2 * resolution / min(width, height)
+        if scale < 1:
+            img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
+
+
+def decode_image(fp: str | os.PathLike | IO[bytes], resolution: int, channels: int, crop: str = "center",
+                 background: str = "white") -> np.ndarray:
+    """Decode one image file to uint8 (channels, H, W): (channels, R, R) for ``crop="center"``.
+
+    For ``crop="random"``: the image with its short side R and its long side up to 1.5 R, in its
+    own orientation (the R x R window is chosen later, per draw).
+    Raises Pillow's errors (``OSError``, ``ValueError``, ...) for an unreadable file.
+    """
+    with open_image(fp) as img:
+        _draft(img, resolution)
+        img = ImageOps.exif_transpose(img)  # loads the pixels
+        img = to_working_mode(img, channels, BACKGROUNDS[background])
+        width, height = img.size
+        if crop == "center":
+            img = img.resize((resolution, resolution), Image.LANCZOS, box=centre_square(width, height))
+        else:
+            box, length = strip_size(width, height, resolution)
+            size = (resolution, length) if height > width else (length, resolution)
+            img = img.resize(size, Image.LANCZOS, box=box)
+        array = np.asarray(img)
+    if array.ndim == 2:
+        array = array[None]
+    else:
+        array = array.transpose(2, 0, 1)
+    if array.shape[0] != channels:
+        array = np.repeat(array, channels, axis=0)
+    return np.ascontiguousarray(array)
+
+
+def decode_bytes_or_path(item: Any, resolution: int, channels: int, crop: str, background: str) -> np.ndarray:
+    """:func:`decode_image` of a path, of bytes, or of a Hugging Face image cell ``{"bytes", "path"}``."""
+    import io
+
+    if isinstance(item, dict):
+        item = item.get("bytes") or item.get("path")
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        item = io.BytesIO(item)
+    if item is None:
+        raise ValueError("empty image cell")
+    return decode_image(item, resolution, channels, crop, background)

@@ -1,0 +1,156 @@
+"""The scan: which candidate files are readable images, what they are, and what will be trained on.
+
+The scan opens every candidate's header and, for PNG, JPEG and WebP, checks its end marker (a file
+cut short lacks it); it decodes nothing. A file that is not an image, cannot be read or is truncated
+is skipped and listed with its reason. The full decode (when the cache is built, or per item in the
+DataLoader workers) skips and counts whatever else is broken.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from .image_decode import read_header
+from .image_sources import Entry, HFSource, ImageSource
+
+SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A candidate that is not used, and why ("not an image", "truncated or corrupt: ...", ...)."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class ScanReport:
+    """What a scan found: the readable images, the sizes and colour modes seen, the classes, the skipped files.
+
+    ``count`` is the number of images training will use (the cache build may lower it further when a
+    file that passed the scan fails to decode: then ``skipped`` lists it too).
+    """
+
+    source: str
+    files: int  # candidate files listed (hidden files and OS clutter not counted)
+    count: int  # readable images
+    sizes: dict[str, Any]  # {"min": [w, h], "max": [w, h], "common": [[w, h, n], ...]}
+    modes: dict[str, int]  # colour mode family -> images
+    grey: bool  # every image is grayscale (a grey palette counts)
+    classes: dict[str, int] | None  # class name -> images, None without labels
+    no_labels_reason: str = ""  # why the data has no labels (the class rule did not apply)
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: count, sizes, modes and classes."""
+        sizes = self.sizes
+        if self.count:
+            common = ", ".join(f"{w}x{h} ({n:,})" for w, h, n in sizes["common"][:3])
+            if sizes["min"] == sizes["max"]:
+                size_text = f"all {sizes['min'][0]}x{sizes['min'][1]}"
+            else:
+                size_text = (f"sizes {sizes['min'][0]}x{sizes['min'][1]} to {sizes['max'][0]}x{sizes['max'][1]}, "
+                             f"most often {common}")
+        else:
+            size_text = "no sizes"
+        modes = ", ".join(f"{name} {n:,}" for name, n in sorted(self.modes.items(), key=lambda kv: -kv[1]))
+        if self.classes:
+            shown = list(self.classes.items())
+            classes = ", ".join(f"{name} ({n:,})" for name, n in shown[:10])
+            more = f", ... ({len(shown) - 10} more)" if len(shown) > 10 else ""
+            class_text = f"{len(shown)} classes: {classes}{more}"
+        else:
+            class_text = "no labels" + (f" ({self.no_labels_reason})" if self.no_labels_reason else "")
+        return f"{self.count:,} images in {self.source}; {size_text}; {modes}; {class_text}"
+
+    def skipped_warning(self, where: str | None = None) -> str | None:
+        """The one warning line about skipped files, or None when none was skipped."""
+        if not self.skipped:
+            return None
+        kinds = Counter(s.reason.split(":")[0] for s in self.skipped)
+        kind_text = ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
+        names = ", ".join(s.name for s in self.skipped[:SHOWN_NAMES])
+        more = ", ..." if len(self.skipped) > SHOWN_NAMES else ""
+        tail = f"; the full list is in {where}" if where else ""
+        return (f"gan_accel: warning: skipped {len(self.skipped):,} of {self.files:,} files that are not readable "
+                f"images ({kind_text}): {names}{more}{tail}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ScanReport":
+        data = dict(data)
+        data["skipped"] = [SkippedFile(**s) for s in data.get("skipped", [])]
+        return cls(**data)
+
+
+def skip_reason(error: BaseException) -> str:
+    """A short reason for a file that failed to open or decode."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image"
+    if isinstance(error, FileNotFoundError):
+        return "missing"
+    if isinstance(error, PermissionError):
+        return "unreadable: permission denied"
+    if isinstance(error, Image.DecompressionBombError):
+        return "too large: more pixels than Pillow's decompression-bomb limit"
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"truncated or corrupt: {text}"
+
+
+@dataclass
+class ScanResult:
+    """Per readable image: its entry index, header (w, h, mode) and whether it is grey; and the skipped files."""
+
+    items: list[tuple[int, int, int, str, bool]]  # (entry index, width, height, mode, grey)
+    skipped: list[SkippedFile]
+
+
+def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
+    """Read every candidate's header (no decoding); see the module docstring."""
+    items: list[tuple[int, int, int, str, bool]] = []
+    skipped: list[SkippedFile] = []
+    cells: Iterable[Any] = source.cells() if isinstance(source, HFSource) else (None for _ in entries)
+    for index, (entry, cell) in enumerate(zip(entries, cells)):
+        if entry.size == 0:
+            skipped.append(SkippedFile(entry.name, "not an image: empty file"))
+            continue
+        try:
+            handle = _as_file(cell) if cell is not None else source.open(entry.name)
+            (width, height, mode), grey = read_header(handle)
+        except MemoryError:
+            raise
+        except Exception as error:  # Pillow raises many types for broken files; each means "skip this file"
+            skipped.append(SkippedFile(entry.name, skip_reason(error)))
+            continue
+        items.append((index, width, height, mode, grey))
+    return ScanResult(items, skipped)
+
+
+def _as_file(cell: Any) -> Any:
+    import io
+
+    if isinstance(cell, dict):
+        cell = cell.get("bytes") or cell.get("path")
+    if isinstance(cell, (bytes, bytearray)):
+        return io.BytesIO(cell)
+    if cell is None:
+        raise ValueError("empty image cell")
+    return cell
+
+
+def size_summary(items: list[tuple[int, int, int, str, bool]]) -> dict[str, Any]:
+    """Smallest and largest (by area) and the most common sizes."""
+    if not items:
+        return {"min": [0, 0], "max": [0, 0], "common": []}
+    sizes = Counter((w, h) for _, w, h, _, _ in items)
+    smallest = min(sizes, key=lambda s: (s[0] * s[1], s))
+    largest = max(sizes, key=lambda s: (s[0] * s[1], s))
+    return {"min": list(smallest), "max": list(largest), "common": [[w, h, n] for (w, h), n in sizes.most_common(5)]}

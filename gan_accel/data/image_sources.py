@@ -1,0 +1,327 @@
+"""Where images come from: a folder (recursive), a ZIP archive, or a Hugging Face dataset.
+
+A source lists its items cheaply (names, sizes, modification times: no file is opened), opens one item
+for decoding, and says what identifies its content for the cache key. Listing is sorted, so every
+process and every run sees the same order.
+
+The class rule for folders and ZIPs (``labels="auto"``): single folders that hold everything are
+stepped into (``photos.zip`` holding only ``photos/`` is read from ``photos/``); then, when every
+readable image lies in a first-level subfolder and there are at least two such subfolders, the
+subfolder names are the classes, sorted by name (as torchvision's ``ImageFolder`` sorts them).
+Otherwise the data has no labels. Hidden files and folders (``.name``), ``__MACOSX`` and the
+thumbnail caches of Windows are ignored without a word; every other file is a candidate image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import stat
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import DataError
+
+IGNORED_NAMES = frozenset({"__MACOSX", "Thumbs.db", "desktop.ini", "ehthumbs.db"})
+DATASETS_HINT = "pip install 'gan_accel[datasets]'"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One candidate image: its name inside the source, its size and a change stamp (mtime in ns, or a CRC)."""
+
+    name: str
+    size: int
+    stamp: int
+
+
+def _ignored(part: str) -> bool:
+    return part.startswith(".") or part in IGNORED_NAMES
+
+
+class ImageSource:
+    """Base class: ``entries()`` lists, ``open(name)`` reads one item, ``identity()`` feeds the cache key."""
+
+    kind = "source"
+    description = ""
+    has_folder_layout = True  # classes come from the names' first folder (folders and ZIPs)
+
+    def entries(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def open(self, name: str) -> Any:
+        """A path, a binary file object, or a Hugging Face image cell for :func:`decode_bytes_or_path`."""
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def labels(self) -> tuple[list[int], list[str]] | None:
+        """Labels given by the source itself (a dataset's class column): (label per entry, class names)."""
+        return None
+
+
+class FolderSource(ImageSource):
+    """Every non-hidden file under a folder, recursively (symbolic links followed once)."""
+
+    kind = "folder"
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.description = str(self.root)
+
+    def entries(self) -> list[Entry]:
+        found: list[Entry] = []
+        seen_dirs: set[str] = set()
+
+        def walk(folder: str, prefix: str) -> None:
+            real = os.path.realpath(folder)
+            if real in seen_dirs:  # a link back up the tree
+                return
+            seen_dirs.add(real)
+            with os.scandir(folder) as listing:
+                items = sorted(listing, key=lambda e: e.name)
+            for item in items:
+                if _ignored(item.name):
+                    continue
+                try:
+                    info = item.stat()  # follows links
+                except OSError:  # a dangling link: a file that cannot be read
+                    found.append(Entry(prefix + item.name, -1, 0))
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    walk(item.path, f"{prefix}{item.name}/")
+                elif stat.S_ISREG(info.st_mode):
+                    found.append(Entry(prefix + item.name, info.st_size, info.st_mtime_ns))
+
+        walk(str(self.root), "")
+        found.sort(key=lambda e: e.name)
+        return found
+
+    def open(self, name: str) -> str:
+        return str(self.root / name)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.root.resolve())}
+
+
+class ZipSource(ImageSource):
+    """The files inside a ZIP archive (the same layout rules as a folder). Opened once per process."""
+
+    kind = "zip"
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.description = str(self.path)
+        self._handle: tuple[int, zipfile.ZipFile] | None = None
+        try:
+            with zipfile.ZipFile(self.path) as archive:
+                self._infos = [i for i in archive.infolist()
+                               if not i.is_dir() and not any(_ignored(p) for p in i.filename.split("/"))]
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as error:
+            raise DataError(f"{self.path} is not a readable ZIP archive ({error}): pass a folder of images or "
+                            "a .zip of them") from None
+        info = self.path.stat()
+        self._stamp = (info.st_size, info.st_mtime_ns)
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers open their own handle
+        return {**self.__dict__, "_handle": None}
+
+    def _archive(self) -> zipfile.ZipFile:
+        # Keyed by process id: a handle inherited through fork shares its file offset with the parent.
+        if self._handle is None or self._handle[0] != os.getpid():
+            self._handle = (os.getpid(), zipfile.ZipFile(self.path))
+        return self._handle[1]
+
+    def entries(self) -> list[Entry]:
+        return sorted((Entry(i.filename, i.file_size, i.CRC) for i in self._infos), key=lambda e: e.name)
+
+    def open(self, name: str) -> IO[bytes]:
+        # Members are small: reading one whole gives Pillow the seekable file it wants.
+        return io.BytesIO(self._archive().read(name))
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
+
+
+def folder_classes(names: Sequence[str]) -> tuple[list[str] | None, str]:
+    """The class of each name by the folder rule (module docstring), or None and the reason there are none."""
+    if not names:
+        return None, "no images"
+    parts = [name.split("/") for name in names]
+    depth = 0
+    # Step into a single folder that holds everything (a ZIP of one top folder, a dataset's "train/").
+    while all(len(p) > depth + 1 for p in parts) and len({p[depth] for p in parts}) == 1:
+        depth += 1
+    root = "/".join(parts[0][:depth]) or "the top folder"
+    if any(len(p) == depth + 1 for p in parts):
+        return None, f"some images lie directly in {root}, not in class subfolders"
+    classes = [p[depth] for p in parts]
+    if len(set(classes)) < 2:
+        return None, f"{root} has only one subfolder with images"
+    return classes, ""
+
+
+class HFSource(ImageSource):
+    """The rows of a Hugging Face ``datasets.Dataset``; its image column is read undecoded, as bytes or paths."""
+
+    kind = "hf"
+    has_folder_layout = False
+
+    def __init__(self, dataset: Any, description: str, image_column: str | None = None,
+                 label_column: str | None = None, use_labels: bool = True) -> None:
+        datasets = import_datasets()
+        features = dataset.features
+        columns = list(features)
+        self.description = description
+        self.image_column = _image_column(features, image_column, description)
+        images = dataset.select_columns([self.image_column])
+        if isinstance(features[self.image_column], datasets.Image):
+            images = images.cast_column(self.image_column, datasets.Image(decode=False))
+        self._images = images
+        self._length = len(dataset)
+        self.label_column = _label_column(features, label_column, description, columns) if use_labels else None
+        self._labels: tuple[list[int], list[str]] | None = None
+        if self.label_column is not None:
+            self._labels = _read_labels(dataset, self.label_column, features[self.label_column], datasets)
+        self._fingerprint = getattr(dataset, "_fingerprint", None) or _content_hash(images)
+
+    def entries(self) -> list[Entry]:
+        width = len(str(max(self._length - 1, 0)))
+        return [Entry(f"row {i:0{width}d}", -1, 0) for i in range(self._length)]
+
+    def row(self, name: str) -> int:
+        return int(name.split()[-1])
+
+    def open(self, name: str) -> Any:
+        return self._images[self.row(name)][self.image_column]
+
+    def cells(self, batch_size: int = 256):
+        """Every image cell in order, read in batches (the scan's fast path)."""
+        for batch in self._images.iter(batch_size=batch_size):
+            yield from batch[self.image_column]
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": self.kind, "fingerprint": self._fingerprint, "rows": self._length,
+                "image_column": self.image_column, "label_column": self.label_column}
+
+    def labels(self) -> tuple[list[int], list[str]] | None:
+        return self._labels
+
+
+def import_datasets() -> Any:
+    """The ``datasets`` package, or one line saying how to install it."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"reading a Hugging Face dataset needs the datasets package: {DATASETS_HINT}") from None
+    return datasets
+
+
+def _image_column(features: Any, named: str | None, description: str) -> str:
+    import datasets
+
+    columns = list(features)
+    if named is not None:
+        if named not in features:
+            raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(columns)}): "
+                            "name its image column with --image-column")
+        feature = features[named]
+        if not isinstance(feature, datasets.Image) and getattr(feature, "dtype", None) != "string":
+            raise DataError(f"column {named!r} of {description} holds {feature}, not images or image paths: "
+                            "name its image column with --image-column")
+        return named
+    found = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
+    if not found:
+        raise DataError(f"{description} has no image column (its columns: {', '.join(columns)}): name the column "
+                        "that holds images or image paths with --image-column")
+    if len(found) > 1:
+        raise DataError(f"{description} has several image columns ({', '.join(found)}): choose one with --image-column")
+    return found[0]
+
+
+def _label_column(features: Any, named: str | None, description: str, columns: list[str]) -> str | None:
+    import datasets
+
+    if named is not None:
+        if named not in features:
+            raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(columns)}): "
+                            "name its class column with --label-column")
+        return named
+    found = [name for name, feature in features.items() if isinstance(feature, datasets.ClassLabel)]
+    if len(found) > 1:
+        preferred = [name for name in found if name in ("label", "labels")]
+        if len(preferred) != 1:
+            raise DataError(f"{description} has several class columns ({', '.join(found)}): choose one with "
+                            "--label-column")
+        found = preferred
+    return found[0] if found else None
+
+
+def _read_labels(dataset: Any, column: str, feature: Any, datasets: Any) -> tuple[list[int], list[str]]:
+    values = dataset.select_columns([column])[column]
+    values = list(values)
+    if isinstance(feature, datasets.ClassLabel):
+        names = list(feature.names)
+        if any(v is None or not 0 <= int(v) < len(names) for v in values):
+            raise DataError(f"column {column!r} has rows without a class (-1 or empty): remove them or choose "
+                            "another --label-column")
+        return [int(v) for v in values], names
+    if any(v is None or isinstance(v, (list, dict, float)) for v in values):
+        raise DataError(f"column {column!r} does not hold one class per row (it holds {feature}): name a class "
+                        "column with --label-column")
+    # Plain integers or strings: the classes are the distinct values, sorted (numbers by value).
+    distinct = sorted(set(values))
+    index = {value: i for i, value in enumerate(distinct)}
+    return [index[v] for v in values], [str(v) for v in distinct]
+
+
+def _content_hash(images: Any) -> str:
+    digest = hashlib.sha256()
+    for batch in images.iter(batch_size=1024):
+        digest.update(json.dumps(batch, default=lambda b: hashlib.sha256(b).hexdigest()).encode())
+    return digest.hexdigest()
+
+
+def load_hf(spec: str, split: str | None) -> tuple[Any, str]:
+    """``hf:NAME[:SPLIT]`` (a Hub dataset) or ``hf:FOLDER[:SPLIT]`` (the ``imagefolder`` builder)."""
+    datasets = import_datasets()
+    name = spec[len("hf:"):]
+    if ":" in name:
+        head, tail = name.rsplit(":", 1)
+        if tail and "/" not in tail and "\\" not in tail:
+            name, split = head, split or tail
+    if not name:
+        raise DataError(f"{spec!r} names no dataset: write hf:NAME[:SPLIT] (a Hub dataset) or hf:FOLDER[:SPLIT]")
+    try:
+        if os.path.isdir(name):
+            loaded = datasets.load_dataset("imagefolder", data_dir=name, split=split)
+            description = f"imagefolder {name}"
+        else:
+            loaded = datasets.load_dataset(name, split=split)
+            description = f"Hugging Face dataset {name}"
+    except Exception as error:  # network, unknown name or split, a malformed folder: all the user's input
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"could not load the Hugging Face dataset {name!r} (split {split or 'all'}): "
+                        f"{type(error).__name__}: {first}") from None
+    return loaded, description + (f" [{split}]" if split else "")
+
+
+def pick_split(dataset: Any, split: str | None, description: str) -> tuple[Any, str]:
+    """A ``Dataset`` from a ``DatasetDict``: the named split, else "train", else the only one."""
+    datasets = import_datasets()
+    if not isinstance(dataset, (datasets.DatasetDict, dict)):
+        if isinstance(dataset, datasets.IterableDataset) or not isinstance(dataset, datasets.Dataset):
+            raise DataError(f"{description} is a {type(dataset).__name__}: pass a datasets.Dataset or DatasetDict "
+                            "(a streaming IterableDataset cannot be scanned before training)")
+        return dataset, description
+    splits = list(dataset)
+    chosen = split or ("train" if "train" in splits else (splits[0] if len(splits) == 1 else None))
+    if chosen not in splits:
+        raise DataError(f"{description} has the splits {', '.join(splits)}: choose one (hf:NAME:SPLIT or split=...)")
+    return pick_split(dataset[chosen], None, f"{description} [{chosen}]")
