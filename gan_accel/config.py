@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from .augment import AUGMENTS
 from .errors import ConfigError
 from .objectives.losses import LOSSES, GANLoss
 from .tracking import tracker_choices
@@ -61,6 +62,11 @@ class TrainConfig:
     channels_last: bool = False  # convolution weights (hence activations) in channels-last memory format
     compile: bool = False  # torch.compile G and D; phases with a double backward (R1, GP) run eagerly
     keep_freed_memory: bool = False  # Linux/glibc: freed memory stays in the process (no page faults per step)
+    augment: str = "none"  # differentiable augmentation of every image D sees: "none", "diffaugment" or "ada"
+    augment_p: float | None = None  # diffaugment: each transform's probability (default 1); ada: the first p (0)
+    ada_target: float = 0.6  # ada: the E[sign(D(real))] that p steers towards (higher: D overfits, p rises)
+    ada_interval: int = 4  # ada: steps between updates of p
+    ada_kimg: float = 100.0  # ada: thousands of real images over which p can move from 0 to 1
     sample_every: int = 500
     num_samples: int = 64
     log_every: int = 50
@@ -114,15 +120,11 @@ class TrainConfig:
         self._validate_ema()
         if not (_is_number(self.warmup_ratio) and 0.0 <= self.warmup_ratio < 1.0):
             raise ConfigError(f"warmup_ratio={self.warmup_ratio!r} is invalid: expected a number in [0, 1)")
-        if self.mixed_precision not in MIXED_PRECISION_CHOICES:
-            raise ConfigError(
-                f"mixed_precision={self.mixed_precision!r} is invalid: choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
-            )
+        for name, choices in (("mixed_precision", MIXED_PRECISION_CHOICES), ("lr_schedule", LR_SCHEDULE_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: choose one of {', '.join(choices)}")
         self._validate_speed_options()
-        if self.lr_schedule not in LR_SCHEDULE_CHOICES:
-            raise ConfigError(
-                f"lr_schedule={self.lr_schedule!r} is invalid: choose one of {', '.join(LR_SCHEDULE_CHOICES)}"
-            )
+        self._validate_augment()
         if isinstance(self.loss, str):
             if self.loss not in LOSSES:
                 raise ConfigError(
@@ -167,6 +169,21 @@ class TrainConfig:
         if self.model is not None and not (isinstance(self.model, dict) and _json_like(self.model)):
             raise ConfigError(f"model={self.model!r} is invalid: expected a dict of JSON values (the networks' "
                               "spec, e.g. {'family': 'dcgan', 'width': 64, ...}), or None")
+
+    def _validate_augment(self) -> None:
+        """augment names an augmentation of gan_accel.augment; its numbers are in range."""
+        if self.augment not in AUGMENTS:
+            raise ConfigError(f"augment={self.augment!r} is invalid: choose one of {', '.join(AUGMENTS)}")
+        if self.augment_p is not None and not (_is_number(self.augment_p) and 0.0 <= self.augment_p < 1.0 + (
+                self.augment == "diffaugment")):
+            raise ConfigError(f"augment_p={self.augment_p!r} is invalid: expected a probability in [0, 1] "
+                              "(ada: below 1), or None for the default")
+        if self.augment_p is not None and self.augment == "none":
+            raise ConfigError("augment_p is set but augment='none': choose augment='diffaugment' or 'ada'")
+        if not (_is_number(self.ada_target) and -1.0 < self.ada_target < 1.0):
+            raise ConfigError(f"ada_target={self.ada_target!r} is invalid: expected a number in (-1, 1), e.g. 0.6")
+        _require_int("ada_interval", self.ada_interval, minimum=1)
+        _require_positive_float("ada_kimg", self.ada_kimg, hint="thousands of images, e.g. 100")
 
     def _validate_speed_options(self) -> None:
         """channels_last, compile and keep_freed_memory are switches (see gan_accel.engine.speed)."""
@@ -263,7 +280,7 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 # list or what the checkpoint holds. Everything else (rates, betas, schedule, max_steps, intervals,
 # clipping, penalty weights, ...) may change on resume and is applied from that step on.
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
-                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model")
+                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model", "augment")
 NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
 _PRESENCE = ("r1_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
 

@@ -24,7 +24,7 @@ ALLOWED = {
     "data": {"errors", "collective", "data", "state", "batch"},  # collective: one process builds the image cache
     "augment": {"augment"},
     "tracking": set(),
-    "config": {"errors", "objectives", "tracking"},
+    "config": {"errors", "objectives", "tracking", "augment"},
     "pictures": {"errors", "state", "pictures"},
     "visuals": {"pictures"},  # the pictures' old name, kept
     "plots": {"pictures"},  # likewise

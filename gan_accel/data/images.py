@@ -574,7 +574,7 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
 
     Raises:
         DataError: one line naming the problem and the fix (missing or empty source, not a ZIP, no
-        readable image, no labels with ``labels="required"``, fewer images than a batch, bad settings).
+            readable image, no labels with ``labels="required"``, fewer images than a batch, bad settings).
     """
     _validate(resolution, channels, crop, labels, background)
     builder, token = _is_builder(accelerator)
