@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 from ..errors import PhaseError
 from ..objectives.regularizers import scaled_input_gradients
+from ..augment import Augment
+from .augmentation import augmented
 from .phases import DISCRIMINATOR, GENERATOR
 from .speed import eager_module
 
@@ -44,17 +46,21 @@ class StepContext:
             does not support a double backward.
         phase: the phase being run.
         step: steps completed before this one.
+        augment: the run's augmentation of every image D sees (None: none; see engine/augmentation.py).
     """
 
     def __init__(self, nets: Mapping[str, nn.Module], *, conditional: bool = False,
                  log: Callable[[str, Tensor], None] | None = None, scaler: Any | None = None,
-                 updates: Mapping[str, int] | None = None) -> None:
+                 updates: Mapping[str, int] | None = None, augment: Augment | None = None,
+                 observe_real: Callable[[Tensor], None] | None = None) -> None:
         self._nets = nets
         self._eager = {name: eager_module(net) for name, net in nets.items()}
         self.compiled = any(self._eager[name] is not net for name, net in nets.items())
         self.conditional = conditional
         self.scaler = scaler
         self._log = log
+        self.augment = augment
+        self._observe_real = observe_real
         self._updates = updates if updates is not None else {name: 0 for name in nets}  # versions of the networks
         self.phase: Phase | None = None
         self.micro: MicroBatch | None = None
@@ -125,7 +131,9 @@ class StepContext:
         return G(latents, labels) if self.conditional else G(latents)
 
     def discriminate(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
-        """``D(x)``, or ``D(x, labels)`` in a conditional run: one logit per sample."""
+        """``D(x)``, or ``D(x, labels)`` in a conditional run: one logit per sample. With an augmentation,
+        D sees ``augment(x)`` (differentiable: gradients reach ``x`` through it)."""
+        x = augmented(self.augment, x)
         return self.nets[DISCRIMINATOR](x, labels) if self.conditional else self.nets[DISCRIMINATOR](x)
 
     def class_logits(self, x: Tensor, labels: Tensor) -> Tensor:
@@ -135,7 +143,7 @@ class StepContext:
         adversarial loss and a class loss (one BatchNorm update, and every parameter used, as DDP needs).
         """
         try:
-            logits = self.nets[DISCRIMINATOR](x, labels, all_classes=True)
+            logits = self.nets[DISCRIMINATOR](augmented(self.augment, x), labels, all_classes=True)
         except TypeError as error:
             if "all_classes" not in str(error):
                 raise
@@ -148,6 +156,12 @@ class StepContext:
         return logits
 
     # -- helpers --------------------------------------------------------------------------------
+    def observe_real(self, logits: Tensor) -> None:
+        """D's logits on this micro-batch's real images, from D's adversarial loss: what an adaptive
+        augmentation (ADA) steers by. Phase losses of your own that replace D's loss should call it too."""
+        if self._observe_real is not None:
+            self._observe_real(logits)
+
     def log(self, key: str, value: Tensor) -> None:
         """Add a scalar to the running means logged as ``key`` (stays on the device: no sync)."""
         if self._log is not None:

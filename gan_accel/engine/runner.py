@@ -34,6 +34,7 @@ from torch import nn
 
 from ..errors import PhaseError
 from ..batch import RealBatch
+from .augmentation import RunAugmentation
 from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
 from .guard import DivergenceGuard, non_finite_flag, non_finite_on_host
@@ -50,7 +51,7 @@ class PhaseRunner:
     def __init__(self, accelerator: Accelerator, nets: Mapping[str, nn.Module], optimizers: Mapping[str, Any],
                  schedulers: Mapping[str, Any], plan: PhasePlan, sample_latents: LatentSampler,
                  means: RunningMeans, *, clip_norms: Mapping[str, float | None], guard: DivergenceGuard | None,
-                 conditioning: Conditioning = Conditioning()) -> None:
+                 conditioning: Conditioning = Conditioning(), augmentation: RunAugmentation | None = None) -> None:
         self.accelerator = accelerator
         self.nets, self.optimizers, self.schedulers = dict(nets), dict(optimizers), dict(schedulers)
         self.plan = plan
@@ -76,8 +77,11 @@ class PhaseRunner:
         # The parameters each network trains: freezing a network touches only these, so a user's own
         # frozen sub-module stays frozen when the network is unfrozen again.
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
+        self.augmentation = augmentation  # of every image D sees (engine/augmentation.py)
         self.ctx = StepContext(self.nets, conditional=conditioning.conditional, log=means.add,
-                               scaler=accelerator.scaler, updates=self.updates)
+                               scaler=accelerator.scaler, updates=self.updates,
+                               augment=augmentation.augment if augmentation is not None else None,
+                               observe_real=augmentation.observe_real if augmentation is not None else None)
         self.batches: Iterator[RealBatch] | None = None
         self.window: list[MicroBatch] = []
 
@@ -89,6 +93,8 @@ class PhaseRunner:
             keep_graph = phase.new_data and self.k == 1 and phase.net != GENERATOR and _G_follows(due, index)
             self._run_phase(phase, keep_graph)
             on_phase_end(phase)
+        if self.augmentation is not None:
+            self.augmentation.end_step()  # ADA: p moves every ada_interval steps, on every process alike
 
     def _run_phase(self, phase: Phase, keep_graph: bool) -> None:
         acc = self.accelerator
@@ -208,7 +214,8 @@ class PhaseRunner:
     # -- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.state_dict(), "updates": dict(self.updates), "phase_runs": dict(self.phase_runs),
-                "lr_used": dict(self.lr_used), "images_seen": self.images_seen}
+                "lr_used": dict(self.lr_used), "images_seen": self.images_seen,
+                "augment": self.augmentation.state_dict() if self.augmentation is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
@@ -216,6 +223,8 @@ class PhaseRunner:
         self.phase_runs.update(state["phase_runs"])
         self.lr_used = dict(state["lr_used"])
         self.images_seen = int(state["images_seen"])
+        if self.augmentation is not None:
+            self.augmentation.load_state_dict(state.get("augment"))
 
 
 def _G_follows(due: list[Phase], index: int) -> bool:

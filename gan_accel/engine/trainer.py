@@ -43,6 +43,7 @@ from ..state.checkpoint import load_checkpoint, read_marker
 from ..state.layout import checkpoint_step
 from ..state.lock import RunLock
 from ..state.run_folder import RunFolder
+from .augmentation import RunAugmentation
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .conditioning import conditioning_for
 from .control import Control, RunState
@@ -132,7 +133,8 @@ class GANTrainer(TrainerViews):
         self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print) if config.nan_guard else None
         self.runner = PhaseRunner(accelerator, prepared.train_networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
-                                  clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D})
+                                  clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D},
+                                  augmentation=RunAugmentation(config, accelerator))
         self.last_metrics: dict[str, float] = {}
         self._next_row: dict[str, Any] = {}  # values the callbacks logged for the next metrics row
         # The run folder: its lock (held by the main process while fit runs), manifest and history.
@@ -272,7 +274,7 @@ class GANTrainer(TrainerViews):
         self._interval_start = (now, images)
         row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.data.epoch}
         row.update(self.means.reduce(acc))
-        row.update({**self.runner.lr_used, **loss_scale(acc)})
+        row.update({**self.runner.lr_used, **loss_scale(acc), **self.runner.augmentation.metrics()})
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
             row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)

@@ -39,6 +39,7 @@ def discriminator_loss(loss: GANLoss, class_weight: float = 0.0) -> PhaseLoss:
         else:
             real_logits = ctx.discriminate(ctx.real, ctx.real_labels)
             fake_logits = ctx.discriminate(ctx.fake, ctx.fake_labels)
+        ctx.observe_real(real_logits)  # an adaptive augmentation's statistic
         ctx.log("D(x)", real_logits.mean())
         ctx.log("D(G(z))", fake_logits.mean())
         total = loss.d_loss(real_logits, fake_logits)

@@ -8,7 +8,8 @@
 * gradient norms: every ``grad_norm/<network>``;
 * learning rates: every ``lr/<network>``;
 * sample diversity: ``health/diversity`` (see :class:`~gan_accel.callbacks.health.HealthMonitor`);
-* speed: ``images/s``.
+* speed: ``images/s``;
+* augmentation, only for a run that augments D's inputs: ``augment/p`` (and ADA's ``augment/rt``).
 
 Step is on every x axis. A value that is not finite breaks its line and is marked by a red tick on
 the panel's top edge (and counted in the legend), so a NaN row shows up instead of crashing the plot.
@@ -51,11 +52,19 @@ PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("sample diversity (mean pairwise distance)", _one_of("health/diversity")),
     ("images/s", _one_of("images/s")),
 )
+# Drawn only for runs that log its keys: an augmented run's probability p and ADA's statistic r_t.
+AUGMENT_PANEL = ("augmentation (p; ADA's r_t = mean sign of D on reals)", _prefix("augment/"))
 
 
-def plot_size() -> tuple[int, int]:
-    """The picture's (width, height) in pixels."""
-    rows = math.ceil(len(PANELS) / COLUMNS)
+def panels_for(rows: Sequence[dict[str, Any]]) -> tuple[tuple[str, Callable[[str], bool]], ...]:
+    """The panels a picture of ``rows`` has: :data:`PANELS`, and the augmentation panel when rows log it."""
+    augmented = any(AUGMENT_PANEL[1](key) for row in rows for key in row)
+    return PANELS + ((AUGMENT_PANEL,) if augmented else ())
+
+
+def plot_size(panels: int = len(PANELS)) -> tuple[int, int]:
+    """The picture's (width, height) in pixels, for ``panels`` panels."""
+    rows = math.ceil(panels / COLUMNS)
     return PANEL_SIZE[0] * COLUMNS, PANEL_SIZE[1] * rows
 
 
@@ -66,11 +75,12 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pat
     """
     from PIL import Image, ImageDraw
 
-    image = Image.new("RGB", plot_size(), "white")
+    panels = panels_for(rows)
+    image = Image.new("RGB", plot_size(len(panels)), "white")
     draw = ImageDraw.Draw(image)
     steps = [float(row["step"]) for row in rows if _finite(row.get("step"))]
     x_range = _padded(min(steps), max(steps)) if steps else (0.0, 1.0)
-    for index, (title, selects) in enumerate(PANELS):
+    for index, (title, selects) in enumerate(panels):
         left = (index % COLUMNS) * PANEL_SIZE[0]
         top = (index // COLUMNS) * PANEL_SIZE[1]
         keys = sorted({key for row in rows for key in row if selects(key) and _is_number(row[key])},

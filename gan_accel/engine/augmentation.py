@@ -1,0 +1,77 @@
+"""A run's augmentation of the images D sees, and ADA's adaptive probability as a run state.
+
+Augmentation is a concern of the step context, not a fork of the step: every call of D through
+``ctx.discriminate`` or ``ctx.class_logits`` augments its input first (see
+:class:`~gan_accel.engine.context.StepContext`). So every image D sees is augmented, whoever the
+phase: reals and fakes in D's loss, G's samples in G's loss (with their graph: the augmentation is
+differentiable, so G learns through it), and the reals of R1 and the interpolates of the gradient
+penalty, whose input gradient is taken with respect to the un-augmented images through the
+augmentation. Sampling, the EMA, evaluation and health never call D, so they never see it.
+
+With ``augment="ada"`` the probability p is steered by :class:`~gan_accel.augment.AdaptiveP` from the
+sign of D's logits on reals, which D's adversarial loss reports through ``ctx.observe_real``. Every
+``ada_interval`` steps the statistic is summed over processes (one collective) and p moves, so every
+process holds the same p, bit for bit. p and the partial interval are part of the checkpoint
+(bitwise resume holds: the augmentations draw from the global RNG, which is checkpointed per
+process); ``augment/p`` and ``augment/rt`` are in every metrics row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from accelerate import Accelerator
+from torch import Tensor
+
+from ..augment import AdaptiveP, Augment, build_augment
+from ..config import TrainConfig
+
+
+class RunAugmentation:
+    """The augmentation ``config.augment`` asks for (``augment`` is None for "none") and, for ADA, its p."""
+
+    def __init__(self, config: TrainConfig, accelerator: Accelerator) -> None:
+        self.augment: Augment | None = None
+        self.controller: AdaptiveP | None = None
+        self.interval = config.ada_interval
+        if config.augment == "none":
+            return
+        options = {} if config.augment_p is None else {"p": config.augment_p}
+        self.augment = build_augment(config.augment, **options)
+        if config.augment == "ada":
+            # ticks count steps (the controller updates every `interval` of them, on every process alike)
+            self.controller = AdaptiveP(self.augment, target=config.ada_target, interval=config.ada_interval,
+                                        ada_kimg=config.ada_kimg, p=config.augment_p or 0.0,
+                                        reduce=lambda t: accelerator.reduce(t, "sum"), device=accelerator.device)
+
+    def observe_real(self, logits: Tensor) -> None:
+        """D's logits on real images (from D's adversarial loss): ADA's statistic."""
+        if self.controller is not None:
+            self.controller.observe(logits)
+
+    def end_step(self) -> None:
+        """Every step on every process: ADA updates p every ``ada_interval`` steps (a collective)."""
+        if self.controller is not None:
+            self.controller.tick()
+
+    def metrics(self) -> dict[str, float]:
+        """``augment/p`` (and ``augment/rt``, the last interval's statistic) for the metrics row."""
+        if self.augment is None:
+            return {}
+        row = {"augment/p": float(self.augment.p)}
+        if self.controller is not None and self.controller.rt is not None:
+            row["augment/rt"] = float(self.controller.rt)
+        return row
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.controller is None else self.controller.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.controller is not None and state is not None:
+            self.controller.load_state_dict(state)
+
+
+def augmented(augment: Augment | None, x: Tensor) -> Tensor:
+    """``augment(x)``, or ``x`` itself without an augmentation."""
+    return x if augment is None else augment(x)
+
