@@ -1,0 +1,210 @@
+"""The liveness watchdog: bounded collective waits, and signals honoured inside a wait.
+
+Fast tests drive the pure logic with a fake clock, and two watchdogs (ranks 0 and 1) in this process
+over one in-memory store. The slow ones launch two real gloo processes and stop one with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from gan_accel.watchdog import run_record
+from gan_accel.watchdog.liveness import (DUPLICATE_SIGNAL_WINDOW, ENDING_GRACE, SECOND_SIGNAL_GRACE, SIGNAL_GRACE,
+                                         Judge, SteadyClock)
+from gan_accel.watchdog.service import EXIT_SILENT_PEER, Watchdog, backstop_seconds
+
+
+@pytest.fixture(autouse=True)
+def fresh_run_record():
+    run_record.reset()
+    yield
+    run_record.reset()
+
+
+# -- the pure logic, on a fake clock ---------------------------------------------------------------
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_steady_clock_does_not_count_the_time_its_own_process_was_frozen():
+    real = FakeTime()
+    clock = SteadyClock(max_step=2.0, real=real)
+    start = clock.now()
+    real.t += 0.5
+    assert clock.now() - start == pytest.approx(0.5)
+    real.t += 300  # stopped and continued: only max_step of it counts
+    assert clock.now() - start == pytest.approx(2.5)
+    real.t -= 10  # a monotonic clock never does this; nothing is subtracted if it did
+    assert clock.now() - start == pytest.approx(2.5)
+
+
+def beats(judge: Judge, now: float, **counters: int) -> None:
+    judge.observe({int(k[1:]): v for k, v in counters.items()}, left=(), now=now)
+
+
+def test_a_peer_whose_counter_stops_is_silent_after_the_timeout_and_not_before():
+    judge = Judge(rank=0, world_size=3, timeout=10.0, now=0.0)
+    for t in range(0, 30):
+        beats(judge, float(t), r1=t + 1, r2=min(t + 1, 5))  # process 2 stops beating at t=4
+        verdict = judge.verdict(float(t))
+        if t < 14:
+            assert verdict.kind == "ok", t
+        else:
+            assert verdict.kind == "silent" and [p.rank for p in verdict.peers] == [2], t
+            assert verdict.seconds >= 10
+            break
+    else:
+        pytest.fail("never reported")
+
+
+def test_a_peer_that_never_started_beating_or_left_cleanly_is_never_blamed():
+    judge = Judge(rank=1, world_size=3, timeout=5.0, now=0.0)
+    judge.observe({0: 3, 2: 0}, left=[0], now=0.0)  # 0 said goodbye, 2 is still loading data
+    for t in range(1, 60):
+        judge.observe({0: 3, 2: 0}, left=[], now=float(t))
+        assert judge.verdict(float(t)).kind == "ok"
+
+
+def test_a_slow_store_makes_nobody_silent_and_a_dead_store_is_named():
+    judge = Judge(rank=0, world_size=2, timeout=10.0, now=0.0)
+    beats(judge, 1.0, r1=7)
+    # No read completes after t=1: the peer's counter is as fresh as the last read, so only the store
+    # is to blame, and only after the timeout.
+    assert judge.verdict(9.0).kind == "ok"
+    verdict = judge.verdict(11.5)
+    assert verdict.kind == "store" and verdict.seconds == pytest.approx(10.5)
+    judge.observe({1: 7}, left=[1], now=12.0)  # the peer left on purpose, then the store went away
+    assert judge.verdict(30.0).kind == "stand_down"
+
+
+def test_a_signal_ends_the_wait_for_a_silent_peer_within_the_grace_and_a_healthy_run_stops_gracefully():
+    judge = Judge(rank=0, world_size=2, timeout=120.0, now=0.0)
+    beats(judge, 0.0, r1=1)
+    assert judge.signal(signal.SIGINT, 1.0)
+    for t in range(1, 10):
+        beats(judge, float(t), r1=t + 1)  # alive: the graceful stop (one more step, a checkpoint) goes on
+        assert judge.verdict(float(t)).kind == "ok"
+    for t in range(10, 10 + int(SIGNAL_GRACE) + 2):
+        beats(judge, float(t), r1=10)  # stopped at t=9
+    verdict = judge.verdict(10.0 + SIGNAL_GRACE + 1)
+    assert verdict.kind == "waiting" and verdict.signum == signal.SIGINT and verdict.peers[0].rank == 1
+
+
+def test_a_second_signal_ends_within_seconds_but_a_duplicate_delivery_is_the_same_request():
+    judge = Judge(rank=0, world_size=2, timeout=120.0, now=0.0)
+    assert judge.signal(signal.SIGINT, 5.0)
+    assert not judge.signal(signal.SIGINT, 5.0 + DUPLICATE_SIGNAL_WINDOW / 50)  # the launcher forwarding it
+    assert not judge.signal(signal.SIGTERM, 5.0 + DUPLICATE_SIGNAL_WINDOW / 2)
+    assert judge.verdict(20.0).kind == "ok"
+    assert judge.signal(signal.SIGTERM, 21.0)  # the user insists
+    assert judge.verdict(21.0 + SECOND_SIGNAL_GRACE / 2).kind == "ok"  # the main thread may end it itself
+    verdict = judge.verdict(21.0 + SECOND_SIGNAL_GRACE)
+    assert verdict.kind == "again" and verdict.signum == signal.SIGTERM
+    # When the main thread said it is ending the process, it gets longer before the watchdog steps in.
+    assert judge.verdict(21.0 + SECOND_SIGNAL_GRACE, main_ending=True).kind == "ok"
+    assert judge.verdict(21.0 + ENDING_GRACE, main_ending=True).kind == "again"
+
+
+def test_backstop_is_bounded_and_above_the_liveness_timeout():
+    assert backstop_seconds(120) == 600
+    assert backstop_seconds(5) == 600
+    assert backstop_seconds(600) == 3000
+
+
+# -- two watchdogs over one in-memory store ---------------------------------------------------------
+class Recorder:
+    """Stands in for os._exit: records (code, line) and when."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str | None, float]] = []
+        self.event = threading.Event()
+
+    def __call__(self, code: int, line: str | None) -> None:
+        self.calls.append((code, line, time.monotonic()))
+        self.event.set()
+
+
+def pair(timeout: float):
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    recorders = [Recorder(), Recorder()]
+    dogs = [Watchdog(store, rank, 2, timeout, signals=False, exit=recorders[rank]) for rank in (0, 1)]
+    for dog in dogs:
+        dog.start()
+    return dogs, recorders
+
+
+def test_watchdogs_over_a_store_name_the_silent_process_and_every_process_ends():
+    dogs, (end0, end1) = pair(timeout=1.0)
+    try:
+        time.sleep(1.0)  # both beat
+        started = time.monotonic()
+        dogs[1].pause()  # process 1 stops beating, as SIGSTOP would do
+        assert end0.event.wait(10), "process 0 never noticed"
+        code, line, when = end0.calls[0]
+        # Silence counts from process 1's last beat, which came up to one beat before the pause.
+        assert code == EXIT_SILENT_PEER and 1.0 - dogs[1].interval <= when - started < 6
+        assert line.startswith("gan_accel: error: process 1 (pid ") and "not answered for" in line
+        assert "stopping every process" in line and "This launch wrote no checkpoint" in line
+        assert end1.event.wait(5), "process 1 must follow the abort process 0 posted"
+        assert end1.calls[0][:2] == (EXIT_SILENT_PEER, None)  # one line per launch
+    finally:
+        for dog in dogs:
+            dog.stop(goodbye=False)
+
+
+def test_watchdogs_stay_quiet_while_everyone_beats_and_after_a_clean_goodbye():
+    dogs, (end0, end1) = pair(timeout=1.0)
+    try:
+        time.sleep(3.0)  # three timeouts, with a main thread doing nothing at all: beats are from threads
+        dogs[1].stop(goodbye=True)  # leaves the group on purpose
+        time.sleep(2.5)
+        assert end0.calls == [] and end1.calls == []
+    finally:
+        for dog in dogs:
+            dog.stop(goodbye=False)
+
+
+# -- what a run says when it is interrupted ---------------------------------------------------------
+class FakeTrainer:
+    def __init__(self, step, fit_calls, last_checkpoint=None):
+        self.step, self.fit_calls, self.last_checkpoint = step, fit_calls, last_checkpoint
+
+    def checkpoint_note(self):
+        return f"The last complete checkpoint is {self.last_checkpoint}" if self.last_checkpoint else "No checkpoint"
+
+
+def test_a_collective_broken_by_a_process_that_went_away_is_one_line_and_a_bug_is_not():
+    from gan_accel.watchdog import describe_collective_failure
+
+    gone = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+                        "[127.0.0.1]:51625: Connection reset by peer. This is typically caused by ...")
+    line = describe_collective_failure(gone)
+    assert line.startswith("another process ended or lost its connection (Read error [127.0.0.1]:51625: Connection "
+                           "reset by peer.")
+    assert line.endswith("before training started; This launch wrote no checkpoint (the checkpoints of earlier "
+                         "launches, if any, are untouched).")
+    timed_out = RuntimeError("[../unbound_buffer.cc:78] Timed out waiting 600000ms for recv operation to complete")
+    assert describe_collective_failure(timed_out).startswith("a collective waited longer than torch's collective timeout")
+    assert describe_collective_failure(RuntimeError("shape mismatch")) is None
+
+
+def test_the_interrupted_line_says_what_was_written():
+    assert run_record.interrupted_line("interrupted") == (
+        "interrupted before training started; This launch wrote no checkpoint (the checkpoints of earlier "
+        "launches, if any, are untouched).")
+    trainer = FakeTrainer(180, 1, "runs/x/checkpoints/checkpoint_00000180")
+    run_record.track_run(trainer)
+    line = run_record.interrupted_line("interrupted")
+    assert line.startswith("interrupted at step 180; The last complete checkpoint is runs/x/checkpoints/checkpoint_00000180")
+    assert run_record.claim_ending() and not run_record.claim_ending()
+
