@@ -19,8 +19,9 @@ ALLOWED = {
     "data": {"errors", "data"},
     "objectives": {"errors", "objectives"},
     "eval": {"errors", "collective", "batch", "data", "state", "eval"},
-    "callbacks": {"errors", "collective", "state", "visuals", "plots", "eval", "callbacks"},
-    "engine": {"errors", "collective", "batch", "config", "objectives", "state", "callbacks", "engine"},
+    "callbacks": {"errors", "collective", "state", "visuals", "plots", "eval", "callbacks", "watchdog"},
+    "engine": {"errors", "collective", "batch", "config", "objectives", "state", "callbacks", "engine", "watchdog"},
+    "watchdog": {"watchdog"},  # liveness and signals of a launch: below everything that trains
 }
 
 

@@ -208,3 +208,165 @@ def test_the_interrupted_line_says_what_was_written():
     assert line.startswith("interrupted at step 180; The last complete checkpoint is runs/x/checkpoints/checkpoint_00000180")
     assert run_record.claim_ending() and not run_record.claim_ending()
 
+
+# -- two real gloo processes, started by the test (so it sees their exit codes) ----------------------
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = str(ROOT / "tests" / "watchdog_driver.py")
+
+
+class Launch:
+    """Two processes of one gloo group (rank 0 serves the store), in one process group of their own:
+    what a terminal's Ctrl-C reaches. Always cleaned up: SIGCONT, then SIGKILL."""
+
+    def __init__(self, out: Path, mode: str, flags: list[str]) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+        self.logs = []
+        for rank in (0, 1):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))}
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1",
+                       PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+            log = open(out / f"log.rank{rank}", "w")
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen([sys.executable, DRIVER, mode, str(out), *flags], env=env, cwd=ROOT,
+                                               stdout=log, stderr=subprocess.STDOUT,
+                                               process_group=self.procs[0].pid if rank else 0))
+        self.pgid = self.procs[0].pid
+
+    def pid(self, rank: int) -> int:
+        return self.procs[rank].pid
+
+    def step(self, rank: int) -> int:
+        try:
+            return int((self.out / f"step.rank{rank}").read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def wait_for_step(self, step: int, limit: float = 90.0) -> None:
+        deadline = time.monotonic() + limit
+        while min(self.step(0), self.step(1)) < step:
+            if any(p.poll() is not None for p in self.procs):
+                pytest.fail(f"a process ended early:\n{self.output(0)}\n{self.output(1)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no step {step} within {limit} s:\n{self.output(0)}\n{self.output(1)}")
+            time.sleep(0.1)
+
+    def wait(self, rank: int, limit: float) -> int | None:
+        """The exit code of ``rank`` once it ends, or None if it runs past ``limit`` seconds."""
+        try:
+            return self.procs[rank].wait(limit)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def output(self, rank: int) -> str:
+        self.logs[rank].flush()
+        return (self.out / f"log.rank{rank}").read_text()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(proc.pid, sig)
+                    except ProcessLookupError:
+                        pass
+                proc.wait(30)
+        for log in self.logs:
+            log.close()
+
+
+@pytest.fixture
+def launch(tmp_path):
+    launches: list[Launch] = []
+
+    def start(mode: str, *flags: str) -> Launch:
+        launches.append(Launch(tmp_path / f"launch{len(launches)}", mode, list(flags)))
+        return launches[-1]
+
+    yield start
+    for one in launches:
+        one.close()
+
+
+@pytest.mark.slow
+def test_a_stopped_process_is_named_and_the_other_ends_within_the_timeout(launch):
+    run = launch("tiny", "--timeout", "5")
+    run.wait_for_step(8)  # past the checkpoint at step 5
+    os.kill(run.pid(1), signal.SIGSTOP)
+    stopped = time.monotonic()
+    code = run.wait(0, limit=5 + 20)
+    elapsed = time.monotonic() - stopped
+    out = run.output(0)
+    assert code == EXIT_SILENT_PEER, out[-3000:]
+    assert 5 - 1 <= elapsed < 5 + 20  # counted from its last heartbeat, up to 1 s before the SIGSTOP
+    lines = [line for line in out.splitlines() if "has not answered" in line]
+    assert len(lines) == 1, out[-3000:]
+    assert lines[0].startswith(f"gan_accel: error: process 1 (pid {run.pid(1)} on ")
+    assert "(stopped, hung or dead); stopping every process. The last complete checkpoint is " in lines[0]
+    assert "checkpoint_0000000" in lines[0] and "--resume latest" in lines[0]
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_the_main_process_busy_longer_than_the_timeout_does_not_trip_it(launch):
+    """Process 0 alone sleeps 10 s (evaluating, writing a big checkpoint) while process 1 waits in a
+    collective: with a 3 s timeout, heartbeats from both keep the run going."""
+    run = launch("tiny", "--timeout", "3", "--steps", "10", "--step-sleep", "0", "--sleep-at", "0:4:10")
+    codes = [run.wait(0, limit=240), run.wait(1, limit=30)]
+    assert codes == [0, 0], run.output(0)[-3000:] + run.output(1)[-3000:]
+    assert "not answered" not in run.output(0) + run.output(1)
+
+
+@pytest.mark.slow
+def test_sigint_while_waiting_for_a_stopped_process_ends_within_seconds(launch):
+    """Ctrl-C reaches the main thread only between bytecodes; blocked in a collective whose peer is
+    stopped, it never would (the liveness timeout here is a minute). The watchdog hears it at once."""
+    run = launch("tiny", "--timeout", "60", "--checkpoint-every", "2")
+    run.wait_for_step(5)
+    os.kill(run.pid(1), signal.SIGSTOP)
+    time.sleep(1.0)  # process 0 is now waiting for it
+    os.kill(run.pid(0), signal.SIGINT)
+    signalled = time.monotonic()
+    code = run.wait(0, limit=SIGNAL_GRACE + 20)
+    elapsed = time.monotonic() - signalled
+    out = run.output(0)
+    assert code == 128 + signal.SIGINT, out[-3000:]
+    assert elapsed < SIGNAL_GRACE + 20 < 60
+    lines = [line for line in out.splitlines() if line.startswith("gan_accel: interrupted")]
+    assert len(lines) == 1, out[-3000:]
+    assert f"while waiting for process 1 (pid {run.pid(1)} on " in lines[0]
+    assert "stopping every process now. The last complete checkpoint is " in lines[0] and "checkpoint_0000000" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_second_sigint_ends_at_once_even_when_the_wait_is_for_a_live_process(launch):
+    """Process 1 is alive but busy for two minutes: the first Ctrl-C asks for the graceful stop (which
+    waits for it), the second ends the run within seconds, and process 1 follows."""
+    run = launch("tiny", "--timeout", "60", "--checkpoint-every", "2", "--step-sleep", "0.2", "--sleep-at", "1:4:120")
+    run.wait_for_step(4)
+    time.sleep(1.0)  # process 0 waits in step 5 for process 1
+    os.kill(run.pid(0), signal.SIGINT)
+    assert run.wait(0, limit=3) is None, "a live peer: the first Ctrl-C waits for the graceful stop"
+    os.kill(run.pid(0), signal.SIGINT)
+    again = time.monotonic()
+    code = run.wait(0, limit=SECOND_SIGNAL_GRACE + 15)
+    elapsed = time.monotonic() - again
+    out = run.output(0)
+    assert code == 128 + signal.SIGINT and elapsed < SECOND_SIGNAL_GRACE + 15, out[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("gan_accel: interrupted")]
+    assert lines == [line for line in lines if "interrupted again (SIGINT) at step 4: stopping at once. The last "
+                     "complete checkpoint is " in line and "checkpoint_00000002" in line] and len(lines) == 1, out[-3000:]
+    assert run.wait(1, limit=15) == 128 + signal.SIGINT, "process 1 follows the end process 0 announced"
+    assert "gan_accel: interrupted" not in run.output(1), "one line per launch"
+

@@ -12,6 +12,7 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKw
 from ..callbacks.trackers import TRACKERS_DIR, resolve_trackers, tracker_name
 from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
+from ..watchdog import start_watchdog
 
 
 def build_accelerator(config: TrainConfig) -> Accelerator:
@@ -44,6 +45,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
                                             logging_dir=str(Path(config.output_dir) / TRACKERS_DIR)),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
+    start_watchdog(config.collective_timeout)  # several processes: no wait without bound (gan_accel.watchdog)
     return accelerator
 
 

@@ -19,6 +19,7 @@ from ..config import compare_configs
 from ..errors import CheckpointError, RunFolderError
 from ..state.checkpoint import checkpoint_root, checkpoint_step, load_checkpoint, read_marker, resolve_resume
 from ..state.run_folder import checkpoint_run_folder, listing
+from ..watchdog import watch_run
 from .schedules import scheduler_ticks_per_optimizer_step, warmup_then_decay
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 def open_run(trainer: "GANTrainer", resume_from: Any, fork: bool) -> Path | None:
     """Collective. Take the folder's lock, then start, continue or resume the run; returns the checkpoint resumed."""
     acc, cfg, folder = trainer.accelerator, trainer.config, trainer.run_folder
+    watch_run(trainer)  # what an interruption or a silent process reports: this run's step and checkpoints
     run_together(acc, trainer.lock.acquire, main_only=True)
     if resume_from is None:
         if not trainer.fit_calls:  # a second fit() of one trainer continues its own run: nothing to check
