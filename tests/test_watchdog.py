@@ -370,3 +370,98 @@ def test_a_second_sigint_ends_at_once_even_when_the_wait_is_for_a_live_process(l
     assert run.wait(1, limit=15) == 128 + signal.SIGINT, "process 1 follows the end process 0 announced"
     assert "gan_accel: interrupted" not in run.output(1), "one line per launch"
 
+
+@pytest.mark.slow
+def test_ctrl_c_stops_both_processes_at_the_same_step_with_a_checkpoint_and_exit_130(launch, tmp_path):
+    """The terminal's Ctrl-C reaches both processes; a launcher delivers it again within milliseconds;
+    as torchrun does, the test SIGTERMs the other process the moment the first exits. Before: the second
+    delivery was taken for an insisting second Ctrl-C ("interrupted before training started; nothing was
+    written" after checkpointed steps), and the launcher's SIGTERM killed the slower rank (exit -15)."""
+    out = tmp_path / "run"
+    run = launch("example", "--", "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir",
+                 str(out), "--steps", "100000", "--batch-size", "8", "--width", "8", "--log-every", "1",
+                 "--checkpoint-every", "5", "--sample-every", "100000", "--no-progress")
+    deadline = time.monotonic() + 180
+    while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 7:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in run.procs), run.output(0)[-3000:]
+        time.sleep(0.1)
+    os.killpg(run.pgid, signal.SIGINT)
+    time.sleep(0.01)
+    os.killpg(run.pgid, signal.SIGINT)  # the launcher forwarding the same Ctrl-C
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + 120
+    while len(codes) < 2 and time.monotonic() < deadline:
+        for rank, proc in enumerate(run.procs):
+            if rank not in codes and proc.poll() is not None:
+                codes[rank] = proc.returncode
+                other = run.procs[1 - rank]
+                if other.poll() is None:
+                    other.send_signal(signal.SIGTERM)  # what torchrun does when a worker exits non-zero
+        time.sleep(0.005)
+    outputs = run.output(0) + run.output(1)
+    assert codes == {0: 130, 1: 130}, outputs[-4000:]
+    stops = [line for line in run.output(0).splitlines() if line.startswith("gan_accel: stopped by SIGINT at step ")]
+    assert len(stops) == 1, outputs[-4000:]
+    step = int(stops[0].split("at step ")[1].split(";")[0])
+    name = f"checkpoint_{step:08d}"
+    assert f"The last complete checkpoint is {out / 'checkpoints' / name}" in stops[0]
+    files = {p.name for p in (out / "checkpoints" / name).iterdir()}
+    assert {"COMPLETE", "random_states_0.pkl", "random_states_1.pkl"} <= files, "both processes stopped there"
+    for bad in ("terminate called", "nothing was written", "Traceback", "interrupted (Ctrl-C)"):
+        assert bad not in outputs, outputs[-4000:]
+
+
+# -- what run_script says, in this process ----------------------------------------------------------
+def _train_then_interrupt(tmp_path, interrupt: BaseException):
+    from conftest import TableLatents, make_images, make_loader, make_models
+    from gan_accel import GANTrainer, TrainConfig
+
+    G, D = make_models()
+    config = TrainConfig(max_steps=7, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4,
+                         checkpoint_every=3, output_dir=str(tmp_path / "run"), progress_bar=False)
+    trainer = GANTrainer(G, D, make_loader(make_images(64), 4), config, latent_sampler=TableLatents(4096))
+    trainer.fit(stop_at_step=7)
+    raise interrupt  # e.g. during the evaluation the example runs after training
+
+
+def test_a_keyboard_interrupt_after_checkpoints_names_the_last_one(tmp_path, capsys):
+    from gan_accel.scripts import run_script
+
+    code = run_script(lambda: _train_then_interrupt(tmp_path, KeyboardInterrupt()))
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (
+        f"error: interrupted (Ctrl-C) at step 7; The last complete checkpoint is "
+        f"{tmp_path / 'run' / 'checkpoints' / 'checkpoint_00000007'}; resume with --resume latest "
+        "(fit(resume_from='latest')) and the same output folder.")
+    assert "nothing was written" not in err
+
+
+def test_a_keyboard_interrupt_before_training_says_no_checkpoint_was_written_and_sigterm_is_named(capsys):
+    from gan_accel.scripts import run_script
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt("SIGTERM")  # how gan_accel's stop handler names a second SIGTERM
+
+    assert run_script(interrupted) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip() == (
+        "error: interrupted (SIGTERM) before training started; This launch wrote no checkpoint (the checkpoints of "
+        "earlier launches, if any, are untouched).")
+
+
+def test_the_same_signal_delivered_twice_is_one_request_and_a_later_one_insists():
+    from gan_accel.callbacks.signals import StopFlag, stop_on_signals
+
+    flag = StopFlag()
+    with stop_on_signals(flag):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # a launcher forwarding the Ctrl-C the process also got
+            time.sleep(0.01)
+        except KeyboardInterrupt:
+            pytest.fail("one Ctrl-C delivered twice was taken for a second, insisting one")
+        assert flag.signum == signal.SIGINT
+        time.sleep(DUPLICATE_SIGNAL_WINDOW)
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the handler runs at the next bytecode
