@@ -194,7 +194,7 @@ def test_a_collective_broken_by_a_process_that_went_away_is_one_line_and_a_bug_i
     assert line.endswith("before training started; This launch wrote no checkpoint (the checkpoints of earlier "
                          "launches, if any, are untouched).")
     timed_out = RuntimeError("[../unbound_buffer.cc:78] Timed out waiting 600000ms for recv operation to complete")
-    assert describe_collective_failure(timed_out).startswith("a collective waited longer than torch's collective timeout")
+    assert describe_collective_failure(timed_out).startswith("a wait for another process ran past torch's timeout")
     assert describe_collective_failure(RuntimeError("shape mismatch")) is None
 
 
@@ -372,19 +372,14 @@ def test_a_second_sigint_ends_at_once_even_when_the_wait_is_for_a_live_process(l
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_both_processes_at_the_same_step_with_a_checkpoint_and_exit_130(launch, tmp_path):
+def test_ctrl_c_stops_both_processes_at_the_same_step_with_a_checkpoint_and_exit_130(launch):
     """The terminal's Ctrl-C reaches both processes; a launcher delivers it again within milliseconds;
     as torchrun does, the test SIGTERMs the other process the moment the first exits. Before: the second
     delivery was taken for an insisting second Ctrl-C ("interrupted before training started; nothing was
     written" after checkpointed steps), and the launcher's SIGTERM killed the slower rank (exit -15)."""
-    out = tmp_path / "run"
-    run = launch("example", "--", "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir",
-                 str(out), "--steps", "100000", "--batch-size", "8", "--width", "8", "--log-every", "1",
-                 "--checkpoint-every", "5", "--sample-every", "100000", "--no-progress")
-    deadline = time.monotonic() + 180
-    while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 7:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in run.procs), run.output(0)[-3000:]
-        time.sleep(0.1)
+    run = launch("tiny", "--checkpoint-every", "5")
+    run.wait_for_step(7)
+    out = run.out / "run"
     os.killpg(run.pgid, signal.SIGINT)
     time.sleep(0.01)
     os.killpg(run.pgid, signal.SIGINT)  # the launcher forwarding the same Ctrl-C

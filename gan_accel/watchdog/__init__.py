@@ -16,14 +16,16 @@ Accelerator exists until it leaves the process group:
 - **Signals inside a wait.** Python runs signal handlers only in the main thread between bytecodes,
   so a Ctrl-C that arrives while the main thread is blocked in a collective waits for the collective.
   The watchdog hears it at once (``signal.set_wakeup_fd``): when a peer is silent too, the graceful
-  stop cannot happen, and the process ends within seconds with one line; a second Ctrl-C (more than a
-  second after the first: a launcher that forwards the terminal's Ctrl-C delivers it twice within
-  milliseconds) ends it within two seconds, wherever the main thread is.
+  stop cannot happen, and the process ends within seconds with one line; a second Ctrl-C (at least
+  0.25 s after the first: launchers deliver one Ctrl-C twice within milliseconds) ends it within two
+  seconds, wherever the main thread is.
 
-Hooks in the rest of the package (one line each): ``build_accelerator`` and ``GANTrainer.__init__``
-call :func:`start_watchdog`; ``GANTrainer.__init__`` calls :func:`track_run`;
-``leave_process_group`` calls :func:`stop_watchdog` after its barrier; ``run_script`` asks
-:mod:`.run_record` what to say when interrupted.
+Hooks in the rest of the package (one line each): ``engine.launch.build_accelerator`` and
+``engine.build.prepare_run`` call :func:`start_watchdog` (the latter for an Accelerator the user
+built); ``engine.run_open.open_run`` calls :func:`watch_run` (this run's step and checkpoints are
+what a line reports); ``collective.leave_process_group`` calls :func:`stop_watchdog` after its
+barrier; ``scripts.run_script`` asks :mod:`.run_record` what to say when interrupted;
+``callbacks.signals`` takes :data:`~.liveness.DUPLICATE_SIGNAL_WINDOW` for duplicate deliveries.
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ def describe_collective_failure(error: BaseException) -> str | None:
     if any(marker in text for marker in gone):
         why = "another process ended or lost its connection"
     elif "Timed out waiting" in text or "wait timeout" in text:
-        why = "a collective waited longer than torch's collective timeout for a process that never arrived"
+        why = "a wait for another process ran past torch's timeout (alive but never arriving: a deadlock or a hang)"
     else:
         return None
     if "] " in first:  # drop gloo's "[/path/to/pair.cc:545] " prefix

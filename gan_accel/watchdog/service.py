@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import run_record
 from .liveness import Judge, Peer, SteadyClock, Verdict
@@ -295,29 +295,32 @@ class Watchdog:
             code = 128 + (verdict.signum or signal.SIGINT)
             line = (f"gan_accel: interrupted again ({signal_name(code - 128)}) {run_record.where()}: stopping at "
                     f"once. {note}")
-        live = [p for p in self.judge.peers.values() if not p.left and p not in verdict.peers]
-        first = self.announce(code, waiting_for=len(live))
+        first = self.announce(code, skip=[p.rank for p in verdict.peers])
         # One line per launch: the first process to post the reason prints it; for a signal, only if
         # the main thread has not already printed why it ends.
         quiet = not first or (verdict.kind != "silent" and not run_record.claim_ending())
         self._end(code, None if quiet else line)
 
-    def announce(self, code: int, waiting_for: int | None = None) -> bool:
+    def announce(self, code: int, skip: Iterable[int] = ()) -> bool:
         """Post that this process ends the run with ``code``; True when it is the first to.
 
-        The first then waits (a couple of heartbeats at most) until the ``waiting_for`` live processes
-        (default: all others) have read it: this process may be the one serving the store (rank 0 without
-        a launcher's store), and once it is gone the others could not read why they must end.
+        The first then waits, a couple of heartbeats at most, until every other process (but those in
+        ``skip``: the silent ones) has read it or has left: this process may be the one serving the
+        store (rank 0 without a launcher's store), and once it is gone the others could not read why
+        they must end.
         """
         try:
             first = self.view.post_abort(code)
         except Exception:
             return True
         if first:
-            expected = len(self.judge.peers) if waiting_for is None else waiting_for
+            expected = [r for r in self.judge.peers if r not in set(skip)]
             deadline = self.clock.now() + 2 * self.interval + 1.0
             try:
-                while self.view.acknowledged() < expected and self.clock.now() < deadline:
+                while self.clock.now() < deadline:
+                    _, left, _ = self.view.read()
+                    if self.view.acknowledged() + len([r for r in left if r in expected]) >= len(expected):
+                        break
                     self._stopping.wait(0.05)
             except Exception:
                 pass
