@@ -6,9 +6,13 @@ over one in-memory store. The slow ones launch two real gloo processes and stop 
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +20,9 @@ from gan_accel.watchdog import run_record
 from gan_accel.watchdog.liveness import (DUPLICATE_SIGNAL_WINDOW, ENDING_GRACE, SECOND_SIGNAL_GRACE, SIGNAL_GRACE,
                                          Judge, SteadyClock)
 from gan_accel.watchdog.service import EXIT_SILENT_PEER, Watchdog, backstop_seconds
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -174,6 +181,30 @@ def test_watchdogs_stay_quiet_while_everyone_beats_and_after_a_clean_goodbye():
             dog.stop(goodbye=False)
 
 
+EXIT_WHILE_IN_THE_STORE = """
+import atexit, datetime, sys, time
+import torch.distributed as dist
+from gan_accel.watchdog.service import Watchdog, watchdog_store
+server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+dog = Watchdog(watchdog_store(dist.PrefixStore("default_pg", server), 4.0), 0, 2, 4.0, signals=False)
+dog.view.read = lambda: dog.view.store.multi_get(["never-set"])  # a store that does not answer: 1 s per try
+dog.start()
+if sys.argv[1] == "stop-at-exit":
+    atexit.register(dog.stop)  # what start_watchdog registers
+time.sleep(0.5)  # the heartbeat thread is now inside the store, with the GIL released
+sys.exit(3)
+"""
+
+
+def test_the_heartbeat_thread_is_out_of_the_store_before_the_interpreter_finalizes():
+    """A daemon thread still inside a torch call when the interpreter finalizes aborts the process
+    ("terminate called without an active exception"); stop() waits for the store call to give up."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", EXIT_WHILE_IN_THE_STORE, "stop-at-exit"], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 3 and "terminate called" not in result.stderr, result.stderr[-2000:]
+
+
 # -- what a run says when it is interrupted ---------------------------------------------------------
 class FakeTrainer:
     def __init__(self, step, fit_calls, last_checkpoint=None):
@@ -210,13 +241,8 @@ def test_the_interrupted_line_says_what_was_written():
 
 
 # -- two real gloo processes, started by the test (so it sees their exit codes) ----------------------
-import os  # noqa: E402
 import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 DRIVER = str(ROOT / "tests" / "watchdog_driver.py")
 
 

@@ -118,6 +118,18 @@ class StoreView:
         self.store.add(f"left/{self.rank}", 1)
 
 
+def store_op_timeout(timeout: float) -> float:
+    """How long one store operation of the watchdog may take (a failed one is retried at the next beat).
+
+    Short, so that the heartbeat thread is never inside the store for long: a daemon thread still
+    inside a torch call (which released the GIL) when the interpreter finalizes is ended by CPython with
+    ``pthread_exit``, whose forced unwinding through pybind11's ``noexcept`` GIL guard aborts the process
+    ("terminate called without an active exception", exit -6; verified on torch 2.14 / Python 3.11).
+    :meth:`Watchdog.stop` (at ``atexit`` at the latest) waits this long, plus one second, for it.
+    """
+    return min(5.0, max(1.0, timeout / 4))
+
+
 def watchdog_store(default_store: Any, timeout: float) -> Any:
     """A store for the watchdog: its own TCPStore client when the default store is a TCPStore, else the default store.
 
@@ -131,7 +143,7 @@ def watchdog_store(default_store: Any, timeout: float) -> Any:
         inner = inner.underlying_store
     if isinstance(inner, dist.TCPStore):
         return dist.TCPStore(inner.host, inner.port, is_master=False,
-                             timeout=timedelta(seconds=max(timeout, 1.0)))
+                             timeout=timedelta(seconds=store_op_timeout(timeout)))
     return default_store
 
 
@@ -194,8 +206,8 @@ class Watchdog:
         self._goodbye = goodbye
         self._stopping.set()
         for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(2.0)
+            if thread is not threading.current_thread():  # out of the store before the interpreter finalizes
+                thread.join(store_op_timeout(self.timeout) + 1.0)
         if self._pipe is not None:
             if threading.current_thread() is threading.main_thread():
                 try:
