@@ -352,6 +352,8 @@ def test_the_main_process_busy_longer_than_the_timeout_does_not_trip_it(launch):
     codes = [run.wait(0, limit=240), run.wait(1, limit=30)]
     assert codes == [0, 0], run.output(0)[-3000:] + run.output(1)[-3000:]
     assert "not answered" not in run.output(0) + run.output(1)
+    # torch's own timeout, the backstop for a process that is alive but never arrives: 10 min, not gloo's 30.
+    assert [(run.out / f"pg_timeout.rank{r}").read_text() for r in (0, 1)] == ["0:10:00", "0:10:00"]
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@
 ``tiny``: the tests' tiny float64 GAN through ``run_script``, every rank writing the step it finished to
 ``OUT/step.rank<r>``; ``--step-sleep`` paces the steps so a test can act mid-training;
 ``--sleep-at 0:3:10``: process 0 alone sleeps 10 s at the end of step 3, before the next collective
-(main-only work while the other waits). ``example``: examples/dcgan_mnist.py, as launched by a user.
+(main-only work while the other waits). Each rank writes gloo's collective timeout to
+``OUT/pg_timeout.rank<r>``. ``example``: examples/dcgan_mnist.py, as launched by a user.
 """
 
 import argparse
@@ -57,6 +58,11 @@ def body() -> int:
                          output_dir=str(out / "run"), progress_bar=False, collective_timeout=args.timeout)
     trainer = GANTrainer(G, D, make_loader(make_images(64), 4), config, latent_sampler=TableLatents(1 << 17))
     trainer.callbacks.add(Pace(), before="signals")
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    (out / f"pg_timeout.rank{trainer.accelerator.process_index}").write_text(str(backend.options._timeout))
     trainer.fit()
     return 0
 
