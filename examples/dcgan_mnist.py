@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                           "checkpoint by Frechet distance (named in best.json)")
     run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--collective-timeout", type=positive_float, default=120.0, metavar="SECONDS",
+                     help="with several processes: stop every process, naming the one, when a process has not "
+                          "answered for this long (stopped, dead or unreachable; a busy one always answers)")
     model = parser.add_argument_group("model and optimisation")
     model.add_argument("--width", type=positive_int, default=32, help="DCGAN channel width (64 is the paper's)")
     model.add_argument("--z-dim", type=positive_int, default=100)
@@ -145,7 +148,7 @@ def train(args: argparse.Namespace) -> int:
         log_with=tuple(name.strip() for names in args.log_with for name in names.split(",") if name.strip()),
         tracker_project=args.tracker_project,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
+        keep_checkpoints=args.keep_checkpoints, collective_timeout=args.collective_timeout,
         num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
         label_distribution=getattr(args, "label_distribution", "uniform"),
         class_loss_weight=getattr(args, "class_weight", 0.0),

@@ -59,6 +59,9 @@ def leave_process_group() -> None:
     """
     import torch.distributed as dist
 
+    from .watchdog import stop_watchdog
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+        stop_watchdog()  # after the barrier: every rank got there, none may be reported silent for leaving
         dist.destroy_process_group()

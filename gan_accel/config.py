@@ -76,6 +76,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # the newest K complete checkpoints are kept
     nan_guard: bool = True  # skip non-finite updates on the device; counters read at log rows and checkpoints
     max_bad_updates: int = 10  # stop after this many consecutive skipped updates of one network
+    collective_timeout: float = 120.0  # seconds a process may stop answering (stopped, dead) before every process stops
     seed: int = 0
     progress_bar: bool = True
     log_with: tuple[str, ...] = ()  # experiment trackers through Accelerate: "tensorboard", "mlflow", "wandb", ..., "all"
@@ -103,6 +104,7 @@ class TrainConfig:
         _require_int("seed", self.seed, minimum=0)
         for name in ("lr_G", "lr_D"):
             _require_positive_float(name, getattr(self, name))
+        _require_positive_float("collective_timeout", self.collective_timeout, hint="seconds")
         for name in ("betas_G", "betas_D"):
             betas = getattr(self, name)
             if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):

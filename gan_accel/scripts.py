@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Any, Callable, NoReturn
 
 from .collective import leave_process_group
 from .errors import GanAccelError, TrainingInterrupted
 from .state.files import write_failure_reason
+from .watchdog import (claim_ending, describe_collective_failure, exit_on_late_signals, first_to_end, interrupted_line,
+                       run_record)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -73,23 +76,43 @@ def describe(error: BaseException) -> str | None:
 
 
 def run_script(body: Callable[[], int], debug: bool = False) -> int:
-    """Run a script's body; an expected failure becomes one ``error:`` line and exit code 2."""
+    """Run a script's body; an expected failure becomes one ``error:`` line and exit code 2.
+
+    A graceful stop (``TrainingInterrupted``) prints its line, then every rank leaves the process group
+    together, and exits 128 + the signal. An interruption that did not finish the graceful stop (a
+    second signal) says the step reached and the last complete checkpoint, once per launch.
+    """
+    run_record.reset()  # what this script does is what its interruption line reports
     try:
         code = body()
         leave_process_group()  # a clean exit of every rank of a launch (see its docstring)
         return code
     except TrainingInterrupted as stop:
+        claim_ending()  # the watchdog leaves the line to this one
         if _prints():
-            print(f"gan_accel: {stop}", file=sys.stderr)
+            print(f"gan_accel: {stop}", file=sys.stderr, flush=True)
+        exit_on_late_signals(stop.exit_code)  # the stop is complete: a launcher's SIGTERM only ends the exit
+        # Every rank stopped at the same step: they leave together (see leave_process_group), so none exits,
+        # and has the launcher SIGTERM the others, while another is still finishing its stop.
+        try:
+            leave_process_group()
+        except Exception:  # a process that ended at once on a late signal: the stop is complete all the same
+            pass
         return stop.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if debug:
             raise
-        if _prints():
-            print("error: interrupted (Ctrl-C) before training started; nothing was written", file=sys.stderr)
-        return 130
+        name = str(interrupt) if str(interrupt) in signal.Signals.__members__ else "SIGINT"  # as named by the
+        code = 128 + signal.Signals[name]  # stop handler (gan_accel.callbacks.signals) for a signal that insisted
+        # Say what is true (the step reached, the last checkpoint), once per launch.
+        if claim_ending() and first_to_end(code, otherwise=_prints()):
+            how = "interrupted (Ctrl-C)" if name == "SIGINT" else f"interrupted ({name})"
+            print(f"error: {interrupted_line(how)}", file=sys.stderr)
+        return code
     except Exception as error:
         line = describe(error)
+        if line is None and not debug:
+            line = describe_collective_failure(error)  # another process went away: not a bug here
         if debug or line is None:
             raise
         if _prints():

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gan_accel"
 ALLOWED = {
     "errors": set(),
     "batch": set(),
-    "collective": {"errors"},
+    "collective": {"errors", "watchdog"},
     "state": {"errors", "collective", "state"},
     "objectives": {"errors", "objectives"},
     "models": {"errors", "models"},
@@ -29,12 +29,13 @@ ALLOWED = {
     "visuals": {"pictures"},  # the pictures' old name, kept
     "plots": {"pictures"},  # likewise
     "eval": {"errors", "collective", "batch", "data", "state", "models", "eval"},
-    "callbacks": {"errors", "collective", "state", "pictures", "eval", "tracking", "callbacks"},
+    "callbacks": {"errors", "collective", "state", "pictures", "eval", "tracking", "callbacks", "watchdog"},
     "engine": {"errors", "collective", "batch", "config", "objectives", "state", "tracking", "augment", "callbacks",
-               "engine"},
+               "engine", "watchdog"},
     "sampling": {"errors", "config", "models", "state"},
-    "scripts": {"errors", "collective", "state"},
+    "scripts": {"errors", "collective", "state", "watchdog"},
     "cli": {"errors", "config", "state", "pictures", "sampling", "scripts", "data", "eval", "models", "cli"},
+    "watchdog": {"watchdog"},  # liveness and signals of a launch: below everything that trains
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.
 ENGINE_MAY_IMPORT_CALLBACKS = {"trainer.py", "trainer_state.py"}

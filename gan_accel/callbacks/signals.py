@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from ..watchdog.liveness import DUPLICATE_SIGNAL_WINDOW
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.at = 0.0  # time.monotonic() of the signal
 
     def __bool__(self) -> bool:
         return self.signum is not None
@@ -47,10 +50,12 @@ def stop_on_signals(flag: StopFlag, signums: tuple[int, ...] = (signal.SIGINT, s
     previous = {s: signal.getsignal(s) for s in signums}
 
     def handler(signum, frame):
-        if flag:  # second signal: the user insists
+        if flag:  # second signal: the user insists (unless it is the first one delivered twice)
+            if time.monotonic() - flag.at < DUPLICATE_SIGNAL_WINDOW:
+                return
             signal.signal(signum, previous[signum])
-            raise KeyboardInterrupt
-        flag.signum = signum
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        flag.signum, flag.at = signum, time.monotonic()
 
     for s in signums:
         signal.signal(s, handler)

@@ -13,6 +13,7 @@ from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
 from ..state.layout import TRACKERS
 from ..tracking import resolve_trackers, tracker_name
+from ..watchdog import start_watchdog
 
 
 def build_accelerator(config: TrainConfig) -> Accelerator:
@@ -45,6 +46,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
                                             logging_dir=str(Path(config.output_dir) / TRACKERS)),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
+    start_watchdog(config.collective_timeout)  # several processes: no wait without bound (gan_accel.watchdog)
     return accelerator
 
 

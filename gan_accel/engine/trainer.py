@@ -59,6 +59,7 @@ from .running_means import RunningMeans
 from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
 from .trainer_state import check_restorable, restore_buffers, trainer_state
 from .trainer_views import TrainerViews
+from ..watchdog import watch_run
 
 
 def loss_scale(accelerator: Accelerator) -> dict[str, float]:
@@ -232,6 +233,7 @@ class GANTrainer(TrainerViews):
     def _open(self, resume_from: Any, fork: bool) -> None:
         """Collective. Take the folder's lock, then start, continue or resume the run (engine/run_open.py)."""
         acc, cfg, folder, state = self.accelerator, self.config, self.run_folder, self.state
+        watch_run(self)  # what an interruption or a silent process reports: this run's step and checkpoint
         run_together(acc, self.lock.acquire, main_only=True)
         describe = lambda: folder.write_description(cfg, self.fixed_latents, state.step, self.fixed_labels)  # noqa: E731
         if resume_from is None:
