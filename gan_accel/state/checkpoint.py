@@ -42,6 +42,7 @@ from .pickles import check_checkpoint_files, load_pickle
 from .safe_tree import load_tree, save_tree
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
+ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
 
 
 def read_marker(path: Path) -> dict[str, Any]:
@@ -161,13 +162,11 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
             f"{path} was written by {saved_processes} process(es) and this run has {accelerator.num_processes}: "
             f"the batch per step, the data order and the noise depend on it; resume with {saved_processes} "
             f"(accelerate launch --num_processes {saved_processes}), or start a new run")
-    if engine_state_file(path, rank) is None:
-        raise CheckpointError(
-            f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
-            "resume with the number of processes that wrote it"
-        )
 
     def read() -> dict[str, Any]:
+        if engine_state_file(path, rank) is None:
+            raise CheckpointError(f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
+                                  "resume with the number of processes that wrote it")
         check_checkpoint_files(path)  # before load_state: no file is unpickled beyond tensors and plain data
         return _with_shared_states(path, read_engine_state(path, rank), rank)
 
@@ -222,9 +221,6 @@ def read_engine_state(path: Path, rank: int) -> dict[str, Any]:
         raise CheckpointError(f"{file} is not a gan_accel engine state ({what}): the checkpoint was damaged or "
                               "written by something else; resume from another checkpoint")
     return state
-
-
-ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
 
 
 def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
