@@ -21,6 +21,7 @@ import torch
 
 from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
+from gan_accel.engine.launch import describe_launch
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
 from gan_accel.scripts import ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, run_script
 
@@ -180,8 +181,8 @@ def train(args: argparse.Namespace) -> int:
     trainer = GANTrainer(G, D, loader, config, accelerator=accelerator, callbacks=callbacks)
     accelerator.print(
         f"gan_accel: {dataset.name} ({len(dataset.images)} images from {dataset.source}); {config.max_steps} steps of "
-        f"{args.batch_size} x {args.grad_accum} x {accelerator.num_processes} process(es); "
-        f"{accelerator.distributed_type.value} on {accelerator.device}; output in {config.output_dir}"
+        f"{args.batch_size} x {args.grad_accum} images per process; {describe_launch(accelerator)}; output in "
+        f"{config.output_dir}"
     )
     metrics = trainer.fit(resume_from=args.resume, fork=args.fork)
     # One line per process, so a multi-process launch shows that every rank trained its share.

@@ -33,6 +33,11 @@ class CheckpointError(GanAccelError, RuntimeError):
     """A checkpoint cannot be used to resume: missing, partial, corrupt, or from another model."""
 
 
+class UnsafeFileError(CheckpointError):
+    """A file gan_accel reads (a checkpoint's, a run folder's, a cache's) is not in the form it expects: a pickle
+    holding more than tensors and plain data (unpickling it could run code), or a malformed safe file."""
+
+
 class DivergenceError(GanAccelError, RuntimeError):
     """Too many consecutive non-finite updates: the run has diverged."""
 

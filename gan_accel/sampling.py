@@ -27,7 +27,7 @@ from torch import nn
 from .config import upgrade_config_dict
 from .errors import CheckpointError, ConfigError
 from .models import build_generator
-from .state.checkpoint import is_complete, list_checkpoints, read_marker
+from .state.checkpoint import engine_state_file, is_complete, list_checkpoints, read_engine_state, read_marker
 from .state.layout import CHECKPOINTS, ENGINE_STATE, GENERATOR, RAW_GENERATOR, checkpoint_name
 from .state.weights import load_weights, read_metadata
 
@@ -50,7 +50,7 @@ def load_generator(path: str | os.PathLike, ema: bool = True) -> tuple[nn.Module
         raise CheckpointError(f"{weights} not found: is {path} a finished gan_accel run folder (the weights are "
                               "written at the end of a run), or pass one of its checkpoints/checkpoint_<step> folders")
     metadata = read_metadata(weights)
-    config = upgrade_config_dict(metadata.get("config", {}))
+    config = upgrade_config_dict(metadata.get("config") if isinstance(metadata.get("config"), dict) else {})
     exported_ema = metadata.get("ema", _config_has_ema(config))
     if exported_ema and not ema:
         return _raw_of_export(path, metadata.get("step"))
@@ -61,6 +61,9 @@ def load_generator(path: str | os.PathLike, ema: bool = True) -> tuple[nn.Module
 
 def _raw_of_export(run: Path, step: Any) -> tuple[nn.Module, dict[str, Any]]:
     """The raw G of a finished run whose export is the EMA: from the checkpoint of the export's step."""
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise CheckpointError(f"{run}/{GENERATOR} records step {str(step)[:40]!r}, which is not a step: the file was "
+                              "changed or damaged; pass one of the run's checkpoint folders instead")
     checkpoint = run / CHECKPOINTS / checkpoint_name(int(step or 0))
     if not is_complete(checkpoint):
         found = [p.name for p in list_checkpoints(run)]
@@ -72,21 +75,19 @@ def _raw_of_export(run: Path, step: Any) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def _from_checkpoint(path: Path, ema: bool = True) -> tuple[nn.Module, dict[str, Any]]:
-    state_file = path / ENGINE_STATE.format(rank=0)
-    if not state_file.is_file():
-        raise CheckpointError(f"checkpoint {path} has no {state_file.name} (the engine state, with the EMA and the "
-                              "config): it was copied in part or damaged; pass another checkpoint of the run")
-    try:
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-    except Exception as error:
-        raise CheckpointError(f"cannot read {state_file} (truncated or corrupt?): {error}") from error
-    config = upgrade_config_dict(read_marker(path).get("config") or state["config"])
+    state_file = engine_state_file(path, 0)
+    if state_file is None:
+        raise CheckpointError(f"checkpoint {path} has no {ENGINE_STATE.format(rank=0)} (the engine state, with the EMA "
+                              "and the config): it was copied in part or damaged; pass another checkpoint of the run")
+    state = read_engine_state(path, 0)  # safe formats only: nothing in it can run code
+    marker_config = read_marker(path).get("config")
+    config = upgrade_config_dict(marker_config if isinstance(marker_config, dict) and marker_config else state["config"])
     G = _build(config, path)
-    callbacks = state.get("callbacks", {})
+    callbacks = state["callbacks"]
     average = next((callbacks[name] for name in EMA_STATE_NAMES if name in callbacks), None)
     has_ema = isinstance(average, dict)
     if has_ema and ema:  # the run samples from the EMA of G: so does this
-        G.load_state_dict(average["module"])
+        _load_average(G, average, state_file)
         source = state_file
     else:
         source = path / RAW_GENERATOR
@@ -95,6 +96,18 @@ def _from_checkpoint(path: Path, ema: bool = True) -> tuple[nn.Module, dict[str,
                                   "part or damaged; pass another checkpoint of the run")
         load_weights(G, source)
     return G.eval(), _info(config, state["step"], ema=has_ema and ema, has_ema=has_ema, weights=source)
+
+
+def _load_average(G: nn.Module, average: dict[str, Any], state_file: Path) -> None:
+    weights = average.get("module")
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"{state_file} holds no EMA weights of G (its EMA state has no tensors under 'module'): "
+                              "the checkpoint was damaged; pass another checkpoint, or --no-ema / ema=False")
+    try:
+        G.load_state_dict(weights)
+    except RuntimeError as error:
+        raise CheckpointError(f"the EMA weights in {state_file} do not fit the generator its config describes: "
+                              f"{str(error).strip().splitlines()[0]}") from None
 
 
 def _config_has_ema(config: dict[str, Any]) -> bool:

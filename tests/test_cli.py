@@ -262,7 +262,7 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
             (checkpoint / "model.safetensors").unlink()
             return ["sample", checkpoint, "--no-ema", "--out", out]
         if case == "no-engine-state":
-            (checkpoint / "gan_accel_state_0.pt").unlink()
+            (checkpoint / "gan_accel_state_0.safetensors").unlink()
             return ["sample", checkpoint, "--out", out]
         if case == "partial":
             (checkpoint / "COMPLETE").unlink()
@@ -332,7 +332,7 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     ("no-export-no-checkpoint", "has no generator.safetensors (written when training ends) and no complete checkpoint "
                                 "yet: there is nothing to sample"),
     ("no-weights", "holds no weights of G (model.safetensors is missing)"),
-    ("no-engine-state", "has no gan_accel_state_0.pt (the engine state"),
+    ("no-engine-state", "has no gan_accel_state_0.safetensors (the engine state"),
     ("label-unconditional", "this run is unconditional (no num_classes): it cannot sample a chosen class"),
     ("label-out-of-range", "label 7 is outside the run's classes 0..2"),
     ("label-negative", "argument --label: '-1' is not a whole number >= 0"),

@@ -18,6 +18,7 @@ from conftest import NUM_CLASSES, Z_DIM, make_images, make_labels, make_loader, 
 from gan_accel import GANTrainer, PreflightError, TrainConfig
 from gan_accel.config import compare_configs
 from gan_accel.models import ConditionalDCGANGenerator, ProjectionDiscriminator
+from gan_accel.state.run_folder import read_fixed_latents
 
 
 def config(tmp_path, **overrides) -> TrainConfig:
@@ -106,8 +107,9 @@ def test_grids_have_one_row_per_class_from_fixed_labels_saved_with_the_run(tmp_p
     trainer = trainer_with(tmp_path)  # num_samples=7, 3 classes: 2 columns, 3 rows
     trainer.fit()
     out = tmp_path / "run"
-    assert torch.equal(torch.load(out / "fixed_labels.pt"), torch.tensor([0, 0, 1, 1, 2, 2]))
-    assert torch.load(out / "fixed_noise.pt").shape == (6, Z_DIM)
+    fixed_latents, fixed_labels = read_fixed_latents(out)
+    assert torch.equal(fixed_labels, torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert fixed_latents.shape == (6, Z_DIM)
     grid = Image.open(out / "samples_000002.png")
     # torchvision's grid: padding 2 around 4x4 images -> 2 columns = 14 px wide, 3 rows = 20 px high
     assert grid.size == (2 * (4 + 2) + 2, 3 * (4 + 2) + 2)

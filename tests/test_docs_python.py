@@ -58,7 +58,9 @@ def check_callbacks(runs: Path, namespace: dict) -> None:
 def check_conditional(runs: Path, namespace: dict) -> None:
     # one grid row per class, samples of the class asked for
     assert namespace["threes"].shape == (8, 1, 28, 28)
-    fixed_labels = torch.load(runs / "conditional" / "fixed_labels.pt")
+    from gan_accel.state.run_folder import read_fixed_latents
+
+    fixed_labels = read_fixed_latents(runs / "conditional")[1]
     assert torch.equal(fixed_labels, torch.arange(10).repeat_interleave(10))
 
 
@@ -88,6 +90,11 @@ def check_health_and_trackers(runs: Path, namespace: dict) -> None:
     assert list((runs / "tracked" / "trackers" / "tracked").glob("events.out.tfevents.*"))
 
 
+def check_security(runs: Path, namespace: dict) -> None:
+    # the safe tree's round trip, as the page shows it
+    assert namespace["back"]["step"] == 3 and torch.equal(namespace["back"]["ema"]["w"], namespace["tree"]["ema"]["w"])
+
+
 CHECKS = {
     "README.md": check_readme,
     "docs/api.md": check_api,
@@ -98,6 +105,7 @@ CHECKS = {
     "docs/resume.md": check_resume,
     "docs/evaluation.md": check_evaluation,
     "docs/health-and-trackers.md": check_health_and_trackers,
+    "docs/security.md": check_security,
 }
 
 

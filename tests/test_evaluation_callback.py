@@ -13,6 +13,7 @@ from gan_accel import Callback, GANTrainer, TrainConfig, list_checkpoints
 from gan_accel.callbacks import Evaluator
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.eval import frechet_distance_from_features
+from gan_accel.state.checkpoint import read_engine_state
 
 
 def flatten(images: torch.Tensor) -> torch.Tensor:
@@ -95,7 +96,7 @@ def test_best_checkpoint_is_kept_and_named(tmp_path):
     assert best["checkpoint"] == "checkpoints/checkpoint_00000004"
     assert "best.json" in json.loads((run / "manifest.json").read_text())["files"]
     # The best checkpoint's own state knows it is the best: a run resumed from it keeps it.
-    state = torch.load(run / "checkpoints" / "checkpoint_00000004" / "gan_accel_state_0.pt", weights_only=False)
+    state = read_engine_state(run / "checkpoints" / "checkpoint_00000004", 0)
     assert state["callbacks"]["evaluator"]["best"]["step"] == 4
 
 

@@ -15,6 +15,7 @@ from PIL import Image
 
 from conftest import mnist_dir
 from gan_accel.callbacks.metrics_log import read_metrics
+from gan_accel.state.run_folder import read_fixed_latents
 
 pytestmark = pytest.mark.slow
 
@@ -196,7 +197,7 @@ def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
     assert result.returncode == 0, result.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["num_classes"] == 10 and config["model"]["conditional"] is True
-    assert torch.equal(torch.load(out / "fixed_labels.pt"), torch.arange(10).repeat_interleave(10))
+    assert torch.equal(read_fixed_latents(out)[1], torch.arange(10).repeat_interleave(10))
     with Image.open(out / "samples_final.png") as grid:
         assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples
     sample = gan_accel_command(["sample", str(out), "--label", "7", "--num", "5", "--format", "npz",

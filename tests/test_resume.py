@@ -154,7 +154,9 @@ def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, condition
     # One copy of the EMA per checkpoint: process 1's file points at process 0's (and resuming above used it).
     from gan_accel.state.checkpoint import SHARED_STATE
 
-    main, other = (torch.load(final / f"gan_accel_state_{rank}.pt", weights_only=False) for rank in (0, 1))
+    from gan_accel.state.safe_tree import load_tree
+
+    main, other = (load_tree(final / f"gan_accel_state_{rank}.safetensors") for rank in (0, 1))
     assert other["callbacks"]["generator_ema"] == SHARED_STATE
     ema_weights = main["callbacks"]["generator_ema"]["module"]
     assert ema_weights and all(isinstance(v, torch.Tensor) for v in ema_weights.values())

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from conftest import assert_close_dicts, params, reset_accelerate_state
 from gan_accel import GANTrainer, PreflightError, PreflightWarning, TrainConfig
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator, MLPDiscriminator, MLPGenerator
+from gan_accel.state.run_folder import read_fixed_latents
 
 
 def config(tmp_path, **overrides) -> TrainConfig:
@@ -38,7 +39,7 @@ def test_a_latent_sampler_of_another_size_makes_the_fixed_noise_too(tmp_path):
     run = tmp_path / "run"
     assert [p.name for p in sorted(run.glob("samples_*.png"))] == ["samples_000002.png", "samples_000004.png",
                                                                     "samples_final.png"]
-    assert torch.load(run / "fixed_noise.pt").shape == (16, 16)
+    assert read_fixed_latents(run)[0].shape == (16, 16)
 
 
 class DictG(nn.Module):
@@ -57,7 +58,7 @@ def test_structured_latents_flow_to_G_and_to_the_fixed_noise(tmp_path):
     sampler = lambda n, device: {"z": torch.randn(n, 8, device=device), "shift": torch.rand(n, device=device)}  # noqa
     trainer = GANTrainer(DictG(), DCGANDiscriminator(width=8), image_loader(), config(tmp_path), latent_sampler=sampler)
     trainer.fit()
-    fixed = torch.load(tmp_path / "run" / "fixed_noise.pt")
+    fixed = read_fixed_latents(tmp_path / "run")[0]
     assert fixed["z"].shape == (16, 8) and fixed["shift"].shape == (16,)
     assert (tmp_path / "run" / "samples_final.png").exists()
 

@@ -240,10 +240,15 @@ def _run_ids(trackers: list[Any]) -> dict[str, str]:
 
 
 def _read_ids(folder: Path) -> dict[str, dict[str, str]]:
+    """The tracker run ids a resume continues; anything but {project: {tracker: id}} is ignored (a new run)."""
     try:
-        return json.loads((folder / RUN_IDS).read_text())
-    except (OSError, ValueError):
+        saved = json.loads((folder / RUN_IDS).read_text())
+    except (OSError, ValueError, RecursionError):
         return {}
+    if not isinstance(saved, dict):
+        return {}
+    return {project: {k: v for k, v in ids.items() if isinstance(k, str) and isinstance(v, str)}
+            for project, ids in saved.items() if isinstance(ids, dict)}
 
 
 def _write_ids(folder: Path, project: str, ids: dict[str, str]) -> None:

@@ -151,7 +151,9 @@ def _history(path: Path, notes: list[str]) -> list[dict[str, Any]]:
             continue
         try:
             entry = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
+            entry = None
+        if not isinstance(entry, dict):
             notes.append(f"{HISTORY}: an unreadable line skipped")
             continue
         entry.pop("config", None)  # the whole config of a start or fork: config.json and the checkpoints hold it

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 from pathlib import Path
+from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType,
@@ -21,10 +24,12 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
 
     - ``sync_with_dataloader=False``: accumulation windows run across epoch ends, so every
       optimizer step sees exactly ``grad_accum_steps`` micro-batches (a true larger batch).
-    - ``broadcast_buffers=False``: D is called on real and on fake images before one backward;
-      re-broadcasting BatchNorm buffers between those calls is an in-place change that breaks
-      autograd on CUDA. BatchNorm running statistics are then per process; they matter only in
-      eval mode, where the main process's copy is the one used for samples and saved.
+    - no buffer syncing in DDP's forward (:func:`ddp_kwargs`: ``forward_sync_buffers=False``, or
+      ``broadcast_buffers=False`` where torch predates that name): D is called on real and on fake
+      images before one backward; re-broadcasting BatchNorm buffers between those calls is an
+      in-place change that breaks autograd on CUDA. BatchNorm running statistics are then per
+      process; they matter only in eval mode, where the main process's copy is the one used for
+      samples and saved.
     - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
       reproducible and lets a resumed run skip to the same position.
     - trackers: ``log_with=`` the trackers of ``config.log_with`` whose package is installed (the
@@ -37,7 +42,7 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=config.grad_accum_steps, sync_with_dataloader=False
         ),
-        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+        kwargs_handlers=[ddp_kwargs()],
         # data_seed: without it the sampler seeds itself from torch's initial seed, which differs per
         # process once noise is seeded per process, and the ranks would shard different permutations.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
@@ -48,6 +53,57 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
     check_launch(accelerator)  # before the caller loads data or builds models
     start_watchdog(config.collective_timeout)  # several processes: no wait without bound (gan_accel.watchdog)
     return accelerator
+
+
+def ddp_kwargs() -> DistributedDataParallelKwargs:
+    """DDP without buffer syncing in forward, by the current name of that switch, so no deprecation warning.
+
+    torch 2.13 renamed DDP's ``broadcast_buffers`` to ``forward_sync_buffers`` and warns at every wrap that
+    gets the old one. Where Accelerate's ``DistributedDataParallelKwargs`` has the new field, it is used; where
+    only torch has it (Accelerate 1.16 and before), the handler passes it on to DDP itself; with an older torch,
+    ``broadcast_buffers=False``. (``forward_sync_buffers=False`` still broadcasts buffers once when DDP wraps the
+    model, where ``broadcast_buffers=False`` did not: gan_accel's networks are identical on every process then,
+    and a resume restores each process's own BatchNorm statistics after the wrap.)
+    """
+    if "forward_sync_buffers" in {field.name for field in dataclasses.fields(DistributedDataParallelKwargs)}:
+        return DistributedDataParallelKwargs(forward_sync_buffers=False)
+    if not ddp_takes("forward_sync_buffers"):
+        return DistributedDataParallelKwargs(broadcast_buffers=False)
+    handler = DistributedDataParallelKwargs()
+
+    def to_kwargs() -> dict[str, Any]:
+        # Accelerate passes handler.to_kwargs() to DistributedDataParallel(...); a twin without this override
+        # gives the fields' own (so a field changed later still counts), then the new name is added.
+        twin = DistributedDataParallelKwargs(**{f.name: getattr(handler, f.name)
+                                                for f in dataclasses.fields(DistributedDataParallelKwargs) if f.init})
+        return {**twin.to_kwargs(), "forward_sync_buffers": False}
+
+    handler.to_kwargs = to_kwargs  # Accelerate maps handlers by exact class: a subclass would not be accepted
+    return handler
+
+
+def ddp_takes(argument: str) -> bool:
+    """Whether this torch's ``DistributedDataParallel`` takes ``argument``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return argument in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+_KINDS = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP", "XLA": "XLA", "MEGATRON_LM": "Megatron-LM"}
+
+
+def describe_launch(accelerator: Accelerator) -> str:
+    """The launch in words, for people: ``1 process on cpu``, ``2 processes (DDP, gloo) on cpu``,
+    ``8 processes (DDP, nccl) on cuda:0`` (the device is this process's)."""
+    n, kind = accelerator.num_processes, accelerator.distributed_type.value
+    device = accelerator.device
+    where = "cpu" if device.type == "cpu" else str(device)  # a CPU process's device reads "cpu:0" under DDP
+    if n == 1 and kind == "NO":
+        return f"1 process on {where}"
+    name = "DDP" if kind.startswith("MULTI_") else _KINDS.get(kind, kind.replace("_", " ").title())
+    backend = getattr(accelerator.state, "backend", None)
+    how = ", ".join(str(part) for part in (name, backend) if part)
+    return f"{n} process{'es' if n != 1 else ''} ({how}) on {where}"
 
 
 def launched_world_size() -> int:
@@ -82,12 +138,12 @@ def check_launch(accelerator: Accelerator) -> None:
     without ``ACCELERATE_USE_CPU=1``: every process would silently train its own duplicate copy.
     """
     if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
-        raise LaunchError(f"the Accelerator uses {accelerator.distributed_type.value}: {SHARDING_REFUSED}")
+        raise LaunchError(f"the Accelerator uses {describe_launch(accelerator)}: {SHARDING_REFUSED}")
     world = launched_world_size()
     if world > 1 and accelerator.num_processes == 1:
         raise LaunchError(
-            f"{world} processes were launched but Accelerate sees only one (distributed type "
-            f"{accelerator.distributed_type.value}): each process would train its own duplicate model. "
+            f"{world} processes were launched but Accelerate sees only one ({describe_launch(accelerator)}): each "
+            "process would train its own duplicate model. "
             "On a machine without GPUs run `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu "
             "--num_processes N ...` (gloo backend); on GPUs check `accelerate env` and your config file."
         )

@@ -57,7 +57,7 @@ from .run_open import apply_schedule_changes, choose_checkpoint, record_resume, 
 from .runner import PhaseRunner
 from .running_means import RunningMeans
 from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
-from .trainer_state import check_restorable, restore_buffers, trainer_state
+from .trainer_state import check_restorable, restore_buffers, restore_engine_state, trainer_state
 from .trainer_views import TrainerViews
 from ..watchdog import watch_run
 
@@ -248,7 +248,7 @@ class GANTrainer(TrainerViews):
         saved = load_checkpoint(acc, target.path, acc.process_index)
         if "config" not in read_marker(target.path):  # a checkpoint from before the marker held the config
             refuse_fixed_changes(target.path, saved["config"], cfg.to_dict())
-        self.load_state_dict(saved)
+        restore_engine_state(self, saved, target.path)
         _, changes = compare_configs(saved["config"], cfg.to_dict())
         notes = apply_schedule_changes(cfg, saved["config"], changes, self.runner.plan, self.optimizers,
                                        self.schedulers, self.built_from_config,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from torch import nn
 
 from ..callbacks.base import RENAMED
-from ..errors import CheckpointError
+from ..errors import CheckpointError, GanAccelError
 
 if TYPE_CHECKING:
     from .trainer import GANTrainer
@@ -45,6 +45,19 @@ def check_restorable(state: Mapping[str, Any], num_processes: int, callback_stat
         raise CheckpointError(
             f"the checkpoint holds the state of callbacks {sorted(saved)} but this run has {sorted(current)} "
             "(e.g. ema_decay differs): resume with the run's original config")
+
+
+def restore_engine_state(trainer: "GANTrainer", state: Mapping[str, Any], checkpoint: Any) -> None:
+    """``trainer.load_state_dict(state)``; a state that is well formed but does not hold what this run needs (a
+    damaged or hand-made file: a key missing, a value of another type) is refused in one line naming the checkpoint."""
+    try:
+        trainer.load_state_dict(state)
+    except GanAccelError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
+        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        raise CheckpointError(f"the engine state in {checkpoint} does not fit this run ({type(error).__name__}: {text}): "
+                              "it was damaged or written by something else; resume from another checkpoint") from error
 
 
 def restore_buffers(networks: Mapping[str, nn.Module], unwrap: Any, buffers: Mapping[str, Mapping[str, Any]]) -> None:

@@ -65,7 +65,17 @@ def _inception_class() -> type:
 
 
 def _torch_fidelity_backend(weights: str, features_list: list[str]) -> nn.Module:
-    """torch-fidelity's Inception-v3, loaded from a local file (a path, so it never downloads)."""
+    """torch-fidelity's Inception-v3, loaded from a local file (a path, so it never downloads).
+
+    torch-fidelity reads the file with a plain ``torch.load``, which unpickles anything before torch 2.6: the
+    file is first checked to hold tensors and plain data only (``weights_only=True``), else refused."""
+    from ..errors import UnsafeFileError
+    from ..state.pickles import load_pickle
+
+    try:
+        load_pickle(weights, mmap=True)
+    except UnsafeFileError as error:
+        raise InceptionUnavailable(f"{error} (expected torch-fidelity's {WEIGHTS_FILE})") from None
     return _inception_class()("inception-v3-compat", features_list, feature_extractor_weights_path=weights)
 
 

@@ -20,6 +20,7 @@ from ..data.loader import uint8_to_float
 from ..data.mnist import load_mnist_uint8
 from ..errors import GanAccelError
 from ..state.files import atomic_path
+from ..state.safe_tree import check_regular_file
 from .features import compute_features
 
 
@@ -127,11 +128,13 @@ def load_or_train_classifier(
     path = Path(cache_path)
     if path.exists():
         try:
-            state = load_file(str(path))
+            check_regular_file(path)
+            state = load_file(str(path))  # safetensors: tensors only, nothing in the file can run
         except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
+            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise ClassifierCacheError(
-                f"cannot read cached MNIST classifier {path} ({exc}); delete the file to retrain it"
-            ) from exc
+                f"cannot read cached MNIST classifier {path} ({reason}); delete the file to retrain it"
+            ) from None
         model = MnistClassifier()
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         found = {k: tuple(v.shape) for k, v in state.items()}

@@ -4,10 +4,16 @@ A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint_<step>``:
 
 * Accelerate's state: both models, both optimizers, both schedulers, the seedable sampler, the
   fp16 scaler and one ``random_states_<rank>.pkl`` per process (so ``save_state`` runs on every rank).
-* ``gan_accel_state_<rank>.pt``: the trainer's own state on that process: counters, the phase
-  counters, its position in the epoch, the running metric sums, the callbacks' state (the EMA), the
-  fixed latents, the config and the BatchNorm buffers.
+* ``gan_accel_state_<rank>.safetensors``: the trainer's own state on that process: counters, the
+  phase counters, its position in the epoch, the running metric sums, the callbacks' state (the EMA),
+  the fixed latents, the config and the BatchNorm buffers; tensors as safetensors, the rest as JSON
+  (:mod:`gan_accel.state.safe_tree`). Checkpoints written before hold ``gan_accel_state_<rank>.pt``,
+  still read, with ``torch.load(weights_only=True)``.
 * ``COMPLETE``: written last.
+
+Nothing is unpickled beyond tensors and plain data: before ``load_state``, every file of the
+checkpoint is checked (:func:`gan_accel.state.pickles.check_checkpoint_files`), and a file that would
+need more is refused in one line naming it.
 
 Everything is first written to ``.tmp-checkpoint_<step>``. After a barrier (``save_state`` has none
 of its own, and other ranks may still be writing their RNG files) the main process writes
@@ -27,21 +33,26 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from ..collective import raise_together
+from ..collective import raise_together, run_together
 from ..errors import CheckpointError, RunFolderError
 from .files import is_write_failure, write_failure_reason
-from .layout import (CHECKPOINT_PREFIX, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX, checkpoint_name, checkpoint_root,
-                     checkpoint_run_folder)
+from .layout import (CHECKPOINT_PREFIX, COMPLETE, ENGINE_STATE, LEGACY_ENGINE_STATE, RNG_STATE, TMP_PREFIX,
+                     checkpoint_name, checkpoint_root, checkpoint_run_folder)
+from .pickles import check_checkpoint_files, load_pickle
+from .safe_tree import load_tree, save_tree
 
-SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0.pt holds
+SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
+ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
 
 
 def read_marker(path: Path) -> dict[str, Any]:
-    """What ``COMPLETE`` records: the step, the number of processes and the run's id (older ones: fewer keys)."""
+    """What ``COMPLETE`` records: the step, the number of processes and the run's id (older ones: fewer keys;
+    a marker that is not a JSON object counts as an old empty one)."""
     try:
-        return json.loads((path / COMPLETE).read_text() or "{}")
-    except (OSError, ValueError):
+        marker = json.loads((path / COMPLETE).read_text() or "{}")
+    except (OSError, ValueError, RecursionError):
         return {}
+    return marker if isinstance(marker, dict) else {}
 
 
 def is_complete(path: Path) -> bool:
@@ -105,7 +116,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
 
     def write_own_files() -> None:
         accelerator.save_state(str(tmp))
-        torch.save(engine_state, tmp / ENGINE_STATE.format(rank=accelerator.process_index))
+        save_tree(engine_state, tmp / ENGINE_STATE.format(rank=accelerator.process_index))
 
     def publish() -> None:
         if accelerator.is_main_process:
@@ -151,17 +162,16 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
             f"{path} was written by {saved_processes} process(es) and this run has {accelerator.num_processes}: "
             f"the batch per step, the data order and the noise depend on it; resume with {saved_processes} "
             f"(accelerate launch --num_processes {saved_processes}), or start a new run")
-    state_file = path / ENGINE_STATE.format(rank=rank)
-    if not state_file.is_file():
-        raise CheckpointError(
-            f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
-            "resume with the number of processes that wrote it"
-        )
-    try:
-        engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
-    except Exception as error:  # truncated pickle, ...
-        raise CheckpointError(f"cannot read {state_file} (truncated or corrupt?): {error}") from error
-    engine_state = _with_shared_states(path, engine_state, rank)
+
+    def read() -> dict[str, Any]:
+        if engine_state_file(path, rank) is None:
+            raise CheckpointError(f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
+                                  "resume with the number of processes that wrote it")
+        check_checkpoint_files(path)  # before load_state: no file is unpickled beyond tensors and plain data
+        return _with_shared_states(path, read_engine_state(path, rank), rank)
+
+    # Agreed: a file only one process reads (its engine state) must not leave the others waiting in load_state.
+    engine_state = run_together(accelerator, read)
     try:
         accelerator.load_state(str(path))
     except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
@@ -177,14 +187,40 @@ def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> 
     callbacks = engine_state.get("callbacks", {})
     shared = [name for name, state in callbacks.items() if isinstance(state, str) and state == SHARED_STATE]
     if shared and rank != 0:
-        main_file = path / ENGINE_STATE.format(rank=0)
-        try:
-            main_state = torch.load(main_file, map_location="cpu", weights_only=False)
-        except Exception as error:
-            raise CheckpointError(f"cannot read {main_file} (truncated or corrupt?): {error}") from error
+        main_state = read_engine_state(path, 0)
+        missing = [name for name in shared if name not in main_state["callbacks"]]
+        if missing:
+            raise CheckpointError(f"{engine_state_file(path, 0)} lacks the state of callback(s) {missing} that the other "
+                                  "processes' files point to: the checkpoint was damaged; resume from another one")
         for name in shared:
             callbacks[name] = main_state["callbacks"][name]
     return engine_state
+
+
+def engine_state_file(path: Path, rank: int) -> Path | None:
+    """The engine state of process ``rank`` in checkpoint ``path``: the safe file, or an older checkpoint's
+    pickle; None when there is neither."""
+    for name in (ENGINE_STATE, LEGACY_ENGINE_STATE):
+        file = path / name.format(rank=rank)
+        if os.path.lexists(file):
+            return file
+    return None
+
+
+def read_engine_state(path: Path, rank: int) -> dict[str, Any]:
+    """Process ``rank``'s engine state in checkpoint ``path``, read without running code: the safe tree, or (an
+    older checkpoint) its pickle with ``weights_only=True``. Raises :class:`CheckpointError` in one line naming the
+    file when there is none, or it is unsafe, corrupt or not an engine state."""
+    file = engine_state_file(path, rank)
+    if file is None:
+        raise CheckpointError(f"{path} has no {ENGINE_STATE.format(rank=rank)} (the engine state of process {rank})")
+    state = load_tree(file) if file.suffix == ".safetensors" else load_pickle(file)
+    missing = [key for key in ENGINE_STATE_KEYS if not isinstance(state, dict) or key not in state]
+    if missing or not isinstance(state["callbacks"], dict) or not isinstance(state["config"], dict):
+        what = f"it lacks {missing}" if missing else "its callbacks or config is not a dict"
+        raise CheckpointError(f"{file} is not a gan_accel engine state ({what}): the checkpoint was damaged or "
+                              "written by something else; resume from another checkpoint")
+    return state
 
 
 def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
@@ -195,8 +231,12 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
             f"{path} has no RNG state for process {accelerator.process_index}: it was saved with fewer "
             "processes; resume with the same number of processes for an exact continuation"
         )
-    saved = torch.load(rng_file, weights_only=False)
-    if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
+    saved = load_pickle(rng_file, numpy=True)  # the allow-list Accelerate loads it with: never more
+    seed = saved.get("torch_manual_seed") if isinstance(saved, dict) else None
+    if not isinstance(seed, torch.Tensor):
+        raise CheckpointError(f"{rng_file} holds no torch RNG state (torch_manual_seed): the checkpoint was damaged; "
+                              "resume from another one")
+    if not torch.equal(seed, torch.get_rng_state()):
         raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
 
 

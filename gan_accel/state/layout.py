@@ -8,7 +8,7 @@ One run folder (``TrainConfig.output_dir``)::
       history.jsonl             one dated line per start, resume, branch, fork, overwrite         RunFolder
       .lock                     who holds the run (host, pid, since) while it trains              RunLock
       metrics.jsonl             one JSON row per log interval                                     MetricsLogger
-      fixed_noise.pt            the progress samples' latents (and fixed_labels.pt: their labels) RunFolder
+      fixed_noise.safetensors   the progress samples' latents (fixed_labels.safetensors: labels)  RunFolder
       samples_<step>.png        progress grids (or scatter plots; samples_<step>.pt otherwise)    SampleSaver
       samples_final.png, progress.gif                                                             SampleSaver
       training_plot.png         the metrics as line charts                                        TrainingPlot
@@ -22,8 +22,12 @@ One run folder (``TrainConfig.output_dir``)::
         abandoned/<label>/      what a resume of an older checkpoint moved aside                  RunFolder
 
 Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.safetensors`` D, the
-optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.pt``
+optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.safetensors``
 (the trainer's own state on that process) and ``COMPLETE`` (JSON: step, processes, run id, config).
+
+gan_accel's own files hold tensors as safetensors and everything else as JSON (``state/safe_tree.py``);
+the ``LEGACY_`` names are what runs wrote before, still recognised and read without unpickling code
+(``state/pickles.py``; docs/security.md lists every file read and how).
 
 Everything that names one of these files takes the name from here, and everything that reads
 ``metrics.jsonl`` or a JSON file of the run reads it with the functions below.
@@ -44,8 +48,8 @@ MANIFEST = "manifest.json"
 HISTORY = "history.jsonl"
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
-FIXED_NOISE = "fixed_noise.pt"
-FIXED_LABELS = "fixed_labels.pt"
+FIXED_NOISE = "fixed_noise.safetensors"
+FIXED_LABELS = "fixed_labels.safetensors"
 GENERATOR = "generator.safetensors"
 BEST = "best.json"
 EVAL = "eval.json"
@@ -61,14 +65,19 @@ TMP_PREFIX = ".tmp-"
 
 # -- inside a checkpoint --------------------------------------------------------------------------------
 COMPLETE = "COMPLETE"
-ENGINE_STATE = "gan_accel_state_{rank}.pt"
+ENGINE_STATE = "gan_accel_state_{rank}.safetensors"
 RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
 RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
+
+# -- the same files as runs wrote them before gan_accel used safe formats (pickles) ----------------------
+LEGACY_FIXED_NOISE = "fixed_noise.pt"
+LEGACY_FIXED_LABELS = "fixed_labels.pt"
+LEGACY_ENGINE_STATE = "gan_accel_state_{rank}.pt"
 
 # Names a run writes at its top level, and patterns of those it writes many of: a file that exists under
 # one of them but is not in the manifest is someone else's (a later --overwrite refuses to mix it in).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
-             TRACKERS)
+             TRACKERS, LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
 RUN_MARKS = (CONFIG, MANIFEST, HISTORY, GENERATOR, METRICS)
@@ -137,8 +146,12 @@ def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]]
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except ValueError:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:  # cut short by a crash, or not a row at all
             skipped += 1
     return rows, skipped
 
@@ -157,4 +170,7 @@ def write_json(path: str | os.PathLike, value: Any) -> Path:
 
 def read_json(path: str | os.PathLike) -> Any:
     """A JSON file of the run (config.json, best.json, eval.json, ...). Raises ``OSError`` or ``ValueError``."""
-    return json.loads(Path(path).read_text())
+    try:
+        return json.loads(Path(path).read_text())
+    except RecursionError:  # nested deeper than the parser goes: not a file gan_accel wrote
+        raise ValueError(f"{path} is nested too deeply to be one of gan_accel's JSON files") from None

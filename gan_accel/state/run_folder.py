@@ -20,13 +20,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import PreflightError, RunFolderError
 from .checkpoint import list_checkpoints
 from .files import atomic_path
-from .layout import (ABANDONED, CHECKPOINT_PREFIX, CHECKPOINTS, CONFIG, FIXED_LABELS, FIXED_NOISE, HISTORY, MANIFEST,
-                     METRICS, RUN_FILES, RUN_PATTERNS, checkpoint_root, checkpoint_step)
+from .layout import (ABANDONED, CHECKPOINT_PREFIX, CHECKPOINTS, CONFIG, FIXED_LABELS, FIXED_NOISE, HISTORY,
+                     LEGACY_FIXED_LABELS, LEGACY_FIXED_NOISE, MANIFEST, METRICS, RUN_FILES, RUN_PATTERNS, checkpoint_root,
+                     checkpoint_step)
+from .pickles import load_pickle
+from .safe_tree import load_tree, save_tree
 
 _SHOWN = 6  # files named in a message before "and N more"
 
@@ -197,24 +198,40 @@ class RunFolder:
         return dest, later
 
     def write_description(self, config: Any, fixed_latents: Any, step: int, fixed_labels: Any = None) -> None:
-        """``config.json`` (the config in use now; its changes are in the history), ``fixed_noise.pt`` and,
-        in a conditional run, ``fixed_labels.pt`` (the progress grids' labels)."""
+        """``config.json`` (the config in use now; its changes are in the history), ``fixed_noise.safetensors``
+        and, in a conditional run, ``fixed_labels.safetensors`` (the progress grids' labels): safe trees
+        (:func:`read_fixed_latents` reads them back)."""
         if not self.writer:
             return
         self.path.mkdir(parents=True, exist_ok=True)
         with atomic_path(self.path / CONFIG) as tmp:
             config.to_json(tmp)
-        with atomic_path(self.path / FIXED_NOISE) as tmp:
-            torch.save(fixed_latents, tmp)
+        save_tree(fixed_latents, self.path / FIXED_NOISE)
         names = [CONFIG, FIXED_NOISE]
         if fixed_labels is not None:
-            with atomic_path(self.path / FIXED_LABELS) as tmp:
-                torch.save(fixed_labels, tmp)
+            save_tree(fixed_labels, self.path / FIXED_LABELS)
             names.append(FIXED_LABELS)
         for name in names:
             self.manifest["files"].setdefault(name, step)
         self.manifest["files"].setdefault(METRICS, step)
         self._save()
+
+
+def read_fixed_latents(run: str | os.PathLike) -> tuple[Any, Any]:
+    """(the fixed latents, the fixed labels or None) a run drew for its progress samples, read without running
+    code: ``fixed_noise.safetensors``, or a run written before it's ``fixed_noise.pt`` (``weights_only=True``)."""
+    run = Path(run)
+    found = []
+    for name, legacy in ((FIXED_NOISE, LEGACY_FIXED_NOISE), (FIXED_LABELS, LEGACY_FIXED_LABELS)):
+        if os.path.lexists(run / name):
+            found.append(load_tree(run / name))
+        elif os.path.lexists(run / legacy):
+            found.append(load_pickle(run / legacy))
+        elif name == FIXED_NOISE:
+            raise RunFolderError(f"{run} has no {FIXED_NOISE}: it is written at a run's first step; pass a run folder")
+        else:
+            found.append(None)
+    return found[0], found[1]
 
 
 def _later_rows(path: Path, after_step: int) -> tuple[list[str], list[str]] | None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from .files import atomic_path
+from .safe_tree import check_regular_file
 
 
 def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
@@ -27,11 +28,22 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The metadata dict stored by :func:`save_weights` (empty for foreign files)."""
     from safetensors import safe_open
 
+    check_regular_file(Path(path))
     try:
         with safe_open(str(path), framework="pt") as handle:
-            return json.loads((handle.metadata() or {}).get("gan_accel", "{}"))
+            text = (handle.metadata() or {}).get("gan_accel", "{}")
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
+                              f"{_first_line(error)}") from None
+    try:
+        metadata = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path}: its gan_accel metadata is not valid JSON ({_first_line(error)}): the file was "
+                              "changed or damaged") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: its gan_accel metadata is a JSON {type(metadata).__name__}, not an object: the "
+                              "file was changed or damaged")
+    return metadata
 
 
 def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
@@ -42,7 +54,8 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
+                              f"{_first_line(error)}") from None
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
@@ -51,3 +64,8 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
             f"{str(error).splitlines()[0]}"
         ) from error
     return module
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -1,0 +1,118 @@
+"""The pickle-based files gan_accel reads or lets Accelerate read, opened so that no code can run.
+
+Accelerate writes a checkpoint's optimizers, schedulers, fp16 scaler, sampler and RNG states with
+``torch.save`` (a pickle), and engine states before ``gan_accel_state_<rank>.safetensors`` were
+pickles too. Unpickling runs whatever a file names, so every such file is opened here with
+``torch.load(weights_only=True)``: tensors, containers and plain values only, plus the few numpy
+types Accelerate's RNG state needs (the same allow-list as Accelerate's own loader). A file that needs
+more is refused in one line naming it (:class:`~gan_accel.errors.UnsafeFileError`) and nothing in it
+is built.
+
+:func:`check_checkpoint_files` does this for every file of a checkpoint *before* ``load_state``: then
+no Accelerate version (and no ``register_for_checkpointing`` object, which Accelerate always unpickles
+with ``weights_only=False``) can unpickle a payload through gan_accel.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..errors import UnsafeFileError
+from .safe_tree import check_regular_file, check_tree_file
+
+PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
+SAFE_PICKLES = "tensors, containers and plain values"
+_REASON = re.compile(r"(Unsupported (?:global|operand|class)[^\n.]*|GLOBAL [\w.]+[^\n.]*)")
+
+
+def numpy_globals() -> list[Any]:
+    """What Accelerate's ``random_states_<rank>.pkl`` needs beyond tensors: numpy's RNG state is a tuple of a
+    name, a uint32 array and numbers (arrays of numbers only: an object array's items pass the same allow-list)."""
+    import codecs
+
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, codecs.encode]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None and hasattr(dtypes, "UInt32DType"):
+        allowed.append(dtypes.UInt32DType)
+    return allowed
+
+
+@contextmanager
+def _allowed(extra: list[Any]) -> Iterator[None]:
+    """``extra`` added to torch's weights-only allow-list while the block runs (torch >= 2.5: ``safe_globals``;
+    torch 2.4: added, then the previous list put back)."""
+    serialization = torch.serialization
+    if not extra:
+        yield
+    elif hasattr(serialization, "safe_globals"):
+        with serialization.safe_globals(extra):
+            yield
+    else:  # pragma: no cover - torch 2.4
+        before = serialization.get_safe_globals()
+        serialization.add_safe_globals(extra)
+        try:
+            yield
+        finally:
+            serialization.clear_safe_globals()
+            serialization.add_safe_globals(before)
+
+
+def load_pickle(path: str | Path, numpy: bool = False, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU; ``numpy``: numpy arrays allowed (RNG states).
+
+    ``mmap``: map the tensors' bytes instead of reading them (a check that the file is safe, at little cost).
+    Raises :class:`UnsafeFileError` in one line naming the file: it holds more than tensors and plain data,
+    or it is not a readable ``torch.save`` file.
+    """
+    path = Path(path)
+    check_regular_file(path)
+    try:
+        with warnings.catch_warnings(), _allowed(numpy_globals() if numpy else []):
+            warnings.simplefilter("ignore")  # torch notes the pickle protocol; the verdict is ours to say
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            except RuntimeError as error:
+                if not (mmap and "mmap can only be used" in str(error)):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)  # an old (non-zip) torch.save file
+    except Exception as error:
+        raise unsafe_or_corrupt(path, error) from None
+
+
+def unsafe_or_corrupt(path: Path, error: BaseException) -> UnsafeFileError:
+    """The one line for a pickle-based file that ``weights_only=True`` would not load."""
+    text = str(error)
+    if "Weights only load failed" in text or type(error).__name__ == "UnpicklingError":
+        found = _REASON.search(text)
+        what = f" ({found.group(1).strip()})" if found else ""
+        return UnsafeFileError(
+            f"{path} holds more than {SAFE_PICKLES}{what}: unpickling it could run code, so gan_accel does not load "
+            "it; use checkpoints you or gan_accel wrote (see docs/security.md to convert one you trust)")
+    first = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {first}")
+
+
+def check_checkpoint_files(folder: str | Path) -> None:
+    """Refuse a checkpoint (one line naming the file) if any file Accelerate or gan_accel would read from it is not
+    safe to read: every pickle-based file must load with ``weights_only=True`` (numpy arrays allowed, as Accelerate
+    allows them), every gan_accel state file must be a well-formed safe tree, and none may be a FIFO or device.
+
+    Tensors are mapped, not read, so this costs little next to ``load_state``. Every process checks every file,
+    so every process comes to the same verdict (none is left waiting in a collective)."""
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*")):
+        if path.suffix in PICKLE_SUFFIXES:
+            load_pickle(path, numpy=True, mmap=True)
+        elif path.suffix == ".safetensors":
+            check_regular_file(path)
+            if path.name.startswith("gan_accel_"):
+                check_tree_file(path)

@@ -1,0 +1,163 @@
+"""Current names, no warnings of ours: DDP's buffer switch by its current name, the launch in words.
+
+torch 2.13 renamed DDP's ``broadcast_buffers`` to ``forward_sync_buffers`` and warns (FutureWarning) at
+every wrap that gets the old name; Accelerate 1.16's ``DistributedDataParallelKwargs`` still only has the
+old field. The quickstart's first line used to print Accelerate's raw enum ("NO on cpu").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, KwargsHandler
+
+from conftest import launch_two_processes, make_images, make_loader, make_models
+from gan_accel import GANTrainer, TrainConfig, build_accelerator
+from gan_accel.engine import launch
+from gan_accel.engine.launch import ddp_kwargs, ddp_takes, describe_launch
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPRECATED = ("broadcast_buffers", "forward_sync_buffers")
+
+
+def test_ddp_gets_the_buffer_switch_by_its_current_name():
+    handler = ddp_kwargs()
+    fields = {f.name for f in dataclasses.fields(DistributedDataParallelKwargs)}
+    if "forward_sync_buffers" in fields:  # an Accelerate that knows the new name
+        assert handler.forward_sync_buffers is False and handler.to_kwargs() == {"forward_sync_buffers": False}
+    elif ddp_takes("forward_sync_buffers"):  # torch renamed it, Accelerate (1.16) not yet: the handler passes it on
+        assert handler.broadcast_buffers is True  # the old name stays at its default: never passed to DDP
+        assert handler.to_kwargs() == {"forward_sync_buffers": False}
+        handler.find_unused_parameters = True  # a field set later still reaches DDP
+        assert handler.to_kwargs() == {"find_unused_parameters": True, "forward_sync_buffers": False}
+    else:  # a torch before the rename
+        assert handler.to_kwargs() == {"broadcast_buffers": False}
+
+
+def test_each_version_gets_the_name_it_has(monkeypatch):
+    monkeypatch.setattr(launch, "ddp_takes", lambda argument: False)  # torch before 2.13
+    assert ddp_kwargs().to_kwargs() == {"broadcast_buffers": False}
+
+    @dataclasses.dataclass
+    class NewerKwargs(KwargsHandler):  # an Accelerate with the new field
+        broadcast_buffers: bool = True
+        forward_sync_buffers: bool | None = None
+
+    monkeypatch.setattr(launch, "DistributedDataParallelKwargs", NewerKwargs)
+    handler = ddp_kwargs()
+    assert isinstance(handler, NewerKwargs) and handler.to_kwargs() == {"forward_sync_buffers": False}
+
+
+def test_the_accelerator_gan_accel_builds_takes_the_handler(tmp_path):
+    accelerator = build_accelerator(TrainConfig(output_dir=str(tmp_path), progress_bar=False))
+    assert accelerator.ddp_handler is not None
+    assert accelerator.ddp_handler.to_kwargs() == ddp_kwargs().to_kwargs()
+    assert describe_launch(accelerator) == "1 process on cpu"
+
+
+@pytest.mark.skipif(not ddp_takes("forward_sync_buffers"), reason="this torch predates forward_sync_buffers")
+def test_wrapping_with_the_handler_warns_nothing_and_syncs_no_buffers(tmp_path):
+    """The kwargs reach a real DDP (one gloo process): no FutureWarning, and no buffer sync in forward. The old
+    name, for contrast, warns: the test would notice a return to it."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapped = DistributedDataParallel(model, **ddp_kwargs().to_kwargs())
+        assert not [w for w in caught if any(name in str(w.message) for name in DEPRECATED)], caught
+        assert wrapped.forward_sync_buffers is False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            DistributedDataParallel(model, broadcast_buffers=False)
+        assert any("broadcast_buffers" in str(w.message) for w in caught)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind, n, backend, device, says", [
+    (DistributedType.NO, 1, None, "cpu", "1 process on cpu"),
+    (DistributedType.NO, 1, None, "cuda:0", "1 process on cuda:0"),
+    (DistributedType.MULTI_CPU, 2, "gloo", "cpu", "2 processes (DDP, gloo) on cpu"),
+    (DistributedType.MULTI_CPU, 2, "gloo", "cpu:0", "2 processes (DDP, gloo) on cpu"),  # a DDP process's CPU device
+    (DistributedType.MULTI_GPU, 8, "nccl", "cuda:0", "8 processes (DDP, nccl) on cuda:0"),
+    (DistributedType.DEEPSPEED, 4, "nccl", "cuda:0", "4 processes (DeepSpeed, nccl) on cuda:0"),
+    (DistributedType.FSDP, 2, "nccl", "cuda:0", "2 processes (FSDP, nccl) on cuda:0"),
+])
+def test_the_launch_in_words(kind, n, backend, device, says):
+    accelerator = SimpleNamespace(num_processes=n, distributed_type=kind, state=SimpleNamespace(backend=backend),
+                                  device=torch.device(device))
+    assert describe_launch(accelerator) == says
+
+
+# -- launches: no warning of ours, and the first line in words ----------------------------------------------
+def _record_a_launch(out_dir: str) -> None:
+    """In each of 2 processes: build and train 2 steps recording every warning, then write what was seen."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        G, D = make_models(dtype=torch.float32)
+        config = TrainConfig(max_steps=2, batch_size=4, z_dim=4, log_every=1, sample_every=100, checkpoint_every=100,
+                             output_dir=os.path.join(out_dir, "run"), progress_bar=False)
+        trainer = GANTrainer(G, D, make_loader(make_images(32).float(), 4), config)
+        trainer.fit()
+    rank = trainer.accelerator.process_index
+    seen = [{"category": w.category.__name__, "message": str(w.message), "file": w.filename} for w in caught]
+    Path(out_dir, f"warnings_{rank}.json").write_text(json.dumps({"warnings": seen,
+                                                                  "launch": describe_launch(trainer.accelerator)}))
+
+
+@pytest.mark.slow
+def test_a_two_process_launch_warns_nothing_of_ours(tmp_path):
+    launch_two_processes(_record_a_launch, args=(str(tmp_path),), num_processes=2)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"warnings_{rank}.json").read_text())
+        assert seen["launch"] == "2 processes (DDP, gloo) on cpu"
+        ours = [w for w in seen["warnings"] if any(name in w["message"] for name in DEPRECATED)
+                or w["category"] in ("FutureWarning", "DeprecationWarning")]
+        assert not ours, ours
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_quickstart_says_its_launch_in_words_and_refuses_a_poisoned_resume(tmp_path):
+    """examples/dcgan_mnist.py: the first line names the launch for people; --resume latest of a checkpoint with
+    a payload in an optimizer file ends with one error line naming it (exit 2), and the payload never ran."""
+    from test_safe_loading import plant
+
+    out, marker = tmp_path / "run", tmp_path / "PAYLOAD_RAN"
+    example = [sys.executable, str(ROOT / "examples" / "dcgan_mnist.py"), "--dataset", "digits", "--data-dir",
+               str(tmp_path / "nodata"), "--output-dir", str(out), "--steps", "2", "--batch-size", "8", "--width", "8",
+               "--sample-every", "2", "--log-every", "2", "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    first = subprocess.run(example, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    line = first.stdout.splitlines()[0]
+    assert "; 1 process on cpu; " in line and "NO on" not in line, line
+    assert not any(name in first.stderr for name in DEPRECATED), first.stderr[-2000:]
+    victim = out / "checkpoints" / "checkpoint_00000002" / "optimizer.bin"
+    plant(victim, marker)
+    resumed = subprocess.run([*example, "--resume", "latest", "--steps", "4"], capture_output=True, text=True,
+                             timeout=600, env=env, cwd=tmp_path)
+    errors = [row for row in resumed.stderr.splitlines() if row.strip()]
+    assert resumed.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), resumed.stderr[-3000:]
+    assert str(victim) in errors[0] and "could run code" in errors[0]
+    assert not marker.exists()
