@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                      help="with --resume PATH of another run folder: start a new run in --output-dir from it")
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
+    run.add_argument("--max-bad-updates", type=positive_int, default=10,
+                     help="stop after this many consecutive skipped non-finite updates of one network (may change "
+                          "on resume: a larger value goes on past a run of bad batches)")
     run.add_argument("--eval", action="store_true", help="after training, score --num-eval samples with an MNIST classifier")
     run.add_argument("--num-eval", type=positive_int, default=10_000,
                      help="samples --eval scores at the end (a conditional run: this many over all classes)")
@@ -145,7 +148,7 @@ def train(args: argparse.Namespace) -> int:
         log_with=tuple(name.strip() for names in args.log_with for name in names.split(",") if name.strip()),
         tracker_project=args.tracker_project,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
+        keep_checkpoints=args.keep_checkpoints, max_bad_updates=args.max_bad_updates,
         num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
         label_distribution=getattr(args, "label_distribution", "uniform"),
         class_loss_weight=getattr(args, "class_weight", 0.0),

@@ -38,7 +38,7 @@ from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
 from ..collective import run_together
 from ..config import TrainConfig, compare_configs
-from ..errors import TrainingInterrupted
+from ..errors import DivergenceError, TrainingInterrupted
 from ..state.checkpoint import load_checkpoint, read_marker
 from ..state.layout import checkpoint_step
 from ..state.lock import RunLock
@@ -274,13 +274,20 @@ class GANTrainer(TrainerViews):
         row.update(self.means.reduce(acc))
         row.update({**self.runner.lr_used, **loss_scale(acc)})
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
-            row.update(self.guard.check(self.step))
+            row.update(self.check_guard())
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
         row.update(self._next_row)
         self._next_row = {}
         self.last_metrics = row
         self.fire_agreed("on_log", row)
         return row
+
+    def check_guard(self) -> dict[str, int]:
+        """The divergence guard's check (collective: every rank alike); its error says where to resume from."""
+        try:
+            return self.guard.check(self.step)
+        except DivergenceError as error:
+            raise DivergenceError(f"{error}. {self.checkpoint_note()}") from None
 
     def request_stop(self, signum: int) -> None:
         """Ask the loop to checkpoint and stop after the current step (call on every rank alike)."""

@@ -206,6 +206,20 @@ def parameters_finite(*models: nn.Module) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+def non_finite_parts(networks: dict[str, nn.Module], unwrap: Any = None) -> list[str]:
+    """What holds NaN/inf values, in words: ``["D's buffers net.1.running_mean, net.1.running_var"]``,
+    ``["G's weights (3 tensors: net.0.weight, ...)"]``; empty if everything is finite. Reads every tensor."""
+    parts = []
+    for name, net in networks.items():
+        module = unwrap(net) if unwrap is not None else net
+        for kind, tensors in (("weights", module.named_parameters()), ("buffers", module.named_buffers())):
+            bad = [key for key, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+            if bad:
+                shown = ", ".join(bad[:4]) + (f", ... ({len(bad)} in all)" if len(bad) > 4 else "")
+                parts.append(f"{name}'s {kind} {shown}")
+    return parts
+
+
 def _write_synced(path: Path, text: str) -> None:
     with open(path, "w") as handle:
         handle.write(text)
