@@ -22,7 +22,8 @@ import torch
 from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
-from gan_accel.scripts import ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, run_script
+from gan_accel.scripts import (ArgumentParser, bounded_int, fraction, nonnegative_float, positive_float,
+                               positive_int, run_script, seed_int)
 
 
 # (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the ablation)
@@ -65,7 +66,7 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                           "or all (the installed ones); TensorBoard writes to <output-dir>/trackers/<project>")
     run.add_argument("--tracker-project", default=None,
                      help="the trackers' project (experiment) name (default: the output folder's name)")
-    run.add_argument("--seed", type=nonnegative_int, default=0)
+    run.add_argument("--seed", type=seed_int, default=0)
     run.add_argument("--resume", default=None, metavar="latest|PATH",
                      help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
     run.add_argument("--overwrite", action="store_true",
@@ -86,8 +87,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     model = parser.add_argument_group("model and optimisation")
-    model.add_argument("--width", type=positive_int, default=32, help="DCGAN channel width (64 is the paper's)")
-    model.add_argument("--z-dim", type=positive_int, default=100)
+    model.add_argument("--width", type=bounded_int(1, 1024, "G's widest layer has 4x as many channels"), default=32,
+                       help="DCGAN channel width (64 is the paper's)")
+    model.add_argument("--z-dim", type=bounded_int(1, 65536), default=100)
     model.add_argument("--lr-g", type=positive_float, default=1e-3)
     model.add_argument("--lr-d", type=positive_float, default=1e-3)
     model.add_argument("--beta1", type=fraction, default=0.5)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..errors import DivergenceError, RunFolderError
 from ..state.checkpoint import non_finite_parts, parameters_finite, save_checkpoint
 from .base import Callback
@@ -24,7 +26,7 @@ class Checkpointer(Callback):
         if state.last_checkpoint is not None and state.last_checkpoint_step == state.step:
             return  # this step is saved already
         if trainer.guard is not None:  # its counters live on the device: a divergence is noticed here at the latest
-            trainer.check_guard()
+            trainer.guard.check(state.step)
         if not parameters_finite(*trainer.networks.values()):
             raise DivergenceError(refusal(trainer))
         marker = {"run_id": state.run_id, "config": trainer.config.to_dict()}
@@ -45,6 +47,10 @@ def refusal(trainer: "GANTrainer") -> str:
     if guard is None:
         cause = ("nan_guard is off, so a non-finite loss (often a NaN or inf in the data) reached them; continue "
                  "with nan_guard=True (the default): it skips such updates and puts the buffers back")
+        reals = [micro.real for micro in trainer.runner.window]
+        bad = sum(int(torch.count_nonzero(~torch.isfinite(r))) for r in reals if r.is_floating_point())
+        if bad:
+            data = f"the last real batch holds {bad} NaN/inf value(s), likely where they came from"
     elif parts and all("'s buffers " in part for part in parts):
         cause = ("the guard's skipped updates put buffers back, so something outside a guarded update changed them "
                  "(a callback or your own code calling a network in training mode on non-finite data?)")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..sampling import load_generator, sample_images
-from ..scripts import nonnegative_int, positive_int
+from ..scripts import nonnegative_int, positive_int, seed_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_folder
 
 FORMATS = ("png", "npz", "folder")
@@ -40,7 +40,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--num", type=positive_int, default=None,
                         help=f"how many samples (default 64; a conditional run without --label: {PER_CLASS} per class, "
                              "and a multiple of the number of classes)")
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="the latents' seed: the same seed, the same "
+    parser.add_argument("--seed", type=seed_int, default=0, help="the latents' seed: the same seed, the same "
                         "samples (default 0)")
     parser.add_argument("--label", type=nonnegative_int, default=None,
                         help="a conditional run: sample this class only (default: every class, in equal numbers)")

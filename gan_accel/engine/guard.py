@@ -118,10 +118,11 @@ class DivergenceGuard:
     """
 
     def __init__(self, max_consecutive: int, networks: tuple[str, ...] = ("G", "D"),
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, resume_note: Callable[[], str] | None = None) -> None:
         self.max_consecutive = max_consecutive
         self.networks = tuple(networks)
         self.say = say  # prints the skips found at a check (accelerator.print: main process only)
+        self.resume_note = resume_note  # the checkpoint to resume from, in words (the trainer's), for the error
         self._reported: dict[str, int] = {}
         # Per network: [consecutive skips now, all skips, longest run], a tensor on the device once
         # training counts there, or a list of ints when the verdicts are read on the host.
@@ -217,15 +218,16 @@ class DivergenceGuard:
                 data = self.data_note(name)
                 go_on = (f"to go on past them, continue with a larger max_bad_updates (now {self.max_consecutive}; "
                          "--max-bad-updates N): the guard skips each such update and the run continues")
+                where = f". {self.resume_note()}" if self.resume_note is not None else ""
                 if data:
                     raise DivergenceError(
                         f"{name}'s updates were skipped for {longest} consecutive updates (noticed at step {step}): "
-                        f"{data}. No checkpoint holds non-finite weights. Fix or filter the data; or, {go_on}")
+                        f"{data}. No checkpoint holds non-finite weights. Fix or filter the data; or, {go_on}{where}")
                 raise DivergenceError(
                     f"{name}'s loss or gradients were non-finite for {longest} consecutive updates (noticed at "
                     f"step {step}); every one was skipped and no checkpoint holds non-finite weights. Lower "
                     f"{name}'s learning rate, enable gradient clipping, or try bf16 instead of fp16, then resume; "
-                    f"or, {go_on}")
+                    f"or, {go_on}{where}")
         for name, (consecutive, _, _) in counts.items():  # the longest run restarts from the current one
             stored = self._counts[name]
             if isinstance(stored, list):

@@ -38,7 +38,7 @@ from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
 from ..collective import run_together
 from ..config import TrainConfig, compare_configs
-from ..errors import DivergenceError, TrainingInterrupted
+from ..errors import TrainingInterrupted
 from ..state.checkpoint import load_checkpoint, read_marker
 from ..state.layout import checkpoint_step
 from ..state.lock import RunLock
@@ -129,7 +129,8 @@ class GANTrainer(TrainerViews):
         self.state, self.control = RunState(), Control()
         self.data = DataStream(self.train_dataloader, accelerator)
         self.means = RunningMeans()
-        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print) if config.nan_guard else None
+        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print,
+                                     resume_note=self.checkpoint_note) if config.nan_guard else None
         self.runner = PhaseRunner(accelerator, prepared.train_networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D})
@@ -274,20 +275,13 @@ class GANTrainer(TrainerViews):
         row.update(self.means.reduce(acc))
         row.update({**self.runner.lr_used, **loss_scale(acc)})
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
-            row.update(self.check_guard())
+            row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)
         row.update(self._next_row)
         self._next_row = {}
         self.last_metrics = row
         self.fire_agreed("on_log", row)
         return row
-
-    def check_guard(self) -> dict[str, int]:
-        """The divergence guard's check (collective: every rank alike); its error says where to resume from."""
-        try:
-            return self.guard.check(self.step)
-        except DivergenceError as error:
-            raise DivergenceError(f"{error}. {self.checkpoint_note()}") from None
 
     def request_stop(self, signum: int) -> None:
         """Ask the loop to checkpoint and stop after the current step (call on every rank alike)."""

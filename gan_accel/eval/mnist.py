@@ -7,6 +7,7 @@ The classifier is trained once (about 30 s on 2 CPU cores) and cached under ``$G
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.loader import uint8_to_float
-from ..data.mnist import load_mnist_uint8
+from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
 from ..errors import GanAccelError
 from ..state.files import atomic_path
 from .features import compute_features
@@ -266,19 +267,37 @@ def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | 
         G.train(was_training)
 
 
-def reference_digits(data_dir: str | os.PathLike, fallback=None) -> tuple[str, tuple, tuple]:
+def reference_digits(data_dir: str | os.PathLike, fallback=None, download: bool = False) -> tuple[str, tuple, tuple]:
     """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set
     (a ``DatasetInfo``) when MNIST cannot be read or when the run trained on that set (the offline
-    digits): samples are judged against what the run learned, and the report names it."""
+    digits): samples are judged against what the run learned, and the report names it. Without a
+    fallback, MNIST missing from ``data_dir`` (and not downloaded: ``download``) is a
+    :class:`~gan_accel.data.mnist.DatasetUnavailableError` saying where it looked and how to point at it."""
     if fallback is not None and fallback.name != "mnist":
         return _split(fallback)
     try:
-        return ("mnist", load_mnist_uint8(data_dir, train=True, download=False),
-                load_mnist_uint8(data_dir, train=False, download=False))
-    except (RuntimeError, OSError):
+        with _socket_timeout(15.0) if download else contextlib.nullcontext():
+            return ("mnist", load_mnist_uint8(data_dir, train=True, download=download),
+                    load_mnist_uint8(data_dir, train=False, download=download))
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
         if fallback is None:
-            raise
+            raise DatasetUnavailableError(mnist_missing(data_dir, error, download)) from None
     return _split(fallback)
+
+
+def mnist_missing(data_dir: str | os.PathLike, error: BaseException, download: bool) -> str:
+    """Where MNIST was looked for, what was wrong, and how to point at it (for the one-line error)."""
+    raw = Path(data_dir) / "MNIST" / "raw"
+    missing = [f for f in MNIST_FILES if not (raw / f).exists() and not (raw / f"{f}.gz").exists()]
+    if download:
+        what = f"MNIST could not be downloaded into {raw} ({_short_reason(error)})"
+    elif missing:
+        what = f"MNIST is not in {raw} (looked for {', '.join(MNIST_FILES)}; missing: {', '.join(missing)})"
+    else:
+        what = f"MNIST in {raw} is unreadable ({_short_reason(error)}; truncated files?)"
+    return (f"{what}: pass the folder that holds MNIST/raw as the data folder (gan-accel eval --data-dir DIR, or "
+            "the environment variable GAN_ACCEL_DATA_DIR), or let it download there on a machine with network "
+            "access (gan-accel eval --download)")
 
 
 def _split(fallback) -> tuple[str, tuple, tuple]:
@@ -289,13 +308,13 @@ def _split(fallback) -> tuple[str, tuple, tuple]:
 
 
 def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, device: torch.device | str = "cpu",
-                       fallback=None, num_samples: int = 10_000) -> dict[str, Any]:
+                       fallback=None, num_samples: int = 10_000, download: bool = False) -> dict[str, Any]:
     """Generate ``num_samples`` digits and score them against held-out real digits.
 
     Returns :func:`gan_accel.metrics.evaluate_mnist_samples`'s dict plus ``reference`` (which digits
     judged) and ``summary`` (a printable text).
     """
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback)
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
     classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
     samples = generate_samples(G, num_samples, z_dim, device)
     result = evaluate_mnist_samples(samples, held_x[:num_samples], classifier, reference=name)
@@ -305,14 +324,14 @@ def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, de
 
 def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int,
                                    device: torch.device | str = "cpu", fallback=None,
-                                   per_class: int = 1000) -> dict[str, Any]:
+                                   per_class: int = 1000, download: bool = False) -> dict[str, Any]:
     """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them.
 
     Returns ``agreement`` (per digit: the share of its samples that the MNIST classifier assigns to
     that digit), ``mean_agreement``, ``min_agreement``, ``fd`` (Fréchet distance of the whole set's
     classifier features to held-out real digits), ``reference`` and a printable ``summary``.
     """
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback)
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
     classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
     labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
     samples = generate_samples(G, len(labels), z_dim, device, labels=labels)

@@ -30,8 +30,8 @@ from torch import nn
 from ..collective import raise_together
 from ..errors import CheckpointError, RunFolderError
 from .files import is_write_failure, write_failure_reason
-from .layout import (CHECKPOINT_PREFIX, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX, checkpoint_name, checkpoint_root,
-                     checkpoint_run_folder)
+from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX, checkpoint_name,
+                     checkpoint_root, checkpoint_run_folder)
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0.pt holds
 
@@ -39,9 +39,10 @@ SHARED_STATE = "shared: saved by the main process"  # a callback state that only
 def read_marker(path: Path) -> dict[str, Any]:
     """What ``COMPLETE`` records: the step, the number of processes and the run's id (older ones: fewer keys)."""
     try:
-        return json.loads((path / COMPLETE).read_text() or "{}")
+        marker = json.loads((path / COMPLETE).read_text() or "{}")
     except (OSError, ValueError):
         return {}
+    return marker if isinstance(marker, dict) else {}  # a marker of another tool: nothing recorded
 
 
 def is_complete(path: Path) -> bool:
@@ -74,6 +75,12 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
     path = Path(resume)
     if not path.exists():
         raise CheckpointError(f"resume path {path} does not exist: pass a checkpoint folder or 'latest'")
+    if path.is_dir() and path.name == CHECKPOINTS:
+        names = [p.name for p in list_checkpoints(path.parent)]
+        raise CheckpointError(
+            f"{path} is the folder of a run's checkpoints, not one checkpoint: pass one of them "
+            f"({', '.join(names) or 'it holds no complete one'}), or 'latest' (--resume latest) with "
+            f"--output-dir {path.parent}")
     if not is_complete(path):
         raise CheckpointError(
             f"{path} is not a complete gan_accel checkpoint (no {COMPLETE} marker: partial or foreign); "
@@ -135,7 +142,7 @@ def _as_write_error(part: Any, tmp: Path) -> BaseException | None:
         if not is_write_failure(error):
             return error
         where = getattr(error, "filename", None) or tmp
-        return RunFolderError(f"cannot write checkpoint {where}: {write_failure_reason(error)}")
+        return RunFolderError(f"cannot write checkpoint {where}: {write_failure_reason(error, tmp)}")
     return None
 
 
@@ -153,9 +160,15 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
             f"(accelerate launch --num_processes {saved_processes}), or start a new run")
     state_file = path / ENGINE_STATE.format(rank=rank)
     if not state_file.is_file():
+        if saved_processes is not None:  # written by as many processes as this run has: a file is gone
+            raise CheckpointError(
+                f"{path} is damaged: its engine state for process {rank} ({state_file.name}) is missing (deleted, or "
+                f"the checkpoint was copied in part); resume from another checkpoint of the run "
+                f"({_others(path)})")
         raise CheckpointError(
-            f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
-            "resume with the number of processes that wrote it"
+            f"{path} has no engine state for process {rank} ({state_file.name}): it was saved with fewer processes, "
+            "or the file was deleted; resume with the number of processes that wrote it, or from another "
+            f"checkpoint ({_others(path)})"
         )
     try:
         engine_state = torch.load(state_file, map_location="cpu", weights_only=False)
@@ -170,6 +183,12 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         raise CheckpointError(f"cannot restore {path}{hint}: {first}") from error
     check_rng_restored(accelerator, path)
     return engine_state
+
+
+def _others(path: Path) -> str:
+    """The run's other complete checkpoints, for messages."""
+    names = [p.name for p in list_checkpoints(checkpoint_run_folder(path)) if p.name != path.name]
+    return "complete ones: " + ", ".join(names) if names else "it has no other complete one"
 
 
 def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -193,9 +212,15 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
     if not rng_file.is_file():
         raise CheckpointError(
             f"{path} has no RNG state for process {accelerator.process_index}: it was saved with fewer "
-            "processes; resume with the same number of processes for an exact continuation"
+            "processes, or the file was deleted; resume with the same number of processes for an exact "
+            f"continuation, or from another checkpoint ({_others(path)})"
         )
-    saved = torch.load(rng_file, weights_only=False)
+    try:
+        saved = torch.load(rng_file, weights_only=False)
+    except Exception as error:  # a truncated zip reads as OSError EINVAL, a cut pickle as EOFError, ...
+        raise CheckpointError(
+            f"cannot read {rng_file} (truncated or corrupt? {type(error).__name__}: {error}): resume from another "
+            f"checkpoint of the run ({_others(path)})") from None
     if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
         raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
 
