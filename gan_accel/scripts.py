@@ -54,16 +54,16 @@ nonnegative_int = _number(int, 0, True, "a whole number >= 0")
 
 def bounded_int(low: int, high: int, why: str = "") -> Callable[[str], int]:
     """A whole number in [low, high]: a size the parser refuses before any memory is allocated for it."""
-    words = f"a whole number from {low} to {high:,}" + (f" ({why})" if why else "")
-    check = _number(int, low, True, words)
+    check = _number(int, low, True, f"a whole number >= {low}")
 
     def parse(text: str) -> int:
         value = check(text)
         if value > high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {words}")
+            raise argparse.ArgumentTypeError(f"{text!r} is more than {high:,}, the largest allowed" +
+                                             (f" ({why})" if why else ""))
         return value
 
-    parse.__name__ = words
+    parse.__name__ = f"a whole number from {low} to {high:,}"
     return parse
 
 
@@ -79,6 +79,15 @@ def fraction(text: str) -> float:
     if value >= 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1)")
     return value
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\n``,
+    ``\\u202e``): file contents and names printed to a terminal cannot move the cursor, recolour it,
+    clear it, or forge a line of the output. Printable characters, non-ASCII letters included, stay."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def describe(error: BaseException) -> str | None:
@@ -130,7 +139,7 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         if debug or line is None:
             raise
         if _prints():
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {printable(line)}", file=sys.stderr)
         return 2
 
 

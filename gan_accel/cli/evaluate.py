@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..sampling import load_generator
-from ..scripts import positive_int
+from ..eval.mnist import MAX_EVAL_SAMPLES
+from ..scripts import bounded_int
 from .common import check_new_output, resolve_source, write_new_file
 
 
@@ -28,7 +29,8 @@ def add_parser(commands: Any) -> None:
                         help="where MNIST is: DIR/MNIST/raw (env GAN_ACCEL_DATA_DIR)")
     parser.add_argument("--download", action="store_true",
                         help="download MNIST into --data-dir when it is not there (needs network access)")
-    parser.add_argument("--num", type=positive_int, default=10_000, help="samples to score")
+    parser.add_argument("--num", type=bounded_int(1, MAX_EVAL_SAMPLES, "precision and recall compare every pair"),
+                        default=10_000, help="samples to score (made and scored a chunk at a time)")
     parser.add_argument("--no-ema", action="store_true", help="score the raw G instead of its EMA")
     parser.add_argument("--out", default=None, help="also write the scores as JSON to this new file (an existing "
                         "file is never replaced)")

@@ -29,9 +29,13 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
     try:
         with safe_open(str(path), framework="pt") as handle:
-            return json.loads((handle.metadata() or {}).get("gan_accel", "{}"))
+            metadata = json.loads((handle.metadata() or {}).get("gan_accel", "{}"))
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {error}") from error
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("config", {}), dict):
+        raise CheckpointError(f"{path}: its gan_accel metadata is not the object gan_accel writes (a JSON object with "
+                              "a config object): the file is damaged or was not written by gan_accel")
+    return metadata
 
 
 def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
