@@ -92,12 +92,13 @@ class BufferRestore:
         """Put every buffer back where ``flag`` (a 0-dim device tensor, 1.0 = skipped) is set; no host read."""
         keep_hoisted = self._hoist_pending
         for part in self._devices:
-            n, size = (part.own_count, part.own_bytes) if keep_hoisted else (len(part.buffers), part.flat.numel())
-            if not n:
+            # preallocated: the buffers' bytes now (one cat), the select into them, the copy back
+            buffers, current, flat, views = part.own if keep_hoisted else part.every
+            if not buffers:
                 continue
-            current = torch.cat(part.buffers[:n])
-            torch.where(flag.to(part.flat.device) > 0, part.flat[:size], current, out=current)
-            torch._foreach_copy_(part.buffers[:n], list(current.split(part.sizes[:n])))
+            torch.cat(buffers, out=current)
+            torch.where(flag.to(flat.device) > 0, flat, current, out=current)
+            torch._foreach_copy_(buffers, views)
 
 
 class _DeviceBytes:
@@ -118,6 +119,11 @@ class _DeviceBytes:
         self.hoisted = self.buffers[self.own_count:]
         self.hoisted_slots = self.saved[self.own_count:]
         self.before_hoist = [torch.empty_like(b) for b in self.hoisted]
+        current = torch.empty_like(self.flat)
+        views = list(current.split(self.sizes))
+        own = self.own_count
+        self.every = (self.buffers, current, self.flat, views)
+        self.own = (self.buffers[:own], current[:self.own_bytes], self.flat[:self.own_bytes], views[:own])
 
 
 def _bytes(buffer: torch.Tensor) -> torch.Tensor:
