@@ -253,3 +253,17 @@ def test_consecutive_bad_batches_say_the_data_and_how_to_go_on(tmp_path):
     assert again.step == 8 and again.guard.skipped == {"G": 0, "D": 3}
     D = again.accelerator.unwrap_model(again.D)
     assert all(torch.isfinite(t).all() for t in D.state_dict().values() if t.is_floating_point())
+
+
+def test_the_overhead_benchmark_steps_both_runners(monkeypatch):
+    """benchmarks/skip_restore_overhead.py: both sides step, only one copies buffers (a few steps, no timing)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.modules.pop("skip_restore_overhead", None)
+    import skip_restore_overhead
+
+    for control in (False, True):
+        with_restore, without = skip_restore_overhead.measure(2, 1, True, 8, 4, control)
+        assert with_restore > 0 and without > 0
