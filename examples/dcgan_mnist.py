@@ -23,7 +23,8 @@ from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.engine.launch import describe_launch
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
-from gan_accel.scripts import ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float, positive_int, run_script
+from gan_accel.scripts import (ArgumentParser, bounded_int, fraction, nonnegative_float, positive_float,
+                               positive_int, run_script, seed_int)
 
 
 # (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the ablation)
@@ -66,7 +67,7 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                           "or all (the installed ones); TensorBoard writes to <output-dir>/trackers/<project>")
     run.add_argument("--tracker-project", default=None,
                      help="the trackers' project (experiment) name (default: the output folder's name)")
-    run.add_argument("--seed", type=nonnegative_int, default=0)
+    run.add_argument("--seed", type=seed_int, default=0)
     run.add_argument("--resume", default=None, metavar="latest|PATH",
                      help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
     run.add_argument("--overwrite", action="store_true",
@@ -75,6 +76,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                      help="with --resume PATH of another run folder: start a new run in --output-dir from it")
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
+    run.add_argument("--max-bad-updates", type=positive_int, default=10,
+                     help="stop after this many consecutive skipped non-finite updates of one network (may change "
+                          "on resume: a larger value goes on past a run of bad batches)")
     run.add_argument("--eval", action="store_true", help="after training, score --num-eval samples with an MNIST classifier")
     run.add_argument("--num-eval", type=positive_int, default=10_000,
                      help="samples --eval scores at the end (a conditional run: this many over all classes)")
@@ -87,8 +91,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                      help="with several processes: stop every process, naming the one, when a process has not "
                           "answered for this long (stopped, dead or unreachable; a busy one always answers)")
     model = parser.add_argument_group("model and optimisation")
-    model.add_argument("--width", type=positive_int, default=32, help="DCGAN channel width (64 is the paper's)")
-    model.add_argument("--z-dim", type=positive_int, default=100)
+    model.add_argument("--width", type=bounded_int(1, 1024, "G's widest layer has 4x as many channels"), default=32,
+                       help="DCGAN channel width (64 is the paper's)")
+    model.add_argument("--z-dim", type=bounded_int(1, 65536), default=100)
     model.add_argument("--lr-g", type=positive_float, default=1e-3)
     model.add_argument("--lr-d", type=positive_float, default=1e-3)
     model.add_argument("--beta1", type=fraction, default=0.5)
@@ -150,6 +155,7 @@ def train(args: argparse.Namespace) -> int:
         tracker_project=args.tracker_project,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, collective_timeout=args.collective_timeout,
+        max_bad_updates=args.max_bad_updates,
         num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
         label_distribution=getattr(args, "label_distribution", "uniform"),
         class_loss_weight=getattr(args, "class_weight", 0.0),

@@ -19,6 +19,7 @@ from .objectives.losses import LOSSES, GANLoss
 from .tracking import tracker_choices
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
+MAX_SEED = 2**31 - 1  # numpy's seed must be < 2**32, and Accelerate's set_seed adds the process index
 LR_SCHEDULE_CHOICES = ("linear", "constant")
 LABEL_DISTRIBUTIONS = ("uniform", "data")
 
@@ -101,7 +102,7 @@ class TrainConfig:
             _require_int(name, getattr(self, name), minimum=1)
         _require_int("grad_accum_steps", self.grad_accum_steps, minimum=1)
         _require_int("n_critic", self.n_critic, minimum=1)
-        _require_int("seed", self.seed, minimum=0)
+        _require_seed(self.seed)
         for name in ("lr_G", "lr_D"):
             _require_positive_float(name, getattr(self, name))
         _require_positive_float("collective_timeout", self.collective_timeout, hint="seconds")
@@ -269,6 +270,13 @@ def _is_number(value: Any) -> bool:
 def _require_int(name: str, value: Any, minimum: int, hint: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(f"{name}={value!r} is invalid: expected an integer >= {minimum}" + (f", {hint}" if hint else ""))
+
+
+def _require_seed(seed: Any) -> None:
+    _require_int("seed", seed, minimum=0)
+    if seed > MAX_SEED:
+        raise ConfigError(f"seed={seed!r} is invalid: expected an integer from 0 to {MAX_SEED} (2**31 - 1: numpy takes "
+                          "seeds below 2**32, and each process seeds with seed + its index)")
 
 
 def _require_positive_float(name: str, value: Any, hint: str = "") -> None:

@@ -53,6 +53,25 @@ def _number(kind: type, minimum: float, inclusive: bool, words: str) -> Callable
 
 positive_int = _number(int, 1, True, "a whole number >= 1")
 nonnegative_int = _number(int, 0, True, "a whole number >= 0")
+
+
+def bounded_int(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """A whole number in [low, high]: a size the parser refuses before any memory is allocated for it."""
+    check = _number(int, low, True, f"a whole number >= {low}")
+
+    def parse(text: str) -> int:
+        value = check(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{text!r} is more than {high:,}, the largest allowed" +
+                                             (f" ({why})" if why else ""))
+        return value
+
+    parse.__name__ = f"a whole number from {low} to {high:,}"
+    return parse
+
+
+MAX_SEED = 2**31 - 1  # config.MAX_SEED (scripts sit below config in the layering; a test keeps them equal)
+seed_int = bounded_int(0, MAX_SEED, "what numpy and torch both accept as a seed")
 positive_float = _number(float, 0.0, False, "a number > 0")
 nonnegative_float = _number(float, 0.0, True, "a number >= 0")
 
@@ -65,6 +84,15 @@ def fraction(text: str) -> float:
     return value
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\n``,
+    ``\\u202e``): file contents and names printed to a terminal cannot move the cursor, recolour it,
+    clear it, or forge a line of the output. Printable characters, non-ASCII letters included, stay."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def describe(error: BaseException) -> str | None:
     """The one line for an expected failure, or None for a bug (which keeps its traceback)."""
     if isinstance(error, GanAccelError):
@@ -75,18 +103,35 @@ def describe(error: BaseException) -> str | None:
     return None
 
 
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a command that SIGPIPE ended (cat, grep, git | head)
+
+
 def run_script(body: Callable[[], int], debug: bool = False) -> int:
     """Run a script's body; an expected failure becomes one ``error:`` line and exit code 2.
 
     A graceful stop (``TrainingInterrupted``) prints its line, then every rank leaves the process group
     together, and exits 128 + the signal. An interruption that did not finish the graceful stop (a
     second signal) says the step reached and the last complete checkpoint, once per launch.
+
+    A reader that stops reading the output (``gan-accel info RUN | head``) ends the command quietly with
+    exit code 141, as it ends ``cat`` or ``grep`` (killed by SIGPIPE: the shell reports 128 + 13): no
+    error line, since nothing went wrong, and not 0, so ``set -o pipefail`` still sees a cut output
+    exactly as it would with those tools. (Python ignores SIGPIPE, so the write raises BrokenPipeError.)
     """
     run_record.reset()  # what this script does is what its interruption line reports
     try:
         code = body()
+        sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
         leave_process_group()  # a clean exit of every rank of a launch (see its docstring)
         return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            if debug:
+                raise
+            if _prints():
+                print(f"error: {describe(sys.exc_info()[1])}", file=sys.stderr)
+            return 2
+        return SIGPIPE_EXIT
     except TrainingInterrupted as stop:
         claim_ending()  # the watchdog leaves the line to this one
         if _prints():
@@ -116,8 +161,30 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         if debug or line is None:
             raise
         if _prints():
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {printable(line)}", file=sys.stderr)
         return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether the standard output's reader has gone (a pipe whose other end is closed polls as an error);
+    if so, stdout is pointed at /dev/null, so that the flush at exit does not fail again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured output), or no poll()
+        return False
+    if closed:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except OSError:
+            pass
+    return closed
 
 
 def _prints() -> bool:

@@ -280,8 +280,8 @@ def test_odd_metadata_in_generator_safetensors_is_one_line(run, tmp_path, capsys
     tensors = load_file(str(weights))
     for metadata, says in ((b"[1, 2]", "not an object"), (b"{oops", "not valid JSON"),
                            (json.dumps({"config": {"model": {"z_dim": 10**12, "width": 4, "image_size": 28,
-                                                              "channels": 1}}}).encode(), "not whole numbers"),
-                           (json.dumps({"config": "text"}).encode(), "does not record DCGAN model sizes"),
+                                                              "channels": 1}}}).encode(), "beyond what gan_accel builds"),
+                           (json.dumps({"config": "text"}).encode(), "not an object"),
                            (json.dumps({"ema": True, "step": "../../x"}).encode(), "which is not a step")):
         save_file(tensors, str(weights), metadata={"gan_accel": metadata.decode()})
         line = error_line(["sample", run, "--no-ema", "--out", tmp_path / "x.png"], capsys)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..errors import DivergenceError, RunFolderError
-from ..state.checkpoint import parameters_finite, save_checkpoint
+from ..state.checkpoint import non_finite_parts, parameters_finite, save_checkpoint
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -26,10 +28,7 @@ class Checkpointer(Callback):
         if trainer.guard is not None:  # its counters live on the device: a divergence is noticed here at the latest
             trainer.guard.check(state.step)
         if not parameters_finite(*trainer.networks.values()):
-            raise DivergenceError(
-                f"refusing to write a checkpoint at step {state.step}: a network holds non-finite weights; "
-                "the last complete checkpoint is kept"
-            )
+            raise DivergenceError(refusal(trainer))
         marker = {"run_id": state.run_id, "config": trainer.config.to_dict()}
         try:
             path = save_checkpoint(trainer.accelerator, trainer.output_dir, state.step, trainer.state_dict(),
@@ -37,3 +36,27 @@ class Checkpointer(Callback):
         except RunFolderError as error:
             raise RunFolderError(f"{error}. {trainer.checkpoint_note()}") from error
         trainer.control.checkpoint_written(path)
+
+
+def refusal(trainer: "GANTrainer") -> str:
+    """Why a checkpoint is refused: what is non-finite, where it likely came from, how the run goes on."""
+    parts = non_finite_parts(trainer.networks, trainer.accelerator.unwrap_model)
+    what = "; ".join(parts) or "a network's weights or buffers"
+    guard = trainer.guard
+    data = guard.data_note() if guard is not None else ""
+    if guard is None:
+        cause = ("nan_guard is off, so a non-finite loss (often a NaN or inf in the data) reached them; continue "
+                 "with nan_guard=True (the default): it skips such updates and puts the buffers back")
+        reals = [micro.real for micro in trainer.runner.window]
+        bad = sum(int(torch.count_nonzero(~torch.isfinite(r))) for r in reals if r.is_floating_point())
+        if bad:
+            data = f"the last real batch holds {bad} NaN/inf value(s), likely where they came from"
+    elif parts and all("'s buffers " in part for part in parts):
+        cause = ("the guard's skipped updates put buffers back, so something outside a guarded update changed them "
+                 "(a callback or your own code calling a network in training mode on non-finite data?)")
+    else:
+        cause = "the divergence guard did not catch it (a network changed outside a guarded update?)"
+    if data:
+        cause = f"{data}; {cause}"
+    return (f"refusing to write a checkpoint at step {trainer.state.step}: {what} hold non-finite values. {cause}. "
+            f"{trainer.checkpoint_note()}")

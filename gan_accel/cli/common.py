@@ -13,7 +13,7 @@ import os
 from fnmatch import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, BinaryIO, Callable
 
 from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints
@@ -117,18 +117,23 @@ def write_new_file(out: Path, data: bytes, flag: str = "--out") -> None:
     The bytes go to a temporary file beside it first, which is then hard-linked to ``out`` (a link
     fails if ``out`` appeared meanwhile, where a rename would replace it).
     """
+    write_new_file_with(out, lambda handle: handle.write(data), flag)
+
+
+def write_new_file_with(out: Path, write: Callable[[BinaryIO], Any], flag: str = "--out") -> None:
+    """:func:`write_new_file` of what ``write(handle)`` writes, as it goes (a file larger than memory)."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        _write_new_file(out, tmp, data, flag)
+        _write_new_file(out, tmp, write, flag)
     except OSError as error:
         raise _cannot_write(out, error, flag) from error
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _write_new_file(out: Path, tmp: Path, data: bytes, flag: str) -> None:
+def _write_new_file(out: Path, tmp: Path, write: Callable[[BinaryIO], Any], flag: str) -> None:
     with open(tmp, "xb") as handle:
-        handle.write(data)
+        write(handle)
         handle.flush()
         os.fsync(handle.fileno())
     try:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..sampling import load_generator
-from ..scripts import positive_int
+from ..eval.mnist import MAX_EVAL_SAMPLES
+from ..scripts import bounded_int
 from .common import check_new_output, resolve_source, write_new_file
 
 
@@ -25,8 +26,11 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
                         help="a finished run folder or any of its checkpoints/checkpoint_<step>")
     parser.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_DATA_DIR", "./data"),
-                        help="where MNIST is (env GAN_ACCEL_DATA_DIR)")
-    parser.add_argument("--num", type=positive_int, default=10_000, help="samples to score")
+                        help="where MNIST is: DIR/MNIST/raw (env GAN_ACCEL_DATA_DIR)")
+    parser.add_argument("--download", action="store_true",
+                        help="download MNIST into --data-dir when it is not there (needs network access)")
+    parser.add_argument("--num", type=bounded_int(1, MAX_EVAL_SAMPLES, "precision and recall compare every pair"),
+                        default=10_000, help="samples to score (made and scored a chunk at a time)")
     parser.add_argument("--no-ema", action="store_true", help="score the raw G instead of its EMA")
     parser.add_argument("--out", default=None, help="also write the scores as JSON to this new file (an existing "
                         "file is never replaced)")
@@ -44,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
     fallback = offline_digits(info)
     if info["conditional"]:
         result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10),
-                                                fallback=fallback)
+                                                fallback=fallback, download=args.download)
     else:
-        result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num, fallback=fallback)
+        result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num, fallback=fallback,
+                                    download=args.download)
     print(result.pop("summary"))
     result.update(source=str(args.source), step=info["step"], ema=info["ema"])
     if out is not None:

@@ -23,6 +23,7 @@ from ..state.checkpoint import is_complete, list_checkpoints, read_marker
 from ..state.layout import (ABANDONED, BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_root,
                             checkpoint_step, read_json, read_metrics_tolerant)
 from ..state.weights import read_metadata
+from ..scripts import printable
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
@@ -52,6 +53,8 @@ def describe_run(run: Path) -> dict[str, Any]:
     """Everything ``info`` reports, as a JSON-able dict (files that cannot be read are noted, not fatal)."""
     notes: list[str] = []
     rows, skipped = read_metrics_tolerant(run / METRICS)
+    objects = [row for row in rows if isinstance(row, dict)]  # a row of JSON that is not an object is not a row
+    rows, skipped = objects, skipped + len(rows) - len(objects)
     if skipped:
         notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     export = _export(run, notes)
@@ -323,4 +326,6 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"  {_event_line(event)}" for event in report["history"]]
     for note in report["notes"]:
         lines.append(f"note: {note}")
-    return "\n".join(lines)
+    # The values come from the run's files: a terminal's control characters in them are shown as escapes,
+    # and a newline inside a value cannot make a line of its own (--json escapes them as JSON does).
+    return "\n".join(printable(line) for line in lines)

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import argparse
 import io
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator
 
 import numpy as np
 import torch
 
-from ..sampling import load_generator, sample_images
-from ..scripts import nonnegative_int, positive_int
-from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_folder
+from ..sampling import MAX_SAMPLES, check_sample_request, iter_samples, load_generator, sample_count, sample_labels
+from ..scripts import bounded_int, nonnegative_int, printable, seed_int
+from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with, write_new_folder
 
 FORMATS = ("png", "npz", "folder")
 SUFFIXES = {".png": "png", ".npz": "npz"}
 PER_CLASS = 8  # default samples per class of a conditional run without --label
+MAX_GRID_VALUES = 64 * 2**20  # a PNG grid is made in memory: at most this many sample values (256 MB in float32)
+MAX_GRID_SAMPLES = 10_000  # and at most this many samples (a 100 x 100 grid)
 
 
 def add_parser(commands: Any) -> None:
@@ -37,10 +40,11 @@ def add_parser(commands: Any) -> None:
                         help="a finished run folder (its generator.safetensors) or a checkpoints/checkpoint_<step> folder")
     parser.add_argument("--out", required=True, help="a new file (.png, .npz) or, with --format folder, a new folder; "
                         "nothing existing is ever replaced")
-    parser.add_argument("--num", type=positive_int, default=None,
+    parser.add_argument("--num", type=bounded_int(1, MAX_SAMPLES), default=None,
                         help=f"how many samples (default 64; a conditional run without --label: {PER_CLASS} per class, "
-                             "and a multiple of the number of classes)")
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="the latents' seed: the same seed, the same "
+                             "and a multiple of the number of classes); npz and folder stream any number, a png grid "
+                             f"holds at most {MAX_GRID_SAMPLES:,}")
+    parser.add_argument("--seed", type=seed_int, default=0, help="the latents' seed: the same seed, the same "
                         "samples (default 0)")
     parser.add_argument("--label", type=nonnegative_int, default=None,
                         help="a conditional run: sample this class only (default: every class, in equal numbers)")
@@ -73,20 +77,38 @@ def run(args: argparse.Namespace) -> int:
     check_new_output(out)
     G, info = load_generator(source.path, ema=not args.no_ema)
     num = _count(args, info)
-    images, labels = sample_images(G, info, num, label=args.label, seed=args.seed)
+    check_sample_request(info, num, args.label)
+    count = sample_count(info, num, args.label)
+    if fmt == "png":
+        _check_grid(count, info)
+    # The samples are made chunk by chunk and written as they come (npz, folder): memory does not grow with --num.
+    chunks = iter_samples(G, info, num, label=args.label, seed=args.seed)
     if fmt == "npz":
-        write_new_file(out, npz_bytes(images, labels))
+        write_new_file_with(out, lambda handle: write_npz(handle, chunks, count,
+                                                          lambda a, b: sample_labels(info, num, args.label, a, b)))
     elif fmt == "folder":
-        write_new_folder(out, lambda folder: write_pngs(folder, images, labels))
+        write_new_folder(out, lambda folder: write_pngs(folder, chunks, count))
     else:
+        images = torch.cat([images for images, _ in chunks])
         write_new_file(out, grid_bytes(images, info, args.label))
     what = f", class {args.label}" if args.label is not None else ", every class" if info["conditional"] else ""
     weights = "the EMA of G" if info["ema"] else "the raw G"
-    print(f"wrote {out} ({len(images)} samples{what}, {weights} of step {info['step']}, seed {args.seed})")
+    print(f"wrote {out} ({count} samples{what}, {weights} of step {printable(str(info['step']))}, seed {args.seed})")
     if args.no_ema and not info["has_ema"]:
         print(f"note: {source.path} kept no EMA of G: its samples always come from the raw G, so --no-ema changes "
               "nothing")
     return 0
+
+
+def _check_grid(count: int, info: dict[str, Any]) -> None:
+    """A PNG grid is drawn in memory: refuse one too large, in one line, before any sample is made."""
+    model = info["config"].get("model") or {}
+    size, channels = model.get("image_size"), model.get("channels")
+    values = count * channels * size * size if isinstance(size, int) and isinstance(channels, int) else 0
+    if count > MAX_GRID_SAMPLES or values > MAX_GRID_VALUES:
+        raise CommandError(f"--num {count}: a PNG grid of {count:,} samples is drawn in memory and holds at most "
+                           f"{MAX_GRID_SAMPLES:,} samples ({MAX_GRID_VALUES:,} values; these are {channels}x{size}x{size}); "
+                           "use --format folder (one PNG per sample) or an .npz, which stream any --num")
 
 
 def _count(args: argparse.Namespace, info: dict[str, Any]) -> int:
@@ -109,13 +131,39 @@ def quantise(images: torch.Tensor) -> np.ndarray:
     return pixels.permute(0, 2, 3, 1).numpy()
 
 
-def npz_bytes(images: torch.Tensor, labels: torch.Tensor | None) -> bytes:
-    arrays = {"images": images.detach().float().cpu().numpy()}
-    if labels is not None:
-        arrays["labels"] = labels.numpy()
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
+def write_npz(handle: IO[bytes], chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int,
+              labels_of: Any) -> None:
+    """An .npz as ``np.savez`` writes it (``images`` float32 (N, C, H, W), ``labels`` int64 for a conditional run),
+    written chunk by chunk: the arrays are never whole in memory. ``labels_of(start, stop)`` gives the labels
+    again for the second array. The members' dates are fixed, so the same samples give the same bytes."""
+    first, first_labels = next(chunks)
+    with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        _write_member(archive, "images.npy", np.float32, (count, *first.shape[1:]),
+                      (part.detach().float().cpu().numpy() for part in _chain(first, chunks)))
+        if first_labels is not None:
+            _write_member(archive, "labels.npy", np.int64, (count,),
+                          (labels_of(a, min(a + 65_536, count)).numpy() for a in range(0, count, 65_536)))
+
+
+def _chain(first: torch.Tensor, chunks: Iterator[tuple[torch.Tensor, Any]]) -> Iterator[torch.Tensor]:
+    yield first
+    for images, _ in chunks:
+        yield images
+
+
+def _write_member(archive: zipfile.ZipFile, name: str, dtype: Any, shape: tuple[int, ...], parts: Iterator[Any]) -> None:
+    """One ``.npy`` member of an archive: the header for ``shape``, then the parts' bytes in order."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    with archive.open(info, "w", force_zip64=True) as member:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(member, header)
+        written = 0
+        for part in parts:
+            member.write(np.ascontiguousarray(part, dtype=dtype).tobytes())
+            written += len(part)
+        if written != shape[0]:
+            raise RuntimeError(f"{name}: {written} rows written for {shape[0]}")  # a bug, not a user's mistake
 
 
 def grid_bytes(images: torch.Tensor, info: dict[str, Any], label: int | None) -> bytes:
@@ -134,19 +182,29 @@ def grid_bytes(images: torch.Tensor, info: dict[str, Any], label: int | None) ->
     return buffer.getvalue()
 
 
-def sample_file_names(count: int, labels: torch.Tensor | None) -> list[str]:
-    """``000000.png``, ...; with labels ``000000_label3.png``: sorted by name, they keep the samples' order."""
+def sample_file_name(index: int, count: int, label: Any = None) -> str:
+    """``000000.png``, ...; with a label ``000000_label3.png``: sorted by name, they keep the samples' order."""
     width = max(6, len(str(count - 1)))
+    return f"{index:0{width}d}.png" if label is None else f"{index:0{width}d}_label{int(label)}.png"
+
+
+def sample_file_names(count: int, labels: torch.Tensor | None) -> list[str]:
+    """The names of ``count`` samples (see :func:`sample_file_name`)."""
     if labels is None:
-        return [f"{i:0{width}d}.png" for i in range(count)]
-    return [f"{i:0{width}d}_label{int(y)}.png" for i, y in enumerate(labels)]
+        return [sample_file_name(i, count) for i in range(count)]
+    return [sample_file_name(i, count, y) for i, y in enumerate(labels)]
 
 
-def write_pngs(folder: Path, images: torch.Tensor, labels: torch.Tensor | None) -> None:
+def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int) -> None:
+    """One PNG per sample, chunk by chunk as they are made."""
     from PIL import Image
 
-    pixels = quantise(images)
-    if pixels.shape[-1] not in (1, 3, 4):
-        raise CommandError(f"samples with {pixels.shape[-1]} channels cannot be PNG files: use --format npz")
-    for name, image in zip(sample_file_names(len(pixels), labels), pixels):
-        Image.fromarray(image[..., 0] if pixels.shape[-1] == 1 else image).save(folder / name, format="png")
+    index = 0
+    for images, labels in chunks:
+        pixels = quantise(images)
+        if pixels.shape[-1] not in (1, 3, 4):
+            raise CommandError(f"samples with {pixels.shape[-1]} channels cannot be PNG files: use --format npz")
+        for i, image in enumerate(pixels):
+            name = sample_file_name(index, count, None if labels is None else labels[i])
+            Image.fromarray(image[..., 0] if pixels.shape[-1] == 1 else image).save(folder / name, format="png")
+            index += 1

@@ -39,7 +39,32 @@ def collect_networks(G: nn.Module, D: nn.Module, opt_G: Any, opt_D: Any,
         if name in nets:
             raise PreflightError(f"extra network name {name!r} is taken: use another name than 'G' and 'D'")
         nets[name], optimizers[name] = item if isinstance(item, tuple) else (item, None)
+    _refuse_shared(nets)
     return nets, optimizers
+
+
+def _refuse_shared(nets: Mapping[str, nn.Module]) -> None:
+    """A module (or trainable parameter) registered under two names is refused: each phase freezes the other
+    networks' parameters, so the shared ones would be frozen in their own network's phase too."""
+    owners: dict[int, str] = {}
+    modules: dict[int, str] = {}
+    for name, net in nets.items():
+        if id(net) in modules:
+            raise PreflightError(
+                f"network {name!r} is {modules[id(net)]} itself (the same module, registered twice): register each "
+                f"network once; phases reach G and D by their names ('G', 'D'), so remove {name!r} from "
+                "extra_networks")
+        modules[id(net)] = repr(name) if name not in ("G", "D") else name
+        for key, param in net.named_parameters():
+            if not param.requires_grad:
+                continue
+            other = owners.setdefault(id(param), name)
+            if other != name:
+                raise PreflightError(
+                    f"network {name!r} shares the trainable parameter {key!r} with network {other!r} (a sub-module "
+                    "of it?): each phase freezes the other networks, so a shared parameter would be frozen in its "
+                    "own network's phase: give each network its own layers (a phase's loss may call any network "
+                    "through ctx.nets, so one network need not hold another)")
 
 
 def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, nets: dict[str, nn.Module],

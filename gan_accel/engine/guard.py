@@ -13,6 +13,12 @@ On a CPU the verdict is read on the host instead (reading a CPU tensor waits for
 
 Under fp16 the GradScaler already skips steps with inf/NaN gradients (scaled gradients overflow
 routinely while it searches for its scale), so there the guard checks only the loss.
+
+Where a non-finite value came from: a skip whose real batch held NaN or inf values is the data's
+doing, not a divergence, and the guard says so (with the count of such values), so the message
+points at the data rather than at the learning rate. On a CPU the batch is counted only when an
+update is skipped (a host read that waits for nothing); on a device one more pass of the same kernel
+over the real batch marks a device flag, read at the checks with the counters.
 """
 
 from __future__ import annotations
@@ -112,15 +118,54 @@ class DivergenceGuard:
     """
 
     def __init__(self, max_consecutive: int, networks: tuple[str, ...] = ("G", "D"),
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, resume_note: Callable[[], str] | None = None) -> None:
         self.max_consecutive = max_consecutive
         self.networks = tuple(networks)
         self.say = say  # prints the skips found at a check (accelerator.print: main process only)
+        self.resume_note = resume_note  # the checkpoint to resume from, in words (the trainer's), for the error
         self._reported: dict[str, int] = {}
         # Per network: [consecutive skips now, all skips, longest run], a tensor on the device once
         # training counts there, or a list of ints when the verdicts are read on the host.
         self._counts: dict[str, torch.Tensor | list[int]] = {name: [0, 0, 0] for name in self.networks}
         self._views: dict[str, tuple[torch.Tensor, ...]] = {}
+        # Non-finite real data (this process's): per network, [skips whose batch held some, values counted,
+        # first step] from host reads; and a device flag, set by any watched batch since the last check.
+        self.bad_data: dict[str, list[int]] = {}
+        self._data_found: torch.Tensor | None = None
+        self._data_seen = False  # the device flag was set at a check since the run (re)started
+
+    def record_bad_data(self, name: str, reals: Iterable[torch.Tensor], step: int) -> int:
+        """After a skip read on the host: count the non-finite values of the update's real batches (CPU
+        tensors: nothing to wait for); ``step`` counts from 1. Returns the count."""
+        count = sum(int(torch.count_nonzero(~torch.isfinite(r))) for r in reals if r.is_floating_point())
+        if count:
+            entry = self.bad_data.setdefault(name, [0, 0, step])
+            entry[0] += 1
+            entry[1] += count
+        return count
+
+    def watch_data(self, reals: list[torch.Tensor]) -> None:
+        """On a device: mark a device flag if any of ``reals`` holds a NaN or inf (one kernel, no sync)."""
+        reals = [r for r in reals if r.is_floating_point()]
+        if not reals:
+            return
+        device = reals[0].device
+        if self._data_found is None or self._data_found.device != device:
+            self._data_found = torch.zeros((), device=device)
+        with torch.no_grad():  # "unscales" by 1: the values stay as they are
+            torch._amp_foreach_non_finite_check_and_unscale_(reals, self._data_found, _one(device))
+
+    def data_note(self, name: str | None = None) -> str:
+        """What the guard saw of non-finite real data (for messages); '' if nothing."""
+        rows = [(n, e) for n, e in self.bad_data.items() if name is None or n == name]
+        if rows:
+            skips, values = sum(e[0] for _, e in rows), sum(e[1] for _, e in rows)
+            first = min(e[2] for _, e in rows)
+            return (f"the real batches of {skips} skipped update(s) so far held {values} NaN/inf value(s) (the first at "
+                    f"step {first}): the data, not the training, made them non-finite")
+        if self._data_seen:
+            return "the real batches held NaN/inf values: the data, not the training, made them non-finite"
+        return ""
 
     def record(self, name: str, flag: torch.Tensor | bool) -> None:
         """Count one update of ``name``; ``flag`` is its verdict (a 0-dim device tensor, 1.0 = skipped, or
@@ -159,19 +204,30 @@ class DivergenceGuard:
         the last check; else return the metrics ``{"skipped/<net>": count}``. Reads the device: call at
         log rows and checkpoints, on every rank alike (the flags, hence the counters, are agreed)."""
         counts = self._read()
+        if self._data_found is not None and bool(self._data_found):  # the device flag, read with the counters
+            self._data_seen = True
+            self._data_found.zero_()
         for name, (_, skipped, _) in counts.items():
             if skipped > self._reported.get(name, 0) and self.say is not None:
+                data = self.data_note(name)
                 self.say(f"gan_accel: {skipped - self._reported.get(name, 0)} update(s) of {name} with a non-finite "
-                         f"loss or gradients skipped by step {step}")
+                         f"loss or gradients skipped by step {step}" + (f"; {data}" if data else ""))
             self._reported[name] = skipped
         for name, (_, _, longest) in counts.items():
             if longest >= self.max_consecutive:
+                data = self.data_note(name)
+                go_on = (f"to go on past them, continue with a larger max_bad_updates (now {self.max_consecutive}; "
+                         "--max-bad-updates N): the guard skips each such update and the run continues")
+                where = f". {self.resume_note()}" if self.resume_note is not None else ""
+                if data:
+                    raise DivergenceError(
+                        f"{name}'s updates were skipped for {longest} consecutive updates (noticed at step {step}): "
+                        f"{data}. No checkpoint holds non-finite weights. Fix or filter the data; or, {go_on}{where}")
                 raise DivergenceError(
                     f"{name}'s loss or gradients were non-finite for {longest} consecutive updates (noticed at "
                     f"step {step}); every one was skipped and no checkpoint holds non-finite weights. Lower "
-                    f"{name}'s learning rate, enable gradient clipping, or try bf16 instead of fp16, then resume "
-                    "from the last checkpoint (resume='latest')"
-                )
+                    f"{name}'s learning rate, enable gradient clipping, or try bf16 instead of fp16, then resume; "
+                    f"or, {go_on}{where}")
         for name, (consecutive, _, _) in counts.items():  # the longest run restarts from the current one
             stored = self._counts[name]
             if isinstance(stored, list):

@@ -96,12 +96,12 @@ def describe_launch(accelerator: Accelerator) -> str:
     """The launch in words, for people: ``1 process on cpu``, ``2 processes (DDP, gloo) on cpu``,
     ``8 processes (DDP, nccl) on cuda:0`` (the device is this process's)."""
     n, kind = accelerator.num_processes, accelerator.distributed_type.value
-    device = accelerator.device
-    where = "cpu" if device.type == "cpu" else str(device)  # a CPU process's device reads "cpu:0" under DDP
+    device = getattr(accelerator, "device", None)
+    where = "cpu" if device is None or device.type == "cpu" else str(device)  # "cpu:0" under DDP reads "cpu"
     if n == 1 and kind == "NO":
         return f"1 process on {where}"
     name = "DDP" if kind.startswith("MULTI_") else _KINDS.get(kind, kind.replace("_", " ").title())
-    backend = getattr(accelerator.state, "backend", None)
+    backend = getattr(getattr(accelerator, "state", None), "backend", None)
     how = ", ".join(str(part) for part in (name, backend) if part)
     return f"{n} process{'es' if n != 1 else ''} ({how}) on {where}"
 

@@ -54,10 +54,18 @@ def choose_checkpoint(resume_from: Any, config: TrainConfig, folder: RunFolder, 
     path = resolve_resume(resume_from, config.output_dir)
     marker = read_marker(path)
     owner = checkpoint_run_folder(path)
-    # Checkpoints from before run ids existed are judged by where they lie.
-    own = marker.get("run_id") == folder.run_id if marker.get("run_id") is not None else \
-        owner == Path(config.output_dir).resolve()
+    here = owner == Path(config.output_dir).resolve()
+    # Checkpoints from before run ids existed, and run folders whose manifest is gone, are judged by where
+    # the checkpoint lies (the resume then writes a manifest with the checkpoint's run id).
+    own = marker.get("run_id") == folder.run_id if marker.get("run_id") is not None and folder.run_id is not None \
+        else here
     if not own and not fork:
+        if here:  # in this folder, but written by another run than the one its manifest names
+            raise RunFolderError(
+                f"checkpoint {path} was written by run {marker.get('run_id')}, but the run in {owner} is "
+                f"{folder.run_id} (its manifest.json): copied in from another run? Resume this run from its own "
+                "checkpoints (--resume latest), or start a new run from this one in another folder with fork=True "
+                "(--fork --output-dir NEW)")
         raise RunFolderError(
             f"checkpoint {path} belongs to the run in {owner}, not to output_dir {config.output_dir}: resume it "
             f"with output_dir={str(owner)!r} (--output-dir {owner}), or copy it into a new run folder with "
@@ -70,7 +78,7 @@ def choose_checkpoint(resume_from: Any, config: TrainConfig, folder: RunFolder, 
 def record_resume(folder: RunFolder, target: ResumeTarget, step: int, changes: Mapping[str, Any]) -> str:
     """Main process, after a resume of the run's own checkpoint: move what was written after it aside
     (a branch) and log the resume; returns the run's id."""
-    folder.adopt()  # a folder from before manifests: its files become the run's own
+    folder.adopt(read_marker(target.path).get("run_id"))  # no manifest (older, or deleted): the files become the run's
     # From the abandoned folder, the current branch's checkpoint of the same step moves aside too.
     from_root = target.path.resolve().parent == checkpoint_root(target.owner).resolve()
     dest, moved = folder.move_aside(step if from_root else step - 1)

@@ -35,6 +35,7 @@ from torch import nn
 from ..errors import PhaseError
 from ..batch import RealBatch
 from .augmentation import RunAugmentation
+from .buffer_restore import BufferRestore
 from .conditioning import Conditioning
 from .context import MicroBatch, StepContext
 from .guard import DivergenceGuard, non_finite_flag, non_finite_on_host
@@ -61,6 +62,8 @@ class PhaseRunner:
         self.clip_norms = dict(clip_norms)
         self.guard = guard
         self.skippable = SkippableStep(accelerator.scaler)  # how a flagged update is skipped (engine/skip_step.py)
+        # A skipped update puts the networks' buffers back too (engine/buffer_restore.py); only with the guard.
+        self.buffers = BufferRestore(self.nets) if guard is not None else None
         self._steppers = {name: direct_stepper(accelerator, opt) for name, opt in self.optimizers.items()}
         self._tickers = {name: scheduler_stepper(accelerator, sched) for name, sched in self.schedulers.items()}
         # Accelerate's autocast() is a nullcontext without mixed precision, after a generator-based
@@ -99,10 +102,15 @@ class PhaseRunner:
     def _run_phase(self, phase: Phase, keep_graph: bool) -> None:
         acc = self.accelerator
         net, optimizer = self.nets[phase.net], self.optimizers[phase.net]
+        buffers = self.buffers
         if phase.new_data:
+            if buffers is not None:
+                buffers.save_hoisted() if keep_graph else buffers.drop_hoisted()
             self.window = [self._draw_micro_batch(keep_graph)]  # the rest are drawn as they are needed
         elif not self.window:
             raise PhaseError(f"phase {phase.name!r} reuses the current window, but no phase has drawn data yet")
+        if buffers is not None:
+            buffers.save(uses_hoisted_forward=phase.net == GENERATOR)
         self.ctx.phase = phase
         total = None
         others = [name for name in self.nets if name != phase.net]
@@ -131,7 +139,7 @@ class PhaseRunner:
     def _update(self, phase: Phase, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> None:
         """Guard, clip, step, tick, zero_grad: the window ended on the sync micro-batch."""
         name = phase.net
-        flag = self._skip_flag(name, optimizer, window_loss)
+        flag = self._skip_flag(name, optimizer, window_loss, phase.new_data)
         max_norm = self.clip_norms.get(name)
         if max_norm is not None:
             # fp16: the GradScaler is shared by all optimizers; unscale only this network's
@@ -149,6 +157,11 @@ class PhaseRunner:
             stepper.step()
         else:
             self.skippable.step(stepper, flag)  # skipped on the device if the flag is set
+            # ... and the buffers the phase's forward passes changed are put back (BatchNorm statistics)
+            if flag is True:
+                self.buffers.restore()
+            elif isinstance(flag, torch.Tensor):
+                self.buffers.restore_where(flag)
         if phase.tick_scheduler:
             self._tickers[name]()  # a skipped update still uses up its step of the schedule
         stepper.zero_grad(set_to_none=True)
@@ -165,11 +178,14 @@ class PhaseRunner:
             keep = torch.zeros_like(keep)
         self.means.add(f"grad_norm/{name}", norm, keep=keep)
 
-    def _skip_flag(self, name: str, optimizer: Any, window_loss: torch.Tensor) -> torch.Tensor | bool | None:
+    def _skip_flag(self, name: str, optimizer: Any, window_loss: torch.Tensor,
+                   new_data: bool) -> torch.Tensor | bool | None:
         """The divergence guard's verdict on this update: a 0-dim device tensor, 1.0 = skip, agreed by all
         ranks on the device (an all-reduce, no host sync), counted by the guard; on a CPU a bool (read on
-        the host, where that waits for nothing). None without the guard."""
-        if self.guard is None:
+        the host, where that waits for nothing). None without the guard. The guard also learns whether the
+        real data held NaN/inf values (counted on the host after a skip; on a device, a flag per window)."""
+        guard = self.guard
+        if guard is None:
             return None
         acc = self.accelerator
         # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
@@ -177,16 +193,22 @@ class PhaseRunner:
         if self._one_process and self.skippable.reads_on_host(window_loss):  # one CPU process: no flag tensor
             verdict = non_finite_on_host(self._trainable[name], window_loss, check_grads)
             if verdict is not None:
-                self.guard.record(name, verdict)
+                guard.record(name, verdict)
+                if verdict:
+                    guard.record_bad_data(name, [micro.real for micro in self.window], self.ctx.step + 1)
                 return verdict
         flag = non_finite_flag(self._trainable[name], window_loss, check_grads=check_grads)
         if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         if self.skippable.reads_on_host(flag):  # a CPU tensor: reading it waits for nothing
             flag = bool(flag)
+            if flag:
+                guard.record_bad_data(name, [micro.real for micro in self.window], self.ctx.step + 1)
         else:
             self.skippable.mark_gradients(optimizer, flag)  # fp16: the scaler will see it
-        self.guard.record(name, flag)
+            if new_data:
+                guard.watch_data([micro.real for micro in self.window])
+        guard.record(name, flag)
         return flag
 
     # -- data -----------------------------------------------------------------------------------

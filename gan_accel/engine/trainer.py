@@ -131,7 +131,8 @@ class GANTrainer(TrainerViews):
         self.state, self.control = RunState(), Control()
         self.data = DataStream(self.train_dataloader, accelerator)
         self.means = RunningMeans()
-        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print) if config.nan_guard else None
+        self.guard = DivergenceGuard(config.max_bad_updates, tuple(nets), accelerator.print,
+                                     resume_note=self.checkpoint_note) if config.nan_guard else None
         self.runner = PhaseRunner(accelerator, prepared.train_networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D},

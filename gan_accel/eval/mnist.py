@@ -7,18 +7,19 @@ The classifier is trained once (about 30 s on 2 CPU cores) and cached under ``$G
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.loader import uint8_to_float
-from ..data.mnist import load_mnist_uint8
-from ..errors import GanAccelError
+from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
+from ..errors import ConfigError, GanAccelError
 from ..state.files import atomic_path
 from ..state.safe_tree import check_regular_file
 from .features import compute_features
@@ -182,15 +183,23 @@ def evaluate_mnist_samples(
         far off-distribution inputs such as noise, so read it next to ``fd``);
         ``num_samples``, ``num_real``, ``reference``.
     """
-    from .scores import score_features
-
     for name, t in (("samples", samples), ("real_images", real_images)):
         if t.ndim != 4 or t.shape[1:] != (1, 28, 28):
             raise ValueError(f"{name} must have shape (N, 1, 28, 28), got {tuple(t.shape)}")
+    classifier.eval()
+    return judge_features(compute_features(classifier.features, samples.float(), batch_size), real_images, classifier,
+                          batch_size, reference)
+
+
+def judge_features(sample_feats: Tensor, real_images: Tensor, classifier: MnistClassifier, batch_size: int = 500,
+                   reference: str = "mnist") -> dict[str, Any]:
+    """:func:`evaluate_mnist_samples` from the samples' classifier features (N, 128): what a caller that made
+    the samples chunk by chunk has (the images themselves need never be whole in memory)."""
+    from .scores import score_features
+
     if real_images.dtype == torch.uint8:
         real_images = uint8_to_float(real_images)
     classifier.eval()
-    sample_feats = compute_features(classifier.features, samples.float(), batch_size)
     real_feats = compute_features(classifier.features, real_images, batch_size)
     with torch.no_grad():
         # The head is a tiny linear layer: reuse the features rather than a second forward pass.
@@ -206,7 +215,7 @@ def evaluate_mnist_samples(
         "max_class_share": float(share.max()),
         "class_entropy": float(-(nonzero * nonzero.log()).sum()),
         "mean_confidence": float(probs.max(dim=1).values.mean()),
-        "num_samples": len(samples),
+        "num_samples": len(sample_feats),
         "num_real": len(real_images),
         "reference": reference,
     }
@@ -248,40 +257,72 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GAN_ACCEL_CACHE", default))
 
 
+MAX_EVAL_SAMPLES = 50_000  # precision and recall compare every pair of samples: time and memory grow with N^2
+
+
 @torch.no_grad()
 def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
                      batch_size: int = 500, labels: Tensor | None = None) -> torch.Tensor:
     """``num`` images from ``G`` in eval mode, from seeded noise (the same noise for every model);
     ``G(z, labels)`` when ``labels`` (``num`` class indices) are given."""
+    return torch.cat(list(iter_generated(G, num, z_dim, device, seed, batch_size, labels)))
+
+
+@torch.no_grad()
+def iter_generated(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
+                   batch_size: int = 500, labels: Tensor | None = None) -> Iterator[Tensor]:
+    """:func:`generate_samples` chunk by chunk (float32, CPU): one chunk of images in memory at a time."""
     generator = torch.Generator().manual_seed(seed)
     was_training = G.training
     G.eval()
     try:
-        chunks = []
         for start in range(0, num, batch_size):
             z = torch.randn(min(batch_size, num - start), z_dim, generator=generator).to(device)
             if labels is None:
-                chunks.append(G(z).float().cpu())
+                yield G(z).float().cpu()
             else:
-                chunks.append(G(z, labels[start:start + len(z)].to(device)).float().cpu())
-        return torch.cat(chunks)
+                yield G(z, labels[start:start + len(z)].to(device)).float().cpu()
     finally:
         G.train(was_training)
 
 
-def reference_digits(data_dir: str | os.PathLike, fallback=None) -> tuple[str, tuple, tuple]:
+def _check_eval_size(num: int) -> None:
+    if not isinstance(num, int) or isinstance(num, bool) or not 1 <= num <= MAX_EVAL_SAMPLES:
+        raise ConfigError(f"{num!r} samples to score: score 1 to {MAX_EVAL_SAMPLES:,} (precision and recall compare "
+                          "every pair of samples, so time and memory grow with the square of the number)")
+
+
+def reference_digits(data_dir: str | os.PathLike, fallback=None, download: bool = False) -> tuple[str, tuple, tuple]:
     """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set
     (a ``DatasetInfo``) when MNIST cannot be read or when the run trained on that set (the offline
-    digits): samples are judged against what the run learned, and the report names it."""
+    digits): samples are judged against what the run learned, and the report names it. Without a
+    fallback, MNIST missing from ``data_dir`` (and not downloaded: ``download``) is a
+    :class:`~gan_accel.data.mnist.DatasetUnavailableError` saying where it looked and how to point at it."""
     if fallback is not None and fallback.name != "mnist":
         return _split(fallback)
     try:
-        return ("mnist", load_mnist_uint8(data_dir, train=True, download=False),
-                load_mnist_uint8(data_dir, train=False, download=False))
-    except (RuntimeError, OSError):
+        with _socket_timeout(15.0) if download else contextlib.nullcontext():
+            return ("mnist", load_mnist_uint8(data_dir, train=True, download=download),
+                    load_mnist_uint8(data_dir, train=False, download=download))
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
         if fallback is None:
-            raise
+            raise DatasetUnavailableError(mnist_missing(data_dir, error, download)) from None
     return _split(fallback)
+
+
+def mnist_missing(data_dir: str | os.PathLike, error: BaseException, download: bool) -> str:
+    """Where MNIST was looked for, what was wrong, and how to point at it (for the one-line error)."""
+    raw = Path(data_dir) / "MNIST" / "raw"
+    missing = [f for f in MNIST_FILES if not (raw / f).exists() and not (raw / f"{f}.gz").exists()]
+    if download:
+        what = f"MNIST could not be downloaded into {raw} ({_short_reason(error)})"
+    elif missing:
+        what = f"MNIST is not in {raw} (looked for {', '.join(MNIST_FILES)}; missing: {', '.join(missing)})"
+    else:
+        what = f"MNIST in {raw} is unreadable ({_short_reason(error)}; truncated files?)"
+    return (f"{what}: pass the folder that holds MNIST/raw as the data folder (gan-accel eval --data-dir DIR, or "
+            "the environment variable GAN_ACCEL_DATA_DIR), or let it download there on a machine with network "
+            "access (gan-accel eval --download)")
 
 
 def _split(fallback) -> tuple[str, tuple, tuple]:
@@ -292,35 +333,38 @@ def _split(fallback) -> tuple[str, tuple, tuple]:
 
 
 def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, device: torch.device | str = "cpu",
-                       fallback=None, num_samples: int = 10_000) -> dict[str, Any]:
+                       fallback=None, num_samples: int = 10_000, download: bool = False) -> dict[str, Any]:
     """Generate ``num_samples`` digits and score them against held-out real digits.
 
     Returns :func:`gan_accel.metrics.evaluate_mnist_samples`'s dict plus ``reference`` (which digits
     judged) and ``summary`` (a printable text).
     """
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback)
+    _check_eval_size(num_samples)
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
     classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
-    samples = generate_samples(G, num_samples, z_dim, device)
-    result = evaluate_mnist_samples(samples, held_x[:num_samples], classifier, reference=name)
+    features = compute_features(classifier.features, iter_generated(G, num_samples, z_dim, device), 500)
+    result = judge_features(features, held_x[:num_samples], classifier, reference=name)
     result["summary"] = format_evaluation(result)
     return result
 
 
 def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int,
                                    device: torch.device | str = "cpu", fallback=None,
-                                   per_class: int = 1000) -> dict[str, Any]:
+                                   per_class: int = 1000, download: bool = False) -> dict[str, Any]:
     """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them.
 
     Returns ``agreement`` (per digit: the share of its samples that the MNIST classifier assigns to
     that digit), ``mean_agreement``, ``min_agreement``, ``fd`` (Fréchet distance of the whole set's
     classifier features to held-out real digits), ``reference`` and a printable ``summary``.
     """
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback)
+    _check_eval_size(per_class * MnistClassifier.num_classes)
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
     classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
     labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
-    samples = generate_samples(G, len(labels), z_dim, device, labels=labels)
-    result = evaluate_mnist_samples(samples, held_x[:len(samples)], classifier, reference=name)
-    predicted = compute_features(classifier, samples, 500).argmax(dim=1)
+    features = compute_features(classifier.features, iter_generated(G, len(labels), z_dim, device, labels=labels), 500)
+    result = judge_features(features, held_x[:len(labels)], classifier, reference=name)
+    with torch.no_grad():  # the head on the features: the classifier's prediction, without a second forward
+        predicted = classifier.head(features.to(classifier.head.weight.device)).argmax(dim=1).cpu()
     agreement = [float((predicted[labels == d] == d).float().mean()) for d in range(MnistClassifier.num_classes)]
     result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement),
                   reference=name)
@@ -329,7 +373,7 @@ def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_
         f"{name})",
         "  agreement per digit: " + " ".join(f"{d}:{a:.1%}" for d, a in enumerate(agreement)),
         f"  mean agreement {result['mean_agreement']:.1%}, lowest {result['min_agreement']:.1%}",
-        f"  Frechet distance (classifier features, all {len(samples)} samples): {result['fd']:.3f}, "
+        f"  Frechet distance (classifier features, all {len(labels)} samples): {result['fd']:.3f}, "
         f"KID {result['kid']:.3f}, precision {result['precision']:.3f}, recall {result['recall']:.3f}",
     ])
     return result

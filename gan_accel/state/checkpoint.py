@@ -34,9 +34,9 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..collective import raise_together, run_together
-from ..errors import CheckpointError, RunFolderError
+from ..errors import CheckpointError, RunFolderError, UnsafeFileError
 from .files import is_write_failure, write_failure_reason
-from .layout import (CHECKPOINT_PREFIX, COMPLETE, ENGINE_STATE, LEGACY_ENGINE_STATE, RNG_STATE, TMP_PREFIX,
+from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, LEGACY_ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
 from .safe_tree import load_tree, save_tree
@@ -85,6 +85,12 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
     path = Path(resume)
     if not path.exists():
         raise CheckpointError(f"resume path {path} does not exist: pass a checkpoint folder or 'latest'")
+    if path.is_dir() and path.name == CHECKPOINTS:
+        names = [p.name for p in list_checkpoints(path.parent)]
+        raise CheckpointError(
+            f"{path} is the folder of a run's checkpoints, not one checkpoint: pass one of them "
+            f"({', '.join(names) or 'it holds no complete one'}), or 'latest' (--resume latest) with "
+            f"--output-dir {path.parent}")
     if not is_complete(path):
         raise CheckpointError(
             f"{path} is not a complete gan_accel checkpoint (no {COMPLETE} marker: partial or foreign); "
@@ -146,7 +152,7 @@ def _as_write_error(part: Any, tmp: Path) -> BaseException | None:
         if not is_write_failure(error):
             return error
         where = getattr(error, "filename", None) or tmp
-        return RunFolderError(f"cannot write checkpoint {where}: {write_failure_reason(error)}")
+        return RunFolderError(f"cannot write checkpoint {where}: {write_failure_reason(error, tmp)}")
     return None
 
 
@@ -165,9 +171,19 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
 
     def read() -> dict[str, Any]:
         if engine_state_file(path, rank) is None:
-            raise CheckpointError(f"{path} has no engine state for process {rank}: it was saved with fewer processes; "
-                                  "resume with the number of processes that wrote it")
-        check_checkpoint_files(path)  # before load_state: no file is unpickled beyond tensors and plain data
+            if saved_processes is not None:  # written by as many processes as this run has: a file is gone
+                raise CheckpointError(
+                    f"{path} is damaged: its engine state for process {rank} ({ENGINE_STATE.format(rank=rank)}) is "
+                    f"missing (deleted, or the checkpoint was copied in part); resume from another checkpoint of the "
+                    f"run ({_others(path)})")
+            raise CheckpointError(
+                f"{path} has no engine state for process {rank}: it was saved with fewer processes, or the file was "
+                f"deleted; resume with the number of processes that wrote it, or from another checkpoint "
+                f"({_others(path)})")
+        try:  # before load_state: no file is unpickled beyond tensors and plain data
+            check_checkpoint_files(path)
+        except UnsafeFileError as error:
+            raise UnsafeFileError(f"{error}; resume from another checkpoint of the run ({_others(path)})") from None
         return _with_shared_states(path, read_engine_state(path, rank), rank)
 
     # Agreed: a file only one process reads (its engine state) must not leave the others waiting in load_state.
@@ -180,6 +196,12 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         raise CheckpointError(f"cannot restore {path}{hint}: {first}") from error
     check_rng_restored(accelerator, path)
     return engine_state
+
+
+def _others(path: Path) -> str:
+    """The run's other complete checkpoints, for messages."""
+    names = [p.name for p in list_checkpoints(checkpoint_run_folder(path)) if p.name != path.name]
+    return "complete ones: " + ", ".join(names) if names else "it has no other complete one"
 
 
 def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -229,7 +251,8 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
     if not rng_file.is_file():
         raise CheckpointError(
             f"{path} has no RNG state for process {accelerator.process_index}: it was saved with fewer "
-            "processes; resume with the same number of processes for an exact continuation"
+            "processes, or the file was deleted; resume with the same number of processes for an exact "
+            f"continuation, or from another checkpoint ({_others(path)})"
         )
     saved = load_pickle(rng_file, numpy=True)  # the allow-list Accelerate loads it with: never more
     seed = saved.get("torch_manual_seed") if isinstance(saved, dict) else None
@@ -244,6 +267,20 @@ def parameters_finite(*models: nn.Module) -> bool:
     """Whether every parameter and buffer of the models is finite (used before writing a checkpoint)."""
     tensors = [t for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
     return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def non_finite_parts(networks: dict[str, nn.Module], unwrap: Any = None) -> list[str]:
+    """What holds NaN/inf values, in words: ``["D's buffers net.1.running_mean, net.1.running_var"]``,
+    ``["G's weights (3 tensors: net.0.weight, ...)"]``; empty if everything is finite. Reads every tensor."""
+    parts = []
+    for name, net in networks.items():
+        module = unwrap(net) if unwrap is not None else net
+        for kind, tensors in (("weights", module.named_parameters()), ("buffers", module.named_buffers())):
+            bad = [key for key, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+            if bad:
+                shown = ", ".join(bad[:4]) + (f", ... ({len(bad)} in all)" if len(bad) > 4 else "")
+                parts.append(f"{name}'s {kind} {shown}")
+    return parts
 
 
 def _write_synced(path: Path, text: str) -> None:

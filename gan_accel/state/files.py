@@ -52,13 +52,17 @@ def torch_bytes(obj: object) -> bytes:
 
 
 _ERRNO_IN_TEXT = re.compile(r"(?:os error|errno)\s*(\d+)", re.IGNORECASE)
+_TORCH_ENFORCE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")  # torch's C++ prefix, no use to a reader
+LOW_SPACE = 64 * 2**20  # bytes: less free space than this where a write failed is the likely reason
 
 
-def write_failure_reason(error: BaseException) -> str:
+def write_failure_reason(error: BaseException, path: str | os.PathLike | None = None) -> str:
     """The reason a write failed, in words: ``"File too large (EFBIG)"``.
 
     ``OSError`` carries its errno; safetensors puts it in its message ("os error 27"); torch's zip
-    writer gives none, so the limits that usually explain it (file-size limit, free space) are named.
+    writer gives none ("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598" on a full
+    disk), so the free space where ``path`` lies is read, and the limits that usually explain it
+    (free space, quotas, a file-size limit) are named.
     """
     number = getattr(error, "errno", None)
     if number is None:
@@ -66,7 +70,13 @@ def write_failure_reason(error: BaseException) -> str:
         number = int(match.group(1)) if match else None
     if number is not None:
         return f"{os.strerror(number)} ({errno.errorcode.get(number, number)})"
-    hints = []
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if _TORCH_ENFORCE.match(first):
+        first = f"torch's file writer stopped part-way ({_TORCH_ENFORCE.sub('', first).strip() or 'no reason given'})"
+    free = free_space(path)
+    if free is not None and free < LOW_SPACE:
+        return f"{os.strerror(errno.ENOSPC)} (ENOSPC): {free:,} bytes free on the file system of {path} ({first})"
+    hints = [] if free is None else [f"{free:,} bytes free there"]
     try:
         import resource
 
@@ -75,8 +85,21 @@ def write_failure_reason(error: BaseException) -> str:
             hints.append(f"this process has a file-size limit of {limit} bytes (ulimit -f)")
     except (ImportError, OSError, ValueError):
         pass
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"{first}" + (f"; {'; '.join(hints)}" if hints else "; check free space, quotas and file-size limits")
+    return f"{first}" + (f"; {'; '.join(hints)}" if hints else "") + "; check free space, quotas and file-size limits"
+
+
+def free_space(path: str | os.PathLike | None) -> int | None:
+    """Bytes free to this user on the file system of ``path`` (its nearest existing folder), or None."""
+    if path is None:
+        return None
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
 
 
 def is_write_failure(error: BaseException) -> bool:
@@ -85,4 +108,4 @@ def is_write_failure(error: BaseException) -> bool:
         return True
     text = str(error)
     return bool(_ERRNO_IN_TEXT.search(text)) or "PytorchStreamWriter" in text or "file write failed" in text \
-        or "unexpected pos" in text
+        or "unexpected pos" in text or "inline_container" in text

@@ -67,11 +67,12 @@ class RunFolder:
         self._save()
         return self._manifest["run_id"]
 
-    def adopt(self) -> None:
-        """A folder written before manifests existed, being resumed: its gan_accel-named files become the run's."""
+    def adopt(self, run_id: str | None = None) -> None:
+        """A folder without a manifest (written before manifests existed, or it was deleted), being resumed: its
+        gan_accel-named files become the run's; ``run_id``: the resumed checkpoint's (a new one if None)."""
         if (self.path / MANIFEST).is_file():
             return
-        self._manifest = {"run_id": uuid.uuid4().hex, "files": {name: 0 for name in self.named_like_ours()}}
+        self._manifest = {"run_id": run_id or uuid.uuid4().hex, "files": {name: 0 for name in self.named_like_ours()}}
         self._save()
 
     def record(self, path: str | os.PathLike, step: int) -> None:

@@ -40,9 +40,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     except (ValueError, RecursionError) as error:
         raise CheckpointError(f"{path}: its gan_accel metadata is not valid JSON ({_first_line(error)}): the file was "
                               "changed or damaged") from None
-    if not isinstance(metadata, dict):
-        raise CheckpointError(f"{path}: its gan_accel metadata is a JSON {type(metadata).__name__}, not an object: the "
-                              "file was changed or damaged")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("config", {}), dict):
+        raise CheckpointError(f"{path}: its gan_accel metadata is not an object of the form gan_accel "
+                              "writes (a JSON object with a config object): the file was changed or damaged")
     return metadata
 
 
