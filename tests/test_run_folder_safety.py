@@ -133,21 +133,27 @@ def test_overwrite_never_touches_a_manifest_entry_outside_the_folder(finished_ru
     (out / "samples_000002.png").unlink()
     (out / "samples_000002.png").symlink_to(tmp_path / "etc" / "passwd")  # a run file replaced by a link out
     (out / "checkpoints" / "my_notes.txt").write_text("mine")
+    (out / CK.format(6) / "mine.png").write_bytes(b"png")  # dropped into a checkpoint the run recorded
     tamper(out, **{"../../../elsewhere/file.txt": 1, str(tmp_path / "absolute.txt"): 1, "checkpoints": 0,
                    "manifest.json": 0, ".lock": 0})
     capsys.readouterr()
     trainer_for(out, overwrite=True, max_steps=2).fit()
     said = [line for line in capsys.readouterr().out.splitlines() if "left" in line]
-    assert len(said) == 1 and said[0].startswith("gan_accel: overwrite: left 6 manifest entries untouched")
-    for name in ("../../../elsewhere/file.txt", "absolute.txt", "samples_000002.png (it is a symbolic link",
-                 "checkpoints (is the run's own", "manifest.json (is the run's own", ".lock (is the run's own"):
-        assert name in said[0], name
+    assert len(said) == 1 and said[0].startswith("gan_accel: overwrite: left 7 manifest entries in place")
+    assert said[0].count(" (") >= 6 and said[0].endswith("; and 1 more (see history.jsonl)")
+    left = " ".join(next(e for e in events(out) if e["event"] == "overwrite")["left"])
+    for name in ("../../../elsewhere/file.txt (goes up", "absolute.txt (is an absolute path",
+                 "samples_000002.png (it is a symbolic link", "checkpoints (is the run's own",
+                 "manifest.json (is the run's own", ".lock (is the run's own",
+                 f"{CK.format(6)} (holds files the checkpoint did not write: mine.png; they stay)"):
+        assert name in left, name
     assert (elsewhere / "file.txt").read_text() == "keep me"
     assert (tmp_path / "absolute.txt").read_text() == "keep me too"
     assert (tmp_path / "etc" / "passwd").read_text() == "root"
     assert (out / "checkpoints" / "my_notes.txt").read_text() == "mine", "checkpoints/ listed: only its checkpoints go"
+    assert sorted(tree(out / CK.format(6))) == ["mine.png"], "the checkpoint's own files went, the user's stayed"
     overwrite = next(e for e in events(out) if e["event"] == "overwrite")
-    assert len(overwrite["left"]) == 6 and "checkpoints/checkpoint_00000008" in overwrite["removed"]
+    assert len(overwrite["left"]) == 7 and "checkpoints/checkpoint_00000008" in overwrite["removed"]
     assert [p.name for p in list_checkpoints(out)] == ["checkpoint_00000002"], "the new run's only"
 
 

@@ -55,7 +55,7 @@ def start_run(folder: RunFolder, config: TrainConfig, event: str, **fields: Any)
               f"{listing(removed)}")
     if refused:
         print(f"gan_accel: overwrite: left {len(refused)} manifest entr{'y' if len(refused) == 1 else 'ies'} "
-              f"untouched, not files of the run inside {folder.path}: {'; '.join(refused[:6])}"
+              f"in place (in whole or in part), not files of the run inside {folder.path}: {'; '.join(refused[:6])}"
               + (f"; and {len(refused) - 6} more (see history.jsonl)" if len(refused) > 6 else ""))
     if removed or refused:
         folder.log_event("overwrite", removed=removed, **({"left": refused} if refused else {}))

@@ -182,7 +182,7 @@ def discard_checkpoint(checkpoint: Path) -> list[str]:
     others = foreign_files(checkpoint)
     if not others:
         doomed = checkpoint.with_name(f"{TMP_PREFIX}{checkpoint.name}")
-        if not os.path.lexists(doomed):
+        if not os.path.lexists(doomed):  # taken while the same step's new checkpoint is published from it
             os.replace(checkpoint, doomed)
             checkpoint = doomed
         (checkpoint / COMPLETE).unlink(missing_ok=True)
