@@ -60,6 +60,11 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     run.add_argument("--keep-freed-memory", action="store_true",
                      help="Linux/glibc: freed memory stays in the process, no page faults per step (see docs/benchmarks.md)")
     run.add_argument("--sample-every", type=positive_int, default=500, help="save a fixed-noise grid every N steps")
+    run.add_argument("--keep-samples", type=positive_int, default=None, metavar="N",
+                     help="keep the newest N step-stamped grids (and those progress.gif shows), prune older ones "
+                          "(default: keep all)")
+    run.add_argument("--gif-frames", type=positive_int, default=100, metavar="N",
+                     help="at most N frames in progress.gif, evenly spaced over the run (default 100)")
     run.add_argument("--log-every", type=positive_int, default=50, help="metrics row every N steps")
     run.add_argument("--log-with", nargs="+", default=[], metavar="TRACKER",
                      help="also log metrics and sample grids to these trackers through Accelerate (space or comma "
@@ -150,7 +155,8 @@ def train(args: argparse.Namespace) -> int:
         ema_decay=None if args.ema_half_life else args.ema_decay or None, ema_half_life=args.ema_half_life,
         ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma or None, mixed_precision=args.mixed_precision,
         channels_last=args.channels_last, keep_freed_memory=args.keep_freed_memory,
-        sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
+        sample_every=args.sample_every, keep_samples=args.keep_samples, gif_frames=args.gif_frames,
+        log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
         log_with=tuple(name.strip() for names in args.log_with for name in names.split(",") if name.strip()),
         tracker_project=args.tracker_project,
         progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,

@@ -70,6 +70,8 @@ class TrainConfig:
     ada_kimg: float = 100.0  # ada: thousands of real images over which p can move from 0 to 1
     sample_every: int = 500
     num_samples: int = 64
+    keep_samples: int | None = None  # the newest K step-stamped sample grids are kept (plus progress.gif's); None: all
+    gif_frames: int = 100  # at most this many frames in progress.gif, evenly spaced over the run
     log_every: int = 50
     output_dir: str = "runs/gan"
     overwrite: bool = False  # replace a previous run in output_dir instead of refusing
@@ -98,10 +100,10 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first invalid field."""
         for name in ("max_steps", "batch_size", "sample_every", "num_samples", "log_every", "z_dim",
-                     "checkpoint_every", "keep_checkpoints", "max_bad_updates", "r1_every"):
+                     "checkpoint_every", "keep_checkpoints", "max_bad_updates", "r1_every", "grad_accum_steps",
+                     "n_critic"):
             _require_int(name, getattr(self, name), minimum=1)
-        _require_int("grad_accum_steps", self.grad_accum_steps, minimum=1)
-        _require_int("n_critic", self.n_critic, minimum=1)
+        self._validate_bounds()
         _require_seed(self.seed)
         for name in ("lr_G", "lr_D"):
             _require_positive_float(name, getattr(self, name))
@@ -187,6 +189,12 @@ class TrainConfig:
             raise ConfigError(f"ada_target={self.ada_target!r} is invalid: expected a number in (-1, 1), e.g. 0.6")
         _require_int("ada_interval", self.ada_interval, minimum=1)
         _require_positive_float("ada_kimg", self.ada_kimg, hint="thousands of images, e.g. 100")
+
+    def _validate_bounds(self) -> None:
+        """keep_samples and gif_frames bound what the sample grids and progress.gif grow to."""
+        if self.keep_samples is not None:
+            _require_int("keep_samples", self.keep_samples, minimum=1, hint="or None to keep every sample grid")
+        _require_int("gif_frames", self.gif_frames, minimum=1)
 
     def _validate_speed_options(self) -> None:
         """channels_last, compile and keep_freed_memory are switches (see gan_accel.engine.speed)."""

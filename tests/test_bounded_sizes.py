@@ -154,7 +154,7 @@ def test_metadata_that_is_not_an_object_is_one_line(runs, tmp_path, capsys):
     save_file({k: v.contiguous() for k, v in G.state_dict().items()}, str(run / "generator.safetensors"),
               metadata={"gan_accel": "[1, 2]"})
     line = error_line(["sample", run, "--out", tmp_path / "x.npz"], capsys)
-    assert "its gan_accel metadata is not the object gan_accel writes" in line
+    assert "its gan_accel metadata is not an object of the form gan_accel writes" in line
 
 
 # -- info prints file contents safely -------------------------------------------------------------------------

@@ -1,26 +1,90 @@
 """Progress samples from the fixed latents, in the form that suits the data.
 
 * image batches (N, C, H, W): ``samples_<step>.png`` grids, and at the end ``samples_final.png`` and
-  ``progress.gif`` (all grids as an animation);
+  ``progress.gif`` (the grids as an animation);
 * 2-D points (N, 2): ``samples_<step>.png`` scatter plots over real points, the same final files;
 * anything else: ``samples_<step>.pt`` (``torch.save`` of the samples).
+
+Bounded (``TrainConfig``): ``gif_frames`` caps the GIF's frames, chosen evenly spaced over the run
+(:func:`gif_steps`) and written one at a time; ``keep_samples`` keeps the newest K step-stamped
+files and prunes older ones, except the grids the GIF will show. Pruning removes only files the run
+recorded (through ``trainer.control.discard_file``), never a file of the user's.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
 from ..pictures.samples import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
-from ..state.layout import PROGRESS_GIF, progress_frames, samples_stem
+from ..state.layout import PROGRESS_GIF, samples_stem
 from .base import Callback
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
 KINDS = ("auto", "grid", "scatter", "tensor")
+_STAMPED = re.compile(r"samples_(\d+)\.(png|pt)")
+
+
+def gif_steps(steps: Iterable[int], frames: int) -> list[int]:
+    """At most ``frames`` of ``steps``, evenly spaced from the first to the last: for each of ``frames``
+    evenly spaced targets, the nearest step (the lower one on a tie), each once, in order.
+
+    Choosing from a subset that holds every chosen step gives the same steps: the grids kept while a
+    run prunes (:func:`scheduled_gif_steps`) are the frames the GIF shows at the end.
+    """
+    steps = sorted(set(steps))
+    if len(steps) <= frames:
+        return steps
+
+    def nearest(target: float) -> int:
+        at = bisect.bisect_left(steps, target)
+        return min(steps[max(0, at - 1):at + 1], key=lambda step: (abs(step - target), step))
+
+    return _spread(steps[0], steps[-1], frames, nearest)
+
+
+def scheduled_gif_steps(sample_every: int, max_steps: int, frames: int) -> set[int] | None:
+    """The steps :func:`gif_steps` chooses from a run's whole sampling schedule (every ``sample_every`` steps and
+    the last), computed without listing it; None when the schedule has ``frames`` steps or fewer (all shown)."""
+    last_multiple = max_steps // sample_every
+    if last_multiple + (1 if max_steps % sample_every else 0) <= frames:
+        return None
+
+    def nearest(target: float) -> int:
+        k = target / sample_every
+        candidates = {min(max(math.floor(k), 1), last_multiple) * sample_every,
+                      min(max(math.ceil(k), 1), last_multiple) * sample_every, max_steps}
+        return min(candidates, key=lambda step: (abs(step - target), step))
+
+    return set(_spread(sample_every, max_steps, frames, nearest))
+
+
+def _spread(first: int, last: int, frames: int, nearest: Callable[[float], int]) -> list[int]:
+    if frames == 1:
+        return [last]
+    chosen: list[int] = []
+    for index in range(frames):
+        step = nearest(first + (last - first) * index / (frames - 1))
+        if not chosen or chosen[-1] != step:
+            chosen.append(step)
+    return chosen
+
+
+def stamped_samples(folder: Path) -> dict[int, list[Path]]:
+    """The step-stamped sample files of a run folder (``samples_<step>.png`` / ``.pt``), by step."""
+    found: dict[int, list[Path]] = {}
+    for path in folder.glob("samples_*"):
+        match = _STAMPED.fullmatch(path.name)
+        if match and path.is_file() and not path.is_symlink():
+            found.setdefault(int(match.group(1)), []).append(path)
+    return found
 
 
 class SampleSaver(Callback):
@@ -37,14 +101,34 @@ class SampleSaver(Callback):
     def on_sample(self, trainer: "GANTrainer") -> None:
         if trainer.accelerator.is_main_process:
             self.write(trainer, samples_stem(trainer.step))
+            self.prune(trainer)
 
     def on_fit_end(self, trainer: "GANTrainer") -> None:
         if not trainer.accelerator.is_main_process:
             return
         final = self.write(trainer, samples_stem(None))
-        frames = progress_frames(trainer.output_dir)
-        if final.suffix == ".png" and frames:
+        grids = {step: path for step, paths in stamped_samples(trainer.output_dir).items() for path in paths
+                 if path.suffix == ".png"}
+        if final.suffix == ".png" and grids:
+            frames = [grids[step] for step in gif_steps(grids, trainer.config.gif_frames)]
             trainer.control.record_file(save_gif(frames, trainer.output_dir / PROGRESS_GIF))
+
+    def prune(self, trainer: "GANTrainer") -> None:
+        """With ``keep_samples``: ask to remove the step-stamped samples older than the newest K, except those
+        ``progress.gif`` will show (:func:`scheduled_gif_steps`). Only files the run recorded are removed."""
+        config = trainer.config
+        if config.keep_samples is None:
+            return
+        found = stamped_samples(trainer.output_dir)
+        if len(found) <= config.keep_samples:
+            return
+        shown = scheduled_gif_steps(config.sample_every, config.max_steps, config.gif_frames)
+        if shown is None:  # every grid of the run is a frame of the GIF
+            return
+        for old in sorted(found)[:-config.keep_samples]:
+            if old not in shown:
+                for path in found[old]:
+                    trainer.control.discard_file(path)
 
     def write(self, trainer: "GANTrainer", stem: str) -> Path:
         """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``, recorded as the run's."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..pictures.training_plot import plot_metrics
-from ..state.layout import METRICS, TRAINING_PLOT, read_metrics
+from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ class TrainingPlot(Callback):
             return
         logger = trainer.callbacks.get("metrics_logger")
         log = trainer.output_dir / getattr(logger, "filename", METRICS)
-        rows = read_metrics(log) if log.is_file() else []
+        rows = [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]  # a row cut
+        # short by a crash is skipped (the run repairs the log when it opens the folder; info names it)
         if rows:
             trainer.control.record_file(plot_metrics(rows, trainer.output_dir / self.filename))

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Callable
 from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints
 from ..state.files import write_failure_reason
+from ..state.paths import managing_run
 from ..state.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
                             TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
 
@@ -93,11 +94,17 @@ def resolve_run(argument: str | os.PathLike, command: str) -> Path:
 
 # -- new outputs -----------------------------------------------------------------------------------
 def check_new_output(out: Path, flag: str = "--out") -> None:
-    """``out`` can be created: it does not exist, and its folder exists and is writable. Nothing is made."""
+    """``out`` can be created: it does not exist, its folder exists and is writable, and it is not in a folder
+    a run manages (its ``checkpoints/`` or ``trackers/``, see :mod:`gan_accel.state.paths`). Nothing is made."""
     if os.path.lexists(out):
         kind = "folder" if out.is_dir() else "file"
         raise CommandError(f"{flag} {out}: that {kind} exists, and gan-accel never replaces anything; choose a new "
                            "path (or move the old one away)")
+    owner = managing_run(out)
+    if owner is not None:  # a run prunes, moves or removes what is there: these files could be deleted by it
+        raise CommandError(f"{flag} {out}: that is inside {owner[0] / owner[1]}, which the run in {owner[0]} manages "
+                           "(it prunes and moves what is there), so these files could be deleted by it; choose a "
+                           f"path outside {owner[0] / owner[1]}")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.exists():
         raise CommandError(f"{flag} {out}: its folder {parent} does not exist; create it first, or choose another path")

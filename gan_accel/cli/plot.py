@@ -16,7 +16,7 @@ from typing import Any
 
 from ..pictures.training_plot import plot_run
 from ..state.files import atomic_path
-from ..state.layout import TRAINING_PLOT
+from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from ..state.run_folder import RunFolder
 from .common import CommandError, check_new_output, resolve_run, write_new_file
 
@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         write_new_file(out, drawn)
         path = out
     print(f"wrote {path}")
+    skipped = read_metrics_tolerant(run_dir / METRICS)[1]
+    if skipped:
+        print(f"note: {METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     return 0
 
 

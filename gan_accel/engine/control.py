@@ -43,7 +43,8 @@ class Control:
       is written at this step already); :meth:`keep_checkpoint` / :meth:`release_checkpoint`: protect a
       checkpoint from pruning, or end that protection;
     * :meth:`record_file`: a file the run wrote, for its ``manifest.json`` (``--overwrite`` removes only
-      recorded files, and a resume of an older checkpoint moves later ones aside);
+      recorded files, and a resume of an older checkpoint moves later ones aside); :meth:`discard_file`:
+      remove one of them (pruning), only if the run recorded it;
     * :meth:`checkpoint_written`: the checkpoint writer reports a complete checkpoint;
     * :meth:`stop`: checkpoint and stop after this step (as on SIGINT/SIGTERM; every process alike).
     """
@@ -52,6 +53,7 @@ class Control:
         self.metrics: dict[str, Any] = {}
         self.keeps: list[tuple[str, bool]] = []  # (checkpoint name, keep or release), in the order asked
         self.files: list[tuple[Path, int | None]] = []
+        self.discards: list[Path] = []
         self.written: Path | None = None
         self.checkpoint_requested = False
         self.stop_signal: int | None = None
@@ -75,6 +77,10 @@ class Control:
     def record_file(self, path: str | os.PathLike, step: int | None = None) -> None:
         """The run wrote ``path`` (inside its folder) at ``step`` (default: the current step)."""
         self.files.append((Path(path), step))
+
+    def discard_file(self, path: str | os.PathLike) -> None:
+        """Remove ``path``, a file the run recorded, and its manifest entry (a file it did not record stays)."""
+        self.discards.append(Path(path))
 
     def checkpoint_written(self, path: str | os.PathLike) -> None:
         """A complete checkpoint of the current step is at ``path`` (reported by the checkpoint writer)."""

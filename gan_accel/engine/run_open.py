@@ -20,6 +20,7 @@ from ..config import TrainConfig, compare_configs
 from ..errors import CheckpointError, RunFolderError
 from ..state.checkpoint import read_marker, resolve_resume
 from ..state.layout import checkpoint_root, checkpoint_run_folder
+from ..state.paths import output_dir_refusal
 from ..state.run_folder import RunFolder, listing
 from .phases import PhasePlan
 from .schedules import warmup_then_decay
@@ -34,16 +35,30 @@ class ResumeTarget:
     own: bool  # written by the run in this output folder (else a fork)
 
 
+def check_output_dir(path: Path) -> None:
+    """Main process, before anything is written: refuse an ``output_dir`` in a folder another run manages
+    (its ``checkpoints/`` or ``trackers/``), in one line naming that run (see :mod:`gan_accel.state.paths`)."""
+    why = output_dir_refusal(path)
+    if why is not None:
+        raise RunFolderError(why)
+
+
 def start_run(folder: RunFolder, config: TrainConfig, event: str, **fields: Any) -> str:
     """Main process: check the folder, clear the previous run if ``overwrite`` asks, start a manifest and
     log ``event`` (``"start"`` or ``"fork"``); returns the new run's id."""
     folder.check_new_run(config.overwrite)
-    removed = folder.clear() if config.overwrite else []
+    removed, refused = folder.clear() if config.overwrite else ([], [])
+    run_id = folder.start()
+    folder.repair_tails()  # the history survives an overwrite: a line a crash cut short is repaired first
     if removed:
         print(f"gan_accel: overwrite: removed {len(removed)} file(s) the previous run in {folder.path} wrote: "
               f"{listing(removed)}")
-        folder.log_event("overwrite", removed=removed)
-    run_id = folder.start()
+    if refused:
+        print(f"gan_accel: overwrite: left {len(refused)} manifest entr{'y' if len(refused) == 1 else 'ies'} "
+              f"in place (in whole or in part), not files of the run inside {folder.path}: {'; '.join(refused[:6])}"
+              + (f"; and {len(refused) - 6} more (see history.jsonl)" if len(refused) > 6 else ""))
+    if removed or refused:
+        folder.log_event("overwrite", removed=removed, **({"left": refused} if refused else {}))
     folder.log_event(event, run_id=run_id, config=config.to_dict(), **fields)
     return run_id
 
@@ -79,6 +94,7 @@ def record_resume(folder: RunFolder, target: ResumeTarget, step: int, changes: M
     """Main process, after a resume of the run's own checkpoint: move what was written after it aside
     (a branch) and log the resume; returns the run's id."""
     folder.adopt(read_marker(target.path).get("run_id"))  # no manifest (older, or deleted): the files become the run's
+    folder.repair_tails()  # a metrics row or history line a crash cut short: repaired once, kept aside
     # From the abandoned folder, the current branch's checkpoint of the same step moves aside too.
     from_root = target.path.resolve().parent == checkpoint_root(target.owner).resolve()
     dest, moved = folder.move_aside(step if from_root else step - 1)

@@ -53,7 +53,8 @@ from .latents import LabelSampler, LatentSampler, gaussian_latents
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
-from .run_open import apply_schedule_changes, choose_checkpoint, record_resume, refuse_fixed_changes, start_run
+from .run_open import (apply_schedule_changes, check_output_dir, choose_checkpoint, record_resume, refuse_fixed_changes,
+                       start_run)
 from .runner import PhaseRunner
 from .running_means import RunningMeans
 from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
@@ -226,7 +227,9 @@ class GANTrainer(TrainerViews):
         control.keeps = []
         for path, step in control.files:
             self.run_folder.record(path, state.step if step is None else step)
-        control.files = []
+        for path in control.discards:  # pruning: only a file the run recorded, inside its folder
+            self.run_folder.discard(path)
+        control.files, control.discards = [], []
         if control.written is not None:
             state.last_checkpoint, state.last_checkpoint_step, control.written = control.written, state.step, None
             self.run_folder.sync_checkpoints()
@@ -235,11 +238,13 @@ class GANTrainer(TrainerViews):
         """Collective. Take the folder's lock, then start, continue or resume the run (engine/run_open.py)."""
         acc, cfg, folder, state = self.accelerator, self.config, self.run_folder, self.state
         watch_run(self)  # what an interruption or a silent process reports: this run's step and checkpoint
-        run_together(acc, self.lock.acquire, main_only=True)
+        run_together(acc, lambda: (check_output_dir(self.output_dir), self.lock.acquire()), main_only=True)
         describe = lambda: folder.write_description(cfg, self.fixed_latents, state.step, self.fixed_labels)  # noqa: E731
         if resume_from is None:
             if not self.fit_calls:  # a second fit() of one trainer continues its own run: nothing to check
                 state.run_id = run_together(acc, lambda: start_run(folder, cfg, "start"), main_only=True)
+            else:  # a crash of something else may have cut a line short since
+                run_together(acc, folder.repair_tails, main_only=True)
             run_together(acc, describe, main_only=True)
             return
         target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg, folder, fork))
@@ -290,14 +295,6 @@ class GANTrainer(TrainerViews):
     def request_stop(self, signum: int) -> None:
         """Ask the loop to checkpoint and stop after the current step (call on every rank alike)."""
         self.control.stop(signum)
-
-    def checkpoint_note(self) -> str:
-        """Where the run can be resumed from, for error messages."""
-        if self.state.last_checkpoint is None:
-            return ("No checkpoint of this run was written, so there is nothing to resume: start it again "
-                    "(overwrite=True, --overwrite, removes only the files it wrote).")
-        return (f"The last complete checkpoint is {self.state.last_checkpoint}; resume with --resume latest "
-                "(fit(resume_from='latest')) and the same output folder.")
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

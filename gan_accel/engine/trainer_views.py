@@ -98,3 +98,11 @@ class TrainerViews:
             raise ValueError("a conditional run samples G(z, y): pass labels (class indices) with the latents")
         return generate_samples(self.sampling_generator(), latents, self.accelerator,
                                 labels if self.conditioning.conditional else None)
+
+    def checkpoint_note(self) -> str:
+        """Where the run can be resumed from, for error messages."""
+        if self.state.last_checkpoint is None:
+            return ("No checkpoint of this run was written, so there is nothing to resume: start it again "
+                    "(overwrite=True, --overwrite, removes only the files it wrote).")
+        return (f"The last complete checkpoint is {self.state.last_checkpoint}; resume with --resume latest "
+                "(fit(resume_from='latest')) and the same output folder.")

@@ -5,13 +5,19 @@ Drawn with torchvision and Pillow only (no plotting library), always written ato
 
 from __future__ import annotations
 
+import io
 import os
+import struct
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from ..state.files import atomic_path
 from .charts import PlotArea
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 def is_image_batch(samples: torch.Tensor) -> bool:
@@ -80,14 +86,74 @@ def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch
     return Path(path)
 
 
-def save_gif(frames: list[str | os.PathLike], path: str | os.PathLike, frame_ms: int = 250, hold_last_ms: int = 1500) -> Path:
-    """An animated GIF of image files (e.g. the fixed-noise grids in step order), written atomically."""
+def save_gif(frames: Iterable[str | os.PathLike], path: str | os.PathLike, frame_ms: int = 250,
+             hold_last_ms: int = 1500) -> Path:
+    """An animated GIF of image files (e.g. the fixed-noise grids in step order), written atomically.
+
+    Streamed: each frame is read, encoded and written before the next is opened, so memory holds one
+    frame whatever their number (Pillow's own writer keeps every frame until the end). Each frame
+    carries its own colour table (as Pillow gives it for that picture), shown ``frame_ms`` and the
+    last ``hold_last_ms``.
+    """
     from PIL import Image
 
-    if not frames:
+    paths = list(frames)
+    if not paths:
         raise ValueError("no frames to animate")
-    images = [Image.open(frame).convert("RGB") for frame in frames]
-    durations = [frame_ms] * (len(images) - 1) + [hold_last_ms]
     with atomic_path(path) as tmp:
-        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+        with open(tmp, "wb") as out:
+            for index, frame in enumerate(paths):
+                with Image.open(frame) as image:
+                    single = io.BytesIO()
+                    _gif_ready(image).save(single, format="GIF")
+                width, height, table, descriptor, data = _gif_parts(single.getvalue())
+                if index == 0:
+                    out.write(b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0))  # no global table
+                    out.write(b"\x21\xff\x0bNETSCAPE2.0\x03\x01\x00\x00\x00")  # loop forever
+                delay = (hold_last_ms if index == len(paths) - 1 else frame_ms) // 10  # GIF counts 1/100 s
+                out.write(b"\x21\xf9\x04\x04" + struct.pack("<H", delay) + b"\x00\x00")  # disposal: keep
+                out.write(descriptor + table + data)
+            out.write(b"\x3b")
     return Path(path)
+
+
+def _gif_ready(image: "Image.Image") -> "Image.Image":
+    """The picture as GIF takes it: a grey one (every pixel R = G = B, as grids of one-channel images are) as
+    one channel, exact and without the colour quantisation that costs most of the time; else RGB."""
+    from PIL import ImageChops
+
+    rgb = image.convert("RGB")
+    red, green, blue = rgb.split()
+    if ImageChops.difference(red, green).getbbox() is None and ImageChops.difference(red, blue).getbbox() is None:
+        return red
+    return rgb
+
+
+def _gif_parts(gif: bytes) -> tuple[int, int, bytes, bytes, bytes]:
+    """(width, height, colour table, image descriptor marked as having that table locally, image data) of the
+    first image of a GIF file."""
+    width, height, packed = struct.unpack_from("<HHB", gif, 6)
+    at = 13
+    table = b""
+    if packed & 0x80:  # the global colour table: becomes the frame's local one
+        table = gif[at:at + 3 * (2 << (packed & 7))]
+        at += len(table)
+    while gif[at] == 0x21:  # extensions (a comment, a graphic control): skipped
+        at += 2
+        while gif[at]:
+            at += gif[at] + 1
+        at += 1
+    if gif[at] != 0x2C:
+        raise ValueError("not a GIF image")
+    descriptor = bytearray(gif[at:at + 10])
+    at += 10
+    if descriptor[9] & 0x80:  # a local table already
+        table = gif[at:at + 3 * (2 << (descriptor[9] & 7))]
+        at += len(table)
+    else:
+        descriptor[9] = (descriptor[9] & 0x40) | 0x80 | (packed & 7)  # keep interlacing; size of the table
+    start = at
+    at += 1  # LZW minimum code size, then sub-blocks up to an empty one
+    while gif[at]:
+        at += gif[at] + 1
+    return width, height, table, bytes(descriptor), gif[start:at + 1]

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import RunFolderError
 from ..state.files import atomic_path
-from ..state.layout import METRICS, TRAINING_PLOT, read_metrics
+from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .charts import PlotArea
 
 PLOT_FILE = TRAINING_PLOT  # the name older code imported from here
@@ -94,17 +94,15 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pat
 def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Plot ``<run_dir>/metrics.jsonl`` to ``out`` (default ``<run_dir>/training_plot.png``); returns the path.
 
-    Raises :class:`~gan_accel.errors.RunFolderError` when the folder has no metrics rows to draw.
+    Lines that are not whole rows (cut short by a crash) are skipped. Raises
+    :class:`~gan_accel.errors.RunFolderError` when the folder has no metrics rows to draw.
     """
     log = Path(run_dir) / METRICS
     if not log.is_file():
         raise RunFolderError(f"{log} does not exist: plot a run folder (the output_dir of a run that has "
                              "logged at least one row, every log_every steps)")
-    try:
-        rows = [row for row in read_metrics(log) if isinstance(row, dict) and "step" in row]
-    except ValueError as error:
-        raise RunFolderError(f"{log} holds a line that is not JSON ({error}): remove that line (a row cut "
-                             "short by a crash) and plot again") from None
+    rows = [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]  # a line
+    # cut short by a crash is skipped, not fatal (gan-accel plot says how many)
     if not rows:
         raise RunFolderError(f"{log} has no metrics rows yet: plot again once the run has logged its first "
                              "row (every log_every steps)")

@@ -9,6 +9,7 @@ One run folder (``TrainConfig.output_dir``)::
       .lock                     who holds the run (host, pid, since) while it trains              RunLock
       metrics.jsonl             one JSON row per log interval                                     MetricsLogger
       fixed_noise.safetensors   the progress samples' latents (fixed_labels.safetensors: labels)  RunFolder
+      metrics.jsonl.torn        a last row cut short by a crash, kept when the log was repaired   RunFolder
       samples_<step>.png        progress grids (or scatter plots; samples_<step>.pt otherwise)    SampleSaver
       samples_final.png, progress.gif                                                             SampleSaver
       training_plot.png         the metrics as line charts                                        TrainingPlot
@@ -62,6 +63,7 @@ CHECKPOINTS = "checkpoints"
 ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/
 CHECKPOINT_PREFIX = "checkpoint_"
 TMP_PREFIX = ".tmp-"
+TORN_SUFFIX = ".torn"  # metrics.jsonl.torn, history.jsonl.torn: a last line cut short by a crash, kept aside
 
 # -- inside a checkpoint --------------------------------------------------------------------------------
 COMPLETE = "COMPLETE"
@@ -138,11 +140,15 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
-    """(the rows that are whole, how many lines were not): for readers of a log a crash may have cut short."""
+    """(the rows that are whole, how many lines were not): for readers of a log a crash may have cut short.
+
+    A row appended after a line cut short, on the same line (what a run that went on without repairing
+    the log wrote), is still read: the line counts as one not whole, its last complete row is kept.
+    """
     rows, skipped = [], 0
     if not Path(path).is_file():
         return rows, skipped
-    for line in Path(path).read_text().splitlines():
+    for line in Path(path).read_text(errors="replace").splitlines():
         if not line.strip():
             continue
         try:
@@ -153,7 +159,23 @@ def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]]
             rows.append(row)
         else:  # cut short by a crash, or not a row at all
             skipped += 1
+            glued = _glued_row(line)
+            if glued is not None:
+                rows.append(glued)
     return rows, skipped
+
+
+def _glued_row(line: str) -> dict[str, Any] | None:
+    """The whole JSON object that ends ``line`` after a start cut short (``{"step": 5, "lo{"step": 6, ...}``)."""
+    start = line.find("{", 1)
+    while start > 0:
+        try:
+            value = json.loads(line[start:])
+        except ValueError:
+            start = line.find("{", start + 1)
+            continue
+        return value if isinstance(value, dict) else None
+    return None
 
 
 # -- JSON files -------------------------------------------------------------------------------------------
