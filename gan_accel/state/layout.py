@@ -15,6 +15,9 @@ One run folder (``TrainConfig.output_dir``)::
       generator.safetensors     the finished run's generator (the EMA when kept)                  WeightsExporter
       best.json                 the best evaluation and its checkpoint                            Evaluator
       eval.json                 a final evaluation (the MNIST examples' --eval)                   the examples
+      data.json                 what an image run trained on: source, fingerprint, classes, ...   ImageData
+      class_names.json          the class names, in label order (image runs with classes)         ImageData
+      skipped_files.txt         the files of the data that are not readable images                ImageData
       trackers/                 files of the experiment trackers (trackers/runs.json: their ids)  TrackerLogger
       checkpoints/
         checkpoint_<step>/      one complete checkpoint (COMPLETE written last)                   Checkpointer
@@ -24,6 +27,13 @@ One run folder (``TrainConfig.output_dir``)::
 Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.safetensors`` D, the
 optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.pt``
 (the trainer's own state on that process) and ``COMPLETE`` (JSON: step, processes, run id, config).
+
+An exported generator (``gan-accel export RUN DIR``, :mod:`gan_accel.hub`) is a folder of its own::
+
+    <export>/
+      config.json               the networks' spec, the class names, what the weights are         gan_accel.hub
+      model.safetensors         G's weights (the EMA when the run kept one)                       gan_accel.hub
+      README.md                 the model card, with samples.png (a grid of samples)              gan_accel.hub
 
 Everything that names one of these files takes the name from here, and everything that reads
 ``metrics.jsonl`` or a JSON file of the run reads it with the functions below.
@@ -56,6 +66,9 @@ TRACKERS = "trackers"
 TRACKER_IDS = "runs.json"  # inside trackers/
 CHECKPOINTS = "checkpoints"
 ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/
+DATA_RECORD = "data.json"  # written by gan_accel.data.ImageData.write_run_files
+CLASS_NAMES = "class_names.json"
+SKIPPED_FILES = "skipped_files.txt"
 CHECKPOINT_PREFIX = "checkpoint_"
 TMP_PREFIX = ".tmp-"
 
@@ -65,10 +78,16 @@ ENGINE_STATE = "gan_accel_state_{rank}.pt"
 RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
 RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
 
+# -- an exported generator (gan_accel.hub) --------------------------------------------------------------
+EXPORT_CONFIG = CONFIG
+EXPORT_WEIGHTS = RAW_GENERATOR  # the Hugging Face name for a model's weights
+EXPORT_CARD = "README.md"
+EXPORT_SAMPLES = "samples.png"
+
 # Names a run writes at its top level, and patterns of those it writes many of: a file that exists under
 # one of them but is not in the manifest is someone else's (a later --overwrite refuses to mix it in).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
-             TRACKERS)
+             TRACKERS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
 RUN_MARKS = (CONFIG, MANIFEST, HISTORY, GENERATOR, METRICS)
