@@ -50,7 +50,7 @@ def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     assert config["extra"]["dataset"] == dataset and config["max_steps"] == steps
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(2, steps + 1, 2))
-    model = config["extra"]["model"]
+    model = config["model"]
     G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "generator.safetensors")
     assert read_metadata(out / "generator.safetensors")["step"] == steps
     with torch.no_grad():
@@ -195,7 +195,7 @@ def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
                   *TINY], ACCELERATE_USE_CPU="1")
     assert result.returncode == 0, result.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
-    assert config["num_classes"] == 10 and config["extra"]["model"]["conditional"] is True
+    assert config["num_classes"] == 10 and config["model"]["conditional"] is True
     assert torch.equal(torch.load(out / "fixed_labels.pt"), torch.arange(10).repeat_interleave(10))
     with Image.open(out / "samples_final.png") as grid:
         assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples
@@ -259,7 +259,7 @@ def test_conditional_runs_from_before_d_position_resume_with_d_position_none(tmp
     out = tmp_path / "run"
     base = ["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out)]
     assert dcgan_mnist.main([*base, *TINY, "--d-position", "none", "--checkpoint-every", "2"], conditional=True) == 0
-    model = json.loads((out / "config.json").read_text())["extra"]["model"]
+    model = json.loads((out / "config.json").read_text())["model"]
     assert "d_position" not in model  # what a run from before the flag recorded
     longer = [*base, *TINY[2:], "--steps", "6", "--resume", "latest"]
     refused = run([sys.executable, str(ROOT / "examples" / "conditional_mnist.py"), *longer])
