@@ -23,6 +23,7 @@ import torch
 from ..sampling import load_generator, sample_images
 from ..scripts import nonnegative_int, positive_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_folder
+from .labels import label_argument, resolve_label
 
 FORMATS = ("png", "npz", "folder")
 SUFFIXES = {".png": "png", ".npz": "npz"}
@@ -42,8 +43,9 @@ def add_parser(commands: Any) -> None:
                              "and a multiple of the number of classes)")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="the latents' seed: the same seed, the same "
                         "samples (default 0)")
-    parser.add_argument("--label", type=nonnegative_int, default=None,
-                        help="a conditional run: sample this class only (default: every class, in equal numbers)")
+    parser.add_argument("--label", type=label_argument, default=None, metavar="NAME_OR_INDEX",
+                        help="a conditional run: sample this class only, by its name (class_names.json) or index "
+                             "(default: every class, in equal numbers)")
     parser.add_argument("--no-ema", action="store_true",
                         help="sample the raw G instead of its EMA (a run without an EMA samples its raw G anyway)")
     parser.add_argument("--format", choices=FORMATS, default=None,
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = output_format(out, args.format)
     check_new_output(out)
     G, info = load_generator(source.path, ema=not args.no_ema)
+    args.label = resolve_label(args.label, source.run, info)  # a class name or an index -> the index
     num = _count(args, info)
     images, labels = sample_images(G, info, num, label=args.label, seed=args.seed)
     if fmt == "npz":
