@@ -8,6 +8,7 @@
     gan-accel eval runs/dcgan_mnist --data-dir ./data
     gan-accel info runs/dcgan_mnist [--json]
     gan-accel plot runs/dcgan_mnist
+    gan-accel export runs/photos photos_gan [--push-to-hub user/photos-gan]
 
 A run folder gives its final generator.safetensors; a checkpoint folder gives G as of that step
 (its EMA when the run kept one; --no-ema: the raw G). Every mistake is one ``error:`` line naming
@@ -22,9 +23,9 @@ import argparse
 import sys
 
 from ..scripts import ArgumentParser, run_script
-from . import evaluate, info, plot, sample, train
+from . import evaluate, export, info, plot, sample, train
 
-COMMANDS = (train, sample, evaluate, info, plot)
+COMMANDS = (train, sample, evaluate, info, plot, export)
 
 
 def build_parser() -> ArgumentParser:
