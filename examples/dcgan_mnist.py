@@ -23,8 +23,9 @@ from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.engine.launch import describe_launch
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
-from gan_accel.scripts import (ArgumentParser, bounded_int, fraction, nonnegative_float, positive_float,
-                               positive_int, run_script, seed_int)
+from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_run_flags, check_run_flags,
+                                       config_fields, steps_for)
+from gan_accel.scripts import ArgumentParser, positive_int, run_script
 
 
 # (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the ablation)
@@ -45,99 +46,18 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     data.add_argument("--dataset", choices=("auto", "mnist", "digits"), default="auto",
                       help="auto: MNIST, else the built-in offline digits with a message; mnist: MNIST or exit; "
                            "digits: the offline digit set")
-    run = parser.add_argument_group("run")
-    run.add_argument("--output-dir", default="runs/conditional_mnist" if conditional else "runs/dcgan_mnist",
-                     help="run folder for samples, logs and weights")
-    length = run.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=positive_int, default=None,
-                        help=f"generator optimizer steps (default {DEFAULT_STEPS[conditional]})")
-    length.add_argument("--epochs", type=positive_float, default=None, help="train for this many passes over the data instead")
-    run.add_argument("--batch-size", type=positive_int, default=64, help="images per process per micro-batch")
-    run.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
-    run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
-    run.add_argument("--channels-last", action="store_true",
-                     help="convolutions in channels-last memory format (1.2-1.4x images/s on the 2-core CPUs here)")
-    run.add_argument("--keep-freed-memory", action="store_true",
-                     help="Linux/glibc: freed memory stays in the process, no page faults per step (see docs/benchmarks.md)")
-    run.add_argument("--sample-every", type=positive_int, default=500, help="save a fixed-noise grid every N steps")
-    run.add_argument("--keep-samples", type=positive_int, default=None, metavar="N",
-                     help="keep the newest N step-stamped grids (and those progress.gif shows), prune older ones "
-                          "(default: keep all)")
-    run.add_argument("--gif-frames", type=positive_int, default=100, metavar="N",
-                     help="at most N frames in progress.gif, evenly spaced over the run (default 100)")
-    run.add_argument("--log-every", type=positive_int, default=50, help="metrics row every N steps")
-    run.add_argument("--log-with", nargs="+", default=[], metavar="TRACKER",
-                     help="also log metrics and sample grids to these trackers through Accelerate (space or comma "
-                          "separated): tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, "
-                          "or all (the installed ones); TensorBoard writes to <output-dir>/trackers/<project>")
-    run.add_argument("--tracker-project", default=None,
-                     help="the trackers' project (experiment) name (default: the output folder's name)")
-    run.add_argument("--seed", type=seed_int, default=0)
-    run.add_argument("--resume", default=None, metavar="latest|PATH",
-                     help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
-    run.add_argument("--overwrite", action="store_true",
-                     help="replace a previous run in --output-dir (removes only the files that run wrote)")
-    run.add_argument("--fork", action="store_true",
-                     help="with --resume PATH of another run folder: start a new run in --output-dir from it")
-    run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
-    run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
-    run.add_argument("--max-bad-updates", type=positive_int, default=10,
-                     help="stop after this many consecutive skipped non-finite updates of one network (may change "
-                          "on resume: a larger value goes on past a run of bad batches)")
+    run = add_run_flags(parser, "runs/conditional_mnist" if conditional else "runs/dcgan_mnist",
+                        DEFAULT_STEPS[conditional])
     run.add_argument("--eval", action="store_true", help="after training, score --num-eval samples with an MNIST classifier")
     run.add_argument("--num-eval", type=positive_int, default=10_000,
                      help="samples --eval scores at the end (a conditional run: this many over all classes)")
-    run.add_argument("--eval-every", type=positive_int, default=None,
-                     help="also score --eval-samples samples every N steps (logged as eval/*), keeping the best "
-                          "checkpoint by Frechet distance (named in best.json)")
-    run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    run.add_argument("--collective-timeout", type=positive_float, default=120.0, metavar="SECONDS",
-                     help="with several processes: stop every process, naming the one, when a process has not "
-                          "answered for this long (stopped, dead or unreachable; a busy one always answers)")
-    model = parser.add_argument_group("model and optimisation")
-    model.add_argument("--width", type=bounded_int(1, 1024, "G's widest layer has 4x as many channels"), default=32,
-                       help="DCGAN channel width (64 is the paper's)")
-    model.add_argument("--z-dim", type=bounded_int(1, 65536), default=100)
-    model.add_argument("--lr-g", type=positive_float, default=1e-3)
-    model.add_argument("--lr-d", type=positive_float, default=1e-3)
-    model.add_argument("--beta1", type=fraction, default=0.5)
-    model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
-    model.add_argument("--n-critic", type=positive_int, default=1, help="D updates per G update")
-    model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples (decay per step); 0 disables")
-    model.add_argument("--ema-half-life", type=positive_float, default=None,
-                       help="EMA half-life in training images instead of --ema-decay (StyleGAN2)")
-    model.add_argument("--ema-rampup", type=positive_float, default=None,
-                       help="with --ema-half-life: cap it at this times the images seen (StyleGAN2: 0.05)")
-    model.add_argument("--ema-batchnorm", choices=("copy", "recompute"), default="copy",
-                       help="the EMA's BatchNorm statistics: G's, or measured for the EMA's weights")
-    model.add_argument("--r1-gamma", type=nonnegative_float, default=DEFAULT_R1_GAMMA[conditional],
-                       help="lazy R1 penalty on D's real images, every 16 D steps; 0 disables")
-    model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D (no BatchNorm)")
-    model.add_argument("--warmup-ratio", type=fraction, default=0.05)
-    model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
+    model = add_model_flags(parser, width=32, z_dim=100, r1_gamma=DEFAULT_R1_GAMMA[conditional])
     if conditional:
-        model.add_argument("--label-distribution", choices=("uniform", "data"), default="data",
-                           help="G's labels: the real batch's labels (data), or uniform over digits")
-        model.add_argument("--class-weight", type=nonnegative_float, default=1.0,
-                           help="weight of the auxiliary class loss (D classifies real digits, G is pulled to "
-                                "its asked digit); 0 disables")
-        model.add_argument("--d-position", choices=("coords", "moments", "none"), default="coords",
-                           help="how D sees where strokes are: coordinate channels, spatial moments, or not at "
-                                "all (then G drew the ones off-centre)")
+        add_conditional_flags(model)
     args = parser.parse_args(argv)
     args.conditional = conditional
-    if args.fork and args.resume is None:
-        parser.error("--fork needs --resume PATH: the checkpoint of another run to start this one from")
+    check_run_flags(parser, args)
     return args
-
-
-def steps_for(args: argparse.Namespace, batches_per_epoch: int) -> int:
-    if args.steps is not None:
-        return args.steps
-    if args.epochs is not None:
-        return max(1, int(args.epochs * batches_per_epoch) // (args.grad_accum * args.n_critic))
-    return DEFAULT_STEPS[args.conditional]
 
 
 def main(argv: list[str] | None = None, conditional: bool = False) -> int:
@@ -148,20 +68,7 @@ def main(argv: list[str] | None = None, conditional: bool = False) -> int:
 def train(args: argparse.Namespace) -> int:
     # The config is validated first, so a bad flag fails before any data or model work.
     config = TrainConfig(
-        max_steps=args.steps or 1, batch_size=args.batch_size, grad_accum_steps=args.grad_accum,
-        n_critic=args.n_critic, loss=args.loss, z_dim=args.z_dim, lr_G=args.lr_g, lr_D=args.lr_d,
-        betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule=args.lr_schedule,
-        warmup_ratio=args.warmup_ratio,
-        ema_decay=None if args.ema_half_life else args.ema_decay or None, ema_half_life=args.ema_half_life,
-        ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma or None, mixed_precision=args.mixed_precision,
-        channels_last=args.channels_last, keep_freed_memory=args.keep_freed_memory,
-        sample_every=args.sample_every, keep_samples=args.keep_samples, gif_frames=args.gif_frames,
-        log_every=args.log_every, output_dir=args.output_dir, seed=args.seed,
-        log_with=tuple(name.strip() for names in args.log_with for name in names.split(",") if name.strip()),
-        tracker_project=args.tracker_project,
-        progress_bar=not args.no_progress, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, collective_timeout=args.collective_timeout,
-        max_bad_updates=args.max_bad_updates,
+        **config_fields(args),
         num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
         label_distribution=getattr(args, "label_distribution", "uniform"),
         class_loss_weight=getattr(args, "class_weight", 0.0),
@@ -169,7 +76,8 @@ def train(args: argparse.Namespace) -> int:
     accelerator = build_accelerator(config)
     dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
     loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
-    config.max_steps = steps_for(args, len(loader) // accelerator.num_processes)
+    config.max_steps = steps_for(args, len(loader) // accelerator.num_processes, DEFAULT_STEPS[args.conditional],
+                                 accelerator.num_processes)
     model = {"z_dim": args.z_dim, "width": args.width, "image_size": 28, "channels": 1}
     if args.spectral_norm:
         model.update(spectral_norm=True)

@@ -3,7 +3,8 @@
 The public API, by job: the trainer and its config; phases and phase losses (the step as data);
 callbacks (side concerns); regularisers; errors. Data, models, evaluation and checkpoint helpers
 live in their sub-packages (``gan_accel.data``, ``gan_accel.models``, ``gan_accel.eval``,
-``gan_accel.state``); sampling a trained run in ``gan_accel.sampling``.
+``gan_accel.state``); sampling a trained run in ``gan_accel.sampling``; sharing it in ``gan_accel.hub``,
+whose :func:`load_generator` is here too (G from an exported folder, a Hub repo id, a run or a checkpoint).
 """
 
 from .callbacks import Callback
@@ -14,6 +15,7 @@ from .errors import (CallbackError, CheckpointError, ConfigError, DivergenceErro
                      PhaseError, PreflightError, PreflightWarning, RunFolderError, TrainingInterrupted)
 from .objectives import (LOSSES, GANLoss, discriminator_loss, generator_loss, get_loss, gradient_penalty, r1_penalty,
                          sum_losses)
+from .hub import load_generator
 from .state.checkpoint import latest_checkpoint, list_checkpoints
 
 __all__ = [
@@ -24,7 +26,7 @@ __all__ = [
     "Callback",
     "GanAccelError", "ConfigError", "PreflightError", "PreflightWarning", "PhaseError", "LaunchError",
     "CheckpointError", "DivergenceError", "CallbackError", "TrainingInterrupted", "RunFolderError",
-    "latest_checkpoint", "list_checkpoints",
+    "latest_checkpoint", "list_checkpoints", "load_generator",
     "build_accelerator", "extract_images", "lambda_scheduler", "warmup_then_decay",
 ]
 __version__ = "0.3.0"  # the one place the version is written (pyproject.toml reads it)

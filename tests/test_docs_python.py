@@ -4,7 +4,8 @@ as written, and do what the page says they do.
 Pages run in reading order (the README, then mkdocs.yml's nav), each in a scratch folder and a namespace of its
 own, as a reader who opens that page would run it: a block may use what an earlier block of the same page
 defined. Every page with Python blocks has a check below of what its blocks say they do; a new page with Python
-blocks needs one.
+blocks needs one. A page whose Python loads what its shell commands made (docs/own-images.md loads the folder
+``gan-accel export`` wrote) gets it made first, at small settings, by its entry in SETUPS.
 """
 
 from __future__ import annotations
@@ -30,6 +31,31 @@ def check_readme(runs: Path, namespace: dict) -> None:
     assert [line.split()[0] for line in (runs / "readme_own" / "losses.txt").read_text().splitlines()] == ["10", "20"]
     assert "loss/R1" in rows(runs / "readme_own" / "metrics.jsonl")[-1]
     assert json.loads((runs / "readme_own" / "config.json").read_text())["loss"] == "ls"
+
+
+def setup_own_images(scratch: Path) -> None:
+    """What the page's shell commands make before its Python block: a conditional run on class folders 0-9, exported
+    as ``photos_gan`` (20 images, 1 step: the block loads and samples it, the shell test runs the page's commands)."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import reset_accelerate_state
+    from gan_accel.cli import main
+
+    rng = np.random.default_rng(0)
+    for index in range(20):
+        folder = scratch / "photos" / str(index % 10)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)).save(folder / f"{index}.png")
+    reset_accelerate_state()
+    assert main(["train", "--data", "photos", "--conditional", "--output-dir", "runs/photos_cond", "--steps", "1",
+                 "--batch-size", "8", "--width", "4", "--no-progress", "--cache-dir", str(scratch / "cache")]) == 0
+    assert main(["export", "runs/photos_cond", "photos_gan"]) == 0
+
+
+def check_own_images(runs: Path, namespace: dict) -> None:
+    assert namespace["G"].class_names == [str(digit) for digit in range(10)]
+    assert namespace["sevens"].shape == (16, 3, 32, 32) and namespace["sevens"].abs().max() <= 1
 
 
 def check_api(runs: Path, namespace: dict) -> None:
@@ -97,6 +123,7 @@ def check_security(runs: Path, namespace: dict) -> None:
 
 CHECKS = {
     "README.md": check_readme,
+    "docs/own-images.md": check_own_images,
     "docs/api.md": check_api,
     "docs/config.md": check_config,
     "docs/callbacks.md": check_callbacks,
@@ -107,6 +134,9 @@ CHECKS = {
     "docs/health-and-trackers.md": check_health_and_trackers,
     "docs/security.md": check_security,
 }
+
+
+SETUPS = {"docs/own-images.md": setup_own_images}
 
 
 def pages_with_python() -> list[Path]:
@@ -125,6 +155,8 @@ def test_python_blocks_run_and_do_what_they_say(page, tmp_path, monkeypatch):
     from conftest import reset_accelerate_state
 
     monkeypatch.chdir(tmp_path)
+    if page_name(page) in SETUPS:
+        SETUPS[page_name(page)](tmp_path)
     namespace: dict = {}
     for number, block in enumerate(blocks(page, "python"), start=1):
         reset_accelerate_state()  # each block builds its own trainer, as a fresh script would

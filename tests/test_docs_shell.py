@@ -31,17 +31,25 @@ How each kind of command is run (the rules; ``rewrite()`` applies them):
   (``--num_machines`` > 1) cannot run on one machine: it is parsed by accelerate's own launch parser
   and by the script's parser, not run (tests/test_example.py runs its equivalent, two single-process
   machines on 127.0.0.1).
-* ``gan-accel sample|info|plot ...`` (or ``python -m gan_accel.cli ...``) runs as written, with a
-  checkpoint path scaled as above; ``gan-accel eval`` scores ``--num`` 200 samples at most. They run
-  in this test's process, through ``gan_accel.cli.main`` (what the installed command calls; the pip
-  rule checks that the command exists): each would otherwise spend most of its time importing torch.
+* ``gan-accel sample|info|plot|export ...`` (or ``python -m gan_accel.cli ...``) runs as written, with a
+  checkpoint path scaled as above; ``gan-accel eval`` scores ``--num`` 200 samples at most. ``gan-accel
+  train`` runs at 1/1000 of its length like an example script (its step flags scaled, from its own
+  parser; ``--epochs`` and ``--images`` dropped; ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``,
+  ``--no-progress``). ``gan-accel export ... --push-to-hub`` is parsed, not run: the Hub cannot be
+  reached here (tests/test_export.py pushes to a local stand-in). They run in this test's process,
+  through ``gan_accel.cli.main`` (what the installed command calls; the pip rule checks that the command
+  exists): each would otherwise spend most of its time importing torch. ``accelerate launch -m
+  gan_accel.cli train ...`` runs as the launch rule above says, with the train command's small flags.
+* ``python benchmarks/make_rgb_digits.py`` (the image set the guide trains on) runs in this process with
+  ``--num`` at most 200, the rest as written: a data maker, seconds at that size.
 * Checked, not run: ``pip install`` (the project is installed from this checkout, the ``gan-accel``
   command exists and every ``[extra]`` named is in pyproject.toml); ``python -m pytest`` (this test
   would run itself: without arguments it must be the command ``.ci/run`` runs; with arguments, they may
   only select tests: ``-x``, ``-q``, ``-v``, ``-k EXPR``, ``-m EXPR`` of markers pyproject.toml declares, and
   test files or folders that exist); ``accelerate config`` (interactive: the command and its parser must
-  exist); ``python benchmarks/<script>.py [flags]`` (the full suite takes half an hour: its flags must pass
-  the script's own parser, and tests/test_benchmarks.py runs every section with ``--quick``);
+  exist); ``python benchmarks/<script>.py [flags]`` other than the data maker above (the full suite takes half an
+  hour: its flags must pass the script's own parser, and tests/test_benchmarks.py runs every section with
+  ``--quick``);
   ``mkdocs build --strict`` (tests/test_docs.py runs it: the command, mkdocs.yml and the flags must exist)
   and ``mkdocs serve`` (it serves until stopped: the same check).
 
@@ -80,7 +88,10 @@ SCALED_FLAGS = ("--steps", "--checkpoint-every", "--sample-every", "--log-every"
 SMALL_VALUES = {"--batch-size": "8", "--width": "8", "--eval-samples": "100", "--num-eval": "200"}
 SMALL_SWITCHES = ("--no-progress",)
 EVAL_NUM_MAX = 200
-GAN_ACCEL_AS_WRITTEN = ("sample", "info", "plot")  # subcommands that only read a run and write small files
+GAN_ACCEL_AS_WRITTEN = ("sample", "info", "plot", "export")  # subcommands that only read a run and write small files
+DATA_MAKER = "benchmarks/make_rgb_digits.py"  # run, not only parsed: the guide's image set
+DATA_MAKER_NUM_MAX = 200
+LENGTH_FLAGS_DROPPED = ("--epochs", "--images")  # replaced by the scaled default --steps
 LINKED = ("examples", "benchmarks")  # repository folders the commands name by relative path
 TEACH = ("teach tests/test_docs_shell.py: add a case to rewrite() that runs this kind of command at small "
          "settings (or checks it without running it, saying why), and describe the rule in the module docstring")
@@ -225,7 +236,41 @@ def scale_checkpoint_paths(args: list[str]) -> list[str]:
 def small_script_args(script: Path, args: list[str], line: str, mnist: bool) -> list[str]:
     """A page's flags for ``script``, scaled down (see the module docstring), checked by its parser."""
     check_script_flags(script, args, line)
-    options = _options(script_parser(script))
+    small = small_args(script_parser(script), args, mnist)
+    check_script_flags(script, small, line)
+    return small
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """The parser of ``gan-accel train``."""
+    from gan_accel.cli import build_parser
+
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    return commands.choices["train"]
+
+
+def check_train_flags(args: list[str], line: str) -> None:
+    """``gan-accel train``'s own parser accepts these flags."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            train_parser().parse_args(args)
+    except SystemExit as exit_:
+        if exit_.code:
+            pytest.fail(f"{line!r}: gan-accel train refuses its flags {args}: {stderr.getvalue().strip()}")
+
+
+def small_train_args(args: list[str], line: str) -> list[str]:
+    """``gan-accel train``'s flags (after ``train``), scaled down like an example's, checked by its parser."""
+    check_train_flags(args, line)
+    small = small_args(train_parser(), args, mnist=True)
+    check_train_flags(small, line)
+    return small
+
+
+def small_args(parser: argparse.ArgumentParser, args: list[str], mnist: bool) -> list[str]:
+    """The scaling of the module docstring, for any parser with the examples' flags."""
+    options = _options(parser)
     args = scale_checkpoint_paths(args)
     given: dict[str, str] = {}
     kept: list[str] = []
@@ -235,7 +280,7 @@ def small_script_args(script: Path, args: list[str], line: str, mnist: bool) -> 
         takes_value = flag in options and options[flag].nargs != 0
         if takes_value and i + 1 < len(args):
             given[flag] = args[i + 1]
-            if flag != "--epochs" and flag not in SCALED_FLAGS and flag not in SMALL_VALUES:
+            if flag not in LENGTH_FLAGS_DROPPED and flag not in SCALED_FLAGS and flag not in SMALL_VALUES:
                 kept += [flag, args[i + 1]]
             i += 2
         else:
@@ -256,9 +301,7 @@ def small_script_args(script: Path, args: list[str], line: str, mnist: bool) -> 
             index = kept.index("--dataset")
             del kept[index:index + 2]
         extra += ["--dataset", "digits"]
-    small = kept + extra
-    check_script_flags(script, small, line)
-    return small
+    return kept + extra
 
 
 @dataclass
@@ -365,6 +408,8 @@ def rewrite(command: Command, mnist: bool) -> Step:
         split = len(argv) - len(launch.training_script_args) - 1
         assert argv[split] == launch.training_script, line
         launch_flags, script_args = argv[2:split], list(launch.training_script_args)
+        if launch.module:
+            return _launch_module(command, launch, launch_flags, script_args, env, line)
         if not (ROOT / script).is_file():
             pytest.fail(f"{line!r}: no script {script} in the repository")
         if (launch.num_machines or 1) > 1:
@@ -384,6 +429,8 @@ def rewrite(command: Command, mnist: bool) -> Step:
             env.setdefault("ACCELERATE_USE_CPU", "1")
         small = small_script_args(ROOT / script, script_args, line, mnist)
         return Step(command, ["accelerate", "launch", *launch_flags, str(script), *small], env)
+    if argv[0] == "python" and len(argv) > 1 and argv[1] == DATA_MAKER:
+        return Step(command, [sys.executable, argv[1], *_capped_num(argv[2:])], env, in_process=True)
     if argv[0] == "python" and len(argv) > 1 and argv[1].startswith("benchmarks/") and argv[1].endswith(".py"):
         if not (ROOT / argv[1]).is_file():
             pytest.fail(f"{line!r}: no script {argv[1]} in the repository")
@@ -403,10 +450,59 @@ def rewrite(command: Command, mnist: bool) -> Step:
                 args[index + 1] = str(min(int(args[index + 1]), EVAL_NUM_MAX))
             else:
                 args += ["--num", str(EVAL_NUM_MAX)]
+        elif sub == "train":
+            args = ["train", *small_train_args(args[1:], line)]
+        elif sub == "export" and "--push-to-hub" in args:
+            return Step(command, check=lambda: _check_push(args, line),
+                        why="--push-to-hub: parsed (the Hub is not reachable; tests/test_export.py pushes to a stand-in)")
         elif sub not in GAN_ACCEL_AS_WRITTEN:
             pytest.fail(f"{line!r}: no rule for `gan-accel {sub}`; {TEACH}")
         return Step(command, ["gan-accel", *args], env, in_process=True)
     pytest.fail(f"{line!r}: no rule for commands starting with {argv[0]!r}; {TEACH}")
+
+
+def _capped_num(args: list[str]) -> list[str]:
+    """The data maker's flags with ``--num`` at most DATA_MAKER_NUM_MAX."""
+    args = list(args)
+    if "--num" in args:
+        index = args.index("--num")
+        args[index + 1] = str(min(int(args[index + 1]), DATA_MAKER_NUM_MAX))
+    else:
+        args += ["--num", str(DATA_MAKER_NUM_MAX)]
+    return args
+
+
+def _check_push(args: list[str], line: str) -> None:
+    """``gan-accel export ... --push-to-hub REPO``: the command's parser accepts it."""
+    from gan_accel.cli import build_parser
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(args)
+    except SystemExit as exit_:
+        if exit_.code:
+            pytest.fail(f"{line!r}: gan-accel refuses {args}: {stderr.getvalue().strip()}")
+
+
+def _launch_module(command: Command, launch: argparse.Namespace, launch_flags: list[str], args: list[str],
+                   env: dict[str, str], line: str) -> Step:
+    """``accelerate launch [flags] -m gan_accel.cli train ...``: the launch rule, with the train command's small flags."""
+    if launch.training_script != "gan_accel.cli" or not args or args[0] != "train":
+        pytest.fail(f"{line!r}: the shell test launches `-m gan_accel.cli train` only; {TEACH}")
+    if (launch.num_machines or 1) > 1:
+        return Step(command, check=lambda: check_train_flags(args[1:], line), why="several machines: parsed only")
+    if launch.num_processes and launch.num_processes > 2:
+        index = launch_flags.index("--num_processes")
+        launch_flags[index + 1] = "2"
+    if "--main_process_port" not in launch_flags:
+        launch_flags = ["--main_process_port", str(_free_port()), *launch_flags]
+    import torch
+
+    if not torch.cuda.is_available():
+        env.setdefault("ACCELERATE_USE_CPU", "1")
+    return Step(command, ["accelerate", "launch", *launch_flags, "gan_accel.cli", "train",
+                          *small_train_args(args[1:], line)], env)
 
 
 def run_in_process(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

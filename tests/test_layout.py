@@ -33,8 +33,11 @@ ALLOWED = {
     "engine": {"errors", "collective", "batch", "config", "objectives", "state", "tracking", "augment", "callbacks",
                "engine", "watchdog"},
     "sampling": {"errors", "config", "models", "state"},
+    "hub": {"errors", "models", "pictures", "sampling", "state", "hub"},  # exported generators, the Hugging Face Hub
     "scripts": {"errors", "collective", "state", "watchdog"},
-    "cli": {"errors", "config", "state", "pictures", "sampling", "scripts", "data", "eval", "models", "cli"},
+    # the command line is the top: `gan-accel train` composes the engine, the callbacks and the data
+    "cli": {"errors", "collective", "config", "state", "pictures", "sampling", "scripts", "data", "eval", "models",
+            "augment", "engine", "callbacks", "hub", "cli", "watchdog"},
     "watchdog": {"watchdog"},  # liveness and signals of a launch: below everything that trains
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.

@@ -1,5 +1,6 @@
-"""The ``gan-accel`` command: sample, evaluate, describe and plot a trained (or training) run.
+"""The ``gan-accel`` command: train on your own images; sample, evaluate, describe, plot and export a run.
 
+    gan-accel train --data photos/ --resolution 64 --output-dir runs/photos
     gan-accel sample runs/dcgan_mnist --num 64 --out grid.png
     gan-accel sample runs/dcgan_mnist --num 10000 --format folder --out fid_samples
     gan-accel sample runs/conditional_mnist --label 3 --num 100 --out threes.png
@@ -7,12 +8,13 @@
     gan-accel eval runs/dcgan_mnist --data-dir ./data
     gan-accel info runs/dcgan_mnist [--json]
     gan-accel plot runs/dcgan_mnist
+    gan-accel export runs/photos photos_gan [--push-to-hub user/photos-gan]
 
 A run folder gives its final generator.safetensors; a checkpoint folder gives G as of that step
 (its EMA when the run kept one; --no-ema: the raw G). Every mistake is one ``error:`` line naming
 the problem and the fix (exit code 2); nothing existing is ever replaced, and nothing is written
-into a run folder except by ``plot`` without --out. Training itself is
-``python examples/dcgan_mnist.py`` (or ``accelerate launch`` of it).
+into a run folder except by ``plot`` without --out (and by ``train``, whose run folder it is). Training
+under several processes: ``accelerate launch -m gan_accel.cli train ...``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import argparse
 import sys
 
 from ..scripts import ArgumentParser, run_script
-from . import evaluate, info, plot, sample
+from . import evaluate, export, info, plot, sample, train
 
-COMMANDS = (sample, evaluate, info, plot)
+COMMANDS = (train, sample, evaluate, info, plot, export)
 
 
 def build_parser() -> ArgumentParser:

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from ..sampling import MAX_SAMPLES, check_sample_request, iter_samples, load_generator, sample_count, sample_labels
-from ..scripts import bounded_int, nonnegative_int, printable, seed_int
+from ..scripts import bounded_int, printable, seed_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with, write_new_folder
+from .labels import label_argument, resolve_label
 
 FORMATS = ("png", "npz", "folder")
 SUFFIXES = {".png": "png", ".npz": "npz"}
@@ -46,8 +47,9 @@ def add_parser(commands: Any) -> None:
                              f"holds at most {MAX_GRID_SAMPLES:,}")
     parser.add_argument("--seed", type=seed_int, default=0, help="the latents' seed: the same seed, the same "
                         "samples (default 0)")
-    parser.add_argument("--label", type=nonnegative_int, default=None,
-                        help="a conditional run: sample this class only (default: every class, in equal numbers)")
+    parser.add_argument("--label", type=label_argument, default=None, metavar="NAME_OR_INDEX",
+                        help="a conditional run: sample this class only, by its name (class_names.json) or index "
+                             "(default: every class, in equal numbers)")
     parser.add_argument("--no-ema", action="store_true",
                         help="sample the raw G instead of its EMA (a run without an EMA samples its raw G anyway)")
     parser.add_argument("--format", choices=FORMATS, default=None,
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = output_format(out, args.format)
     check_new_output(out)
     G, info = load_generator(source.path, ema=not args.no_ema)
+    args.label = resolve_label(args.label, source.run, info)  # a class name or an index -> the index
     num = _count(args, info)
     check_sample_request(info, num, args.label)
     count = sample_count(info, num, args.label)

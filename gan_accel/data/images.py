@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..errors import DataError, GanAccelError
+from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
 from .image_cache import (CacheFolder, build_images, default_cache_root, prep_name, scan_key, strip_width,
                           write_text_atomic)
@@ -335,11 +336,11 @@ class ImageData:
         """Write ``data.json`` (:meth:`run_record`), ``class_names.json`` (with labels) and
         ``skipped_files.txt`` (when files were skipped: "name<TAB>reason" lines) into a run folder."""
         folder = Path(folder)
-        files = {"data.json": json.dumps(self.run_record(), indent=2) + "\n"}
+        files = {DATA_RECORD: json.dumps(self.run_record(), indent=2) + "\n"}
         if self.class_names is not None:
-            files["class_names.json"] = json.dumps(self.class_names, indent=2) + "\n"
+            files[CLASS_NAMES] = json.dumps(self.class_names, indent=2) + "\n"
         if self.report.skipped:
-            files["skipped_files.txt"] = skipped_text(self.report.skipped)
+            files[SKIPPED_FILES] = skipped_text(self.report.skipped)
         for name, text in files.items():
             write_text_atomic(folder / name, text)
         return [folder / name for name in files]
@@ -352,7 +353,7 @@ class ImageData:
         ``allow_changed``, which logs one warning line instead. A run folder without ``data.json``
         (trained on something else) is accepted.
         """
-        path = Path(folder) / "data.json"
+        path = Path(folder) / DATA_RECORD
         try:
             saved = json.loads(path.read_text())
         except FileNotFoundError:
@@ -656,14 +657,7 @@ def _build(src: ImageSource, entries: list, cache: CacheFolder, resolution: int,
            accelerator: Any, say: Callable[[str], Any]) -> None:
     """On the builder: scan (or reuse the scan), check, and decode into the cache when it fits."""
     names = [e.name for e in entries]
-    scan_data = cache.read_json(cache.scan_json)
-    if scan_data is None:
-        start = time.perf_counter()
-        result = scan(src, entries)
-        scan_data = {"source": src.description, "items": result.items,
-                     "skipped": [[s.name, s.reason] for s in result.skipped],
-                     "seconds": round(time.perf_counter() - start, 3)}
-        cache.write_json(cache.scan_json, scan_data)
+    scan_data = cached_scan(src, entries, cache)
     assembled = _assemble(scan_data, src, names, labels, (), resolution)
     report = assembled.report
     if report.count == 0:
@@ -708,6 +702,20 @@ def _build(src: ImageSource, entries: list, cache: CacheFolder, resolution: int,
         raise DataError(f"none of the {n:,} images of {src.description} could be decoded (e.g. {failed[0][0]}: "
                         f"{failed[0][1]}): check the files")
     cache.write_json(cache.prep_json(prep), {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
+
+
+def cached_scan(src: ImageSource, entries: list, cache: CacheFolder) -> dict[str, Any]:
+    """The scan of ``entries`` (:func:`~gan_accel.data.image_scan.scan`), read from the cache or made and cached:
+    ``{"source", "items": [(entry index, width, height, mode, grey), ...], "skipped": [[name, reason], ...]}``."""
+    scan_data = cache.read_json(cache.scan_json)
+    if scan_data is None:
+        start = time.perf_counter()
+        result = scan(src, entries)
+        scan_data = {"source": src.description, "items": result.items,
+                     "skipped": [[s.name, s.reason] for s in result.skipped],
+                     "seconds": round(time.perf_counter() - start, 3)}
+        cache.write_json(cache.scan_json, scan_data)
+    return scan_data
 
 
 def _within_budget(count: int, channels: int, resolution: int, crop: str, budget: int) -> tuple[bool, str]:

@@ -16,6 +16,9 @@ One run folder (``TrainConfig.output_dir``)::
       generator.safetensors     the finished run's generator (the EMA when kept)                  WeightsExporter
       best.json                 the best evaluation and its checkpoint                            Evaluator
       eval.json                 a final evaluation (the MNIST examples' --eval)                   the examples
+      data.json                 what an image run trained on: source, fingerprint, classes, ...   ImageData
+      class_names.json          the class names, in label order (image runs with classes)         ImageData
+      skipped_files.txt         the files of the data that are not readable images                ImageData
       trackers/                 files of the experiment trackers (trackers/runs.json: their ids)  TrackerLogger
       checkpoints/
         checkpoint_<step>/      one complete checkpoint (COMPLETE written last)                   Checkpointer
@@ -29,6 +32,13 @@ optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_s
 gan_accel's own files hold tensors as safetensors and everything else as JSON (``state/safe_tree.py``);
 the ``LEGACY_`` names are what runs wrote before, still recognised and read without unpickling code
 (``state/pickles.py``; docs/security.md lists every file read and how).
+
+An exported generator (``gan-accel export RUN DIR``, :mod:`gan_accel.hub`) is a folder of its own::
+
+    <export>/
+      config.json               the networks' spec, the class names, what the weights are         gan_accel.hub
+      model.safetensors         G's weights (the EMA when the run kept one)                       gan_accel.hub
+      README.md                 the model card, with samples.png (a grid of samples)              gan_accel.hub
 
 Everything that names one of these files takes the name from here, and everything that reads
 ``metrics.jsonl`` or a JSON file of the run reads it with the functions below.
@@ -61,6 +71,9 @@ TRACKERS = "trackers"
 TRACKER_IDS = "runs.json"  # inside trackers/
 CHECKPOINTS = "checkpoints"
 ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/
+DATA_RECORD = "data.json"  # written by gan_accel.data.ImageData.write_run_files
+CLASS_NAMES = "class_names.json"
+SKIPPED_FILES = "skipped_files.txt"
 CHECKPOINT_PREFIX = "checkpoint_"
 TMP_PREFIX = ".tmp-"
 TORN_SUFFIX = ".torn"  # metrics.jsonl.torn, history.jsonl.torn: a last line cut short by a crash, kept aside
@@ -76,10 +89,16 @@ LEGACY_FIXED_NOISE = "fixed_noise.pt"
 LEGACY_FIXED_LABELS = "fixed_labels.pt"
 LEGACY_ENGINE_STATE = "gan_accel_state_{rank}.pt"
 
+# -- an exported generator (gan_accel.hub) --------------------------------------------------------------
+EXPORT_CONFIG = CONFIG
+EXPORT_WEIGHTS = RAW_GENERATOR  # the Hugging Face name for a model's weights
+EXPORT_CARD = "README.md"
+EXPORT_SAMPLES = "samples.png"
+
 # Names a run writes at its top level, and patterns of those it writes many of: a file that exists under
 # one of them but is not in the manifest is someone else's (a later --overwrite refuses to mix it in).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
-             TRACKERS, LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS)
+             TRACKERS, LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
 RUN_MARKS = (CONFIG, MANIFEST, HISTORY, GENERATOR, METRICS)

@@ -1,0 +1,162 @@
+"""The training flags that ``gan-accel train`` and the example scripts share: the same names, the same meanings.
+
+    parser = ArgumentParser(...)
+    run = add_run_flags(parser, output_dir="runs/x", default_steps=5000)
+    model = add_model_flags(parser, width=32, z_dim=100, r1_gamma="0.1")
+    args = parser.parse_args(argv)
+    check_run_flags(parser, args)
+    config = TrainConfig(**config_fields(args), num_classes=None, ...)
+
+Each script adds its own flags beside these (the MNIST examples: ``--data-dir``, ``--eval``; ``gan-accel
+train``: ``--data``, ``--resolution``, ...). A default of None in :func:`add_model_flags` is a default the
+caller fills in later (``gan-accel train``: the model family's width and latent size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from ..scripts import bounded_int, fraction, nonnegative_float, positive_float, positive_int, seed_int
+
+TRACKERS_HELP = ("also log metrics and sample grids to these trackers through Accelerate (space or comma separated): "
+                 "tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, or all (the installed "
+                 "ones); TensorBoard writes to <output-dir>/trackers/<project>")
+
+
+def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, default_steps: int,
+                  output_help: str = "run folder for samples, logs and weights") -> argparse._ArgumentGroup:
+    """The "run" group: length, batch, precision, logging, trackers, checkpoints, resume, evaluation during training.
+
+    Callers may add their own flags to the group it returns (the examples' ``--eval``)."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--output-dir", default=output_dir, help=output_help)
+    length = run.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=positive_int, default=None,
+                        help=f"generator optimizer steps (default {default_steps})")
+    length.add_argument("--epochs", type=positive_float, default=None, help="train for this many passes over the data instead")
+    length.add_argument("--images", type=positive_int, default=None,
+                        help="train until this many real images were seen (all processes together) instead")
+    run.add_argument("--batch-size", type=positive_int, default=64, help="images per process per micro-batch")
+    run.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
+    run.add_argument("--channels-last", action="store_true",
+                     help="convolutions in channels-last memory format (1.2-1.4x images/s on the 2-core CPUs here)")
+    run.add_argument("--keep-freed-memory", action="store_true",
+                     help="Linux/glibc: freed memory stays in the process, no page faults per step (see docs/benchmarks.md)")
+    run.add_argument("--sample-every", type=positive_int, default=500, help="save a fixed-noise grid every N steps")
+    run.add_argument("--keep-samples", type=positive_int, default=None, metavar="N",
+                     help="keep the newest N step-stamped grids (and those progress.gif shows), prune older ones "
+                          "(default: keep all)")
+    run.add_argument("--gif-frames", type=positive_int, default=100, metavar="N",
+                     help="at most N frames in progress.gif, evenly spaced over the run (default 100)")
+    run.add_argument("--log-every", type=positive_int, default=50, help="metrics row every N steps")
+    run.add_argument("--log-with", nargs="+", default=[], metavar="TRACKER", help=TRACKERS_HELP)
+    run.add_argument("--tracker-project", default=None,
+                     help="the trackers' project (experiment) name (default: the output folder's name)")
+    run.add_argument("--seed", type=seed_int, default=0)
+    run.add_argument("--resume", default=None, metavar="latest|PATH",
+                     help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace a previous run in --output-dir (removes only the files that run wrote)")
+    run.add_argument("--fork", action="store_true",
+                     help="with --resume PATH of another run folder: start a new run in --output-dir from it")
+    run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
+    run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
+    run.add_argument("--max-bad-updates", type=positive_int, default=10,
+                     help="stop after this many consecutive skipped non-finite updates of one network (may change "
+                          "on resume: a larger value goes on past a run of bad batches)")
+    run.add_argument("--eval-every", type=positive_int, default=None,
+                     help="also score --eval-samples samples every N steps (logged as eval/*), keeping the best "
+                          "checkpoint by Frechet distance (named in best.json)")
+    run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--collective-timeout", type=positive_float, default=120.0, metavar="SECONDS",
+                     help="with several processes: stop every process, naming the one, when a process has not "
+                          "answered for this long (stopped, dead or unreachable; a busy one always answers)")
+    return run
+
+
+def add_model_flags(parser: argparse.ArgumentParser, width: int | None, z_dim: int | None, r1_gamma: float | None,
+                    width_help: str = "DCGAN channel width (64 is the paper's)",
+                    r1_help: str = "lazy R1 penalty on D's real images, every 16 D steps; 0 disables",
+                    z_help: str | None = None) -> argparse._ArgumentGroup:
+    """The "model and optimisation" group: sizes, rates, loss, n-critic, EMA, R1, spectral norm, schedule."""
+    model = parser.add_argument_group("model and optimisation")
+    model.add_argument("--width", type=bounded_int(1, 1024, "G's widest layer has many times as many channels"),
+                       default=width, help=width_help)
+    model.add_argument("--z-dim", type=bounded_int(1, 65536), default=z_dim, help=z_help)
+    model.add_argument("--lr-g", type=positive_float, default=1e-3)
+    model.add_argument("--lr-d", type=positive_float, default=1e-3)
+    model.add_argument("--beta1", type=fraction, default=0.5)
+    model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
+    model.add_argument("--n-critic", type=positive_int, default=1, help="D updates per G update")
+    model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples (decay per step); 0 disables")
+    model.add_argument("--ema-half-life", type=positive_float, default=None,
+                       help="EMA half-life in training images instead of --ema-decay (StyleGAN2)")
+    model.add_argument("--ema-rampup", type=positive_float, default=None,
+                       help="with --ema-half-life: cap it at this times the images seen (StyleGAN2: 0.05)")
+    model.add_argument("--ema-batchnorm", choices=("copy", "recompute"), default="copy",
+                       help="the EMA's BatchNorm statistics: G's, or measured for the EMA's weights")
+    model.add_argument("--r1-gamma", type=nonnegative_float, default=r1_gamma, help=r1_help)
+    model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D (no BatchNorm)")
+    model.add_argument("--warmup-ratio", type=fraction, default=0.05)
+    model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
+    return model
+
+
+def add_conditional_flags(group: argparse._ArgumentGroup, d_position: str | None = "coords",
+                          d_position_help: str = "how D sees where strokes are: coordinate channels, spatial moments, "
+                                                 "or not at all (then G drew the ones off-centre)",
+                          label_distribution: str | None = "data", class_weight: float | None = 1.0) -> None:
+    """The class-conditional flags: G's label distribution, the auxiliary class loss, the DCGAN D's position input."""
+    group.add_argument("--label-distribution", choices=("uniform", "data"), default=label_distribution,
+                       help="G's labels: the real batch's labels (data), or uniform over the classes")
+    group.add_argument("--class-weight", type=nonnegative_float, default=class_weight,
+                       help="weight of the auxiliary class loss (D classifies real images, G is pulled to its asked "
+                            "class); 0 disables")
+    group.add_argument("--d-position", choices=("coords", "moments", "none"), default=d_position, help=d_position_help)
+
+
+def check_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flags that only make sense together (one usage line, exit 2, from the parser)."""
+    if args.fork and args.resume is None:
+        parser.error("--fork needs --resume PATH: the checkpoint of another run to start this one from")
+
+
+def tracker_names(values: list[str]) -> tuple[str, ...]:
+    """``--log-with tensorboard,mlflow wandb`` -> ``("tensorboard", "mlflow", "wandb")``."""
+    return tuple(name.strip() for names in values for name in names.split(",") if name.strip())
+
+
+def config_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig fields the shared flags set (``max_steps`` is ``--steps`` or 1 until the data is known)."""
+    return dict(
+        max_steps=args.steps or 1, batch_size=args.batch_size, grad_accum_steps=args.grad_accum,
+        n_critic=args.n_critic, loss=args.loss, z_dim=args.z_dim, lr_G=args.lr_g, lr_D=args.lr_d,
+        betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule=args.lr_schedule,
+        warmup_ratio=args.warmup_ratio,
+        ema_decay=None if args.ema_half_life else args.ema_decay or None, ema_half_life=args.ema_half_life,
+        ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma or None,
+        mixed_precision=args.mixed_precision, channels_last=args.channels_last,
+        keep_freed_memory=args.keep_freed_memory, sample_every=args.sample_every, log_every=args.log_every,
+        output_dir=args.output_dir, seed=args.seed, log_with=tracker_names(args.log_with),
+        tracker_project=args.tracker_project, progress_bar=not args.no_progress, overwrite=args.overwrite,
+        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+        keep_samples=args.keep_samples, gif_frames=args.gif_frames, max_bad_updates=args.max_bad_updates,
+        collective_timeout=args.collective_timeout,
+    )
+
+
+def steps_for(args: argparse.Namespace, batches_per_epoch: int, default_steps: int, num_processes: int = 1) -> int:
+    """The run's length in steps: ``--steps``, else ``--epochs`` (``batches_per_epoch`` per process), else
+    ``--images`` (real images over all processes), else ``default_steps``."""
+    if args.steps is not None:
+        return args.steps
+    per_step = args.grad_accum * args.n_critic  # batches a step draws on each process
+    if args.epochs is not None:
+        return max(1, int(args.epochs * batches_per_epoch) // per_step)
+    if getattr(args, "images", None) is not None:
+        return max(1, math.ceil(args.images / (per_step * args.batch_size * num_processes)))
+    return default_steps

@@ -1,0 +1,129 @@
+"""The model card (``README.md``) of an exported generator: what the Hugging Face Hub shows for a model repo.
+
+YAML front matter the Hub reads (``library_name``, ``tags``, ``pipeline_tag`` for an unconditional G,
+``license`` when given), then the sample grid, the model, the data, the scores, the training settings
+and a usage snippet that runs as written (tests/test_export.py runs it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..state.layout import EXPORT_SAMPLES
+
+TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), ("grad_accum_steps", "grad accum"),
+                   ("n_critic", "D steps per G step"), ("loss", "loss"), ("lr_G", "lr G"), ("lr_D", "lr D"),
+                   ("betas_G", "betas"), ("lr_schedule", "schedule"), ("r1_gamma", "R1 gamma"),
+                   ("ema_decay", "EMA decay"), ("ema_half_life", "EMA half-life (images)"), ("augment", "augment"),
+                   ("mixed_precision", "mixed precision"), ("seed", "seed"))
+SHOWN_CLASSES = 20
+
+
+def front_matter(config: dict[str, Any], license: str | None) -> str:
+    """The YAML block the Hub reads: library, tags, pipeline tag, license."""
+    spec = config["model"]
+    conditional = spec.get("num_classes") is not None
+    tags = ["gan", "image-generation", "gan_accel", spec["family"],
+            "class-conditional" if conditional else "unconditional-image-generation"]
+    lines = ["---", "library_name: gan_accel", "tags:", *[f"- {tag}" for tag in tags]]
+    if not conditional:
+        lines.append("pipeline_tag: unconditional-image-generation")
+    if license:
+        lines.append(f"license: {license}")
+    return "\n".join(lines + ["---"]) + "\n"
+
+
+def usage(where: str, config: dict[str, Any]) -> str:
+    """A Python snippet that loads G from ``where`` and draws 16 samples (one class in a conditional G)."""
+    names = config.get("class_names")
+    lines = ["import torch", "from torchvision.utils import save_image", "", "from gan_accel import load_generator",
+             "", f"G = load_generator({where!r})  # this folder, or the Hub repo id: no training code needed",
+             "z = torch.randn(16, G.z_dim, generator=torch.Generator().manual_seed(0))", "with torch.no_grad():"]
+    shape = "(16, {channels}, {size}, {size})".format(channels=config["model"]["channels"],
+                                                      size=config["model"]["image_size"])
+    if config["model"].get("num_classes") is None:
+        lines.append(f"    images = G(z)  # {shape}, values in [-1, 1]")
+    else:
+        first = f" ({names[0]!r}; G.class_names lists them)" if names else ""
+        lines += [f"    labels = torch.full((16,), 0)  # class 0{first}",
+                  f"    images = G(z, labels)  # {shape}, values in [-1, 1]"]
+    lines.append('save_image(images, "generated.png", nrow=4, normalize=True, value_range=(-1, 1))')
+    return "\n".join(lines)
+
+
+def _model_section(config: dict[str, Any], parameters: int) -> list[str]:
+    spec, weights = config["model"], config["weights"]
+    kind = "the exponential moving average (EMA) of G" if weights["ema"] else "G itself (the run kept no EMA)" \
+        if not weights.get("has_ema") else "the raw G (not its EMA)"
+    classes = spec.get("num_classes")
+    return ["## Model", "",
+            f"A {spec['family']} generator ({parameters:,} parameters) making {spec['channels']}-channel "
+            f"{spec['image_size']}x{spec['image_size']} images from a {spec['z_dim']}-dimensional standard normal "
+            "latent" + (f", conditioned on one of {classes} classes" if classes else "") + ". The weights in "
+            f"`model.safetensors` are {kind} after {weights['step']:,} steps. `config.json` holds the networks' "
+            "spec that rebuilds it (`gan_accel.models.build_generator`).", ""]
+
+
+def _data_section(config: dict[str, Any]) -> list[str]:
+    data = config.get("data")
+    if not data:
+        extra = config["training"].get("extra", {})
+        return ["## Data", "", f"Trained on {extra.get('dataset', 'data the run did not describe')}.", ""]
+    lines = ["## Data", "",
+             f"{data['images']:,} images from `{data['source']}` at {data['resolution']} px ({data['channels']} "
+             f"channel{'s' if data['channels'] > 1 else ''}, {data['crop']} crop)"
+             + (f"; {data['skipped']:,} unreadable files were skipped" if data.get("skipped") else "") + "."]
+    classes = data.get("classes") or {}
+    if classes:
+        shown = ", ".join(f"{name} ({count:,})" for name, count in list(classes.items())[:SHOWN_CLASSES])
+        more = f", and {len(classes) - SHOWN_CLASSES} more" if len(classes) > SHOWN_CLASSES else ""
+        lines += ["", f"{len(classes)} classes: {shown}{more}."]
+    return lines + [""]
+
+
+def _scores_section(config: dict[str, Any]) -> list[str]:
+    scores = config.get("scores") or {}
+    best, final = scores.get("best"), scores.get("eval")
+    if not best and not final:
+        return ["## Scores", "", "No evaluation was recorded for this run.", ""]
+    space = config["training"].get("extra", {}).get("eval_features", "the run's evaluation features")
+    lines = ["## Scores", ""]
+    if best:
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in best.get("scores", {}).items() if isinstance(v, (int, float)))
+        lines.append(f"Best evaluation during training, at step {best['step']:,} ({best['metric']} {best['value']:.4g}, "
+                     f"in {space} features): {shown}.")
+    if final:
+        summary = final.get("summary") or ", ".join(f"{k} {v:.4g}" for k, v in final.items()
+                                                    if isinstance(v, (int, float)))
+        lines += ["", "Final evaluation:", "", "```text", summary.strip(), "```"]
+    lines += ["", "Distances in a feature space compare runs scored in that same space only; they are FIDs only "
+              "in Inception features."]
+    return lines + [""]
+
+
+def _training_section(config: dict[str, Any]) -> list[str]:
+    training = config["training"]
+    rows = [f"| {label} | {training[name]} |" for name, label in TRAINING_FIELDS
+            if training.get(name) not in (None, "none")]
+    processes = training.get("extra", {}).get("num_processes")
+    if processes:
+        rows.append(f"| processes | {processes} |")
+    return ["## Training", "", "| setting | value |", "| --- | --- |", *rows, "",
+            "`config.json` holds the whole training configuration under `training`.", ""]
+
+
+def model_card(config: dict[str, Any], where: str, parameters: int, license: str | None = None) -> str:
+    """The ``README.md`` of an export (see the module docstring); ``where`` is what the snippet loads."""
+    spec = config["model"]
+    title = f"# {spec['family'].upper() if spec['family'] == 'dcgan' else spec['family'].capitalize()} generator, " \
+            f"{spec['image_size']} px" + (", class-conditional" if spec.get("num_classes") else "")
+    lines = [front_matter(config, license), title, "",
+             f"A GAN generator trained with gan_accel {config['gan_accel_version']} and exported with "
+             "`gan-accel export`.", "",
+             f"![samples]({EXPORT_SAMPLES})", "",
+             *_model_section(config, parameters), *_data_section(config), *_scores_section(config),
+             *_training_section(config),
+             "## Usage", "", "```python", usage(where, config), "```", "",
+             "`pip install gan_accel` (and `huggingface_hub` to load it from the Hub by its repo id). Loading reads "
+             "`config.json` and the safetensors weights only: no code from this repository runs.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""``gan-accel export`` and ``gan_accel.load_generator``: a run's generator as a Hugging Face style folder
+(config.json, model.safetensors, README.md model card, samples.png) that loads back without training code and
+samples bitwise what ``gan-accel sample`` samples from the run; the card's usage snippet runs as written;
+nothing is replaced; ``--push-to-hub`` and loading a repo id work up to the network, against a local stand-in
+for the Hub (a fake ``huggingface_hub`` module that records the calls and copies into a folder): the real Hub
+is never reached from these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import reset_accelerate_state
+from gan_accel import load_generator
+from gan_accel.cli import main
+from gan_accel.hub import ExportError
+from gan_accel.sampling import sample_images
+from test_train_cli import CLASSES, TINY, error_line, gan_accel, snapshot, write_images
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two finished runs of ``gan-accel train``: unconditional with evaluation (best.json), and conditional."""
+    root = tmp_path_factory.mktemp("export")
+    write_images(root / "photos", 24)
+    write_images(root / "pets", 24, classes=CLASSES)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GAN_ACCEL_CACHE", str(root / "cache"))
+        for name, extra in (("plain", ["--eval-every", "2", "--eval-samples", "16", "--eval-features", "random"]),
+                            ("cond", ["--conditional"])):
+            reset_accelerate_state()
+            data = root / ("pets" if name == "cond" else "photos")
+            assert main(["train", "--data", str(data), "--output-dir", str(root / name), "--resolution", "32",
+                         "--steps", "4", *TINY, *extra]) == 0
+        reset_accelerate_state()
+    return root
+
+
+def front_matter(card: str) -> dict[str, list[str] | str]:
+    """The card's YAML front matter, read as the flat keys and lists it holds."""
+    block = re.match(r"---\n(.*?)\n---\n", card, re.DOTALL)
+    assert block, "the card starts with a YAML front matter block"
+    found: dict[str, list[str] | str] = {}
+    key = None
+    for line in block.group(1).splitlines():
+        if line.startswith("- "):
+            found[key].append(line[2:])
+        else:
+            key, _, value = line.partition(":")
+            found[key] = value.strip() or []
+    return found
+
+
+def test_export_loads_back_and_samples_bitwise_what_gan_accel_sample_samples(runs, tmp_path, capsys):
+    run, out = runs / "plain", tmp_path / "plain_gan"
+    code, stdout, err = gan_accel(["export", run, out], capsys)
+    assert code == 0, err
+    assert "the EMA of G of step 4" in stdout
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "samples.png"]
+    assert gan_accel(["sample", run, "--num", 10, "--seed", 3, "--out", tmp_path / "s.npz"], capsys)[0] == 0
+    G = load_generator(out)
+    images, _ = sample_images(G, {"conditional": False, "num_classes": None}, 10, seed=3)
+    np.testing.assert_array_equal(images.numpy(), np.load(tmp_path / "s.npz")["images"])
+    # the weights are the run's export, the EMA of G, tensor for tensor
+    exported, final = load_file(str(out / "model.safetensors")), load_file(str(run / "generator.safetensors"))
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+
+
+def test_config_json_rebuilds_G_and_says_what_the_weights_are(runs, tmp_path, capsys):
+    run, out = runs / "cond", tmp_path / "cond_gan"
+    assert gan_accel(["export", run, out], capsys)[0] == 0
+    config = json.loads((out / "config.json").read_text())
+    recorded = json.loads((run / "config.json").read_text())
+    assert config["model"] == recorded["model"] and config["class_names"] == list(CLASSES)
+    assert config["weights"] == {"file": "model.safetensors", "ema": True, "has_ema": True, "step": 4,
+                                 "dtype": "float32"}
+    assert config["output"] == {"shape": [3, 32, 32], "range": [-1, 1]} and config["latent"]["shape"] == [100]
+    assert config["data"]["images"] == 24 and config["data"]["classes"] == {name: 8 for name in CLASSES}
+    for name in ("config.json", "README.md"):  # paths on this machine are cut to their last part
+        assert str(runs) not in (out / name).read_text(), name
+    G = load_generator(out)
+    assert G.class_names == list(CLASSES)
+    assert gan_accel(["sample", run, "--label", "owls", "--num", 4, "--out", tmp_path / "owls.npz"], capsys)[0] == 0
+    images, _ = sample_images(G, {"conditional": True, "num_classes": 3}, 4, label=2)
+    np.testing.assert_array_equal(images.numpy(), np.load(tmp_path / "owls.npz")["images"])
+
+
+def test_the_model_card_has_hub_metadata_and_its_usage_snippet_runs(runs, tmp_path, monkeypatch, capsys):
+    for name, tag in (("plain", "unconditional-image-generation"), ("cond", "class-conditional")):
+        out = tmp_path / f"{name}_gan"
+        assert gan_accel(["export", runs / name, out, "--license", "apache-2.0"], capsys)[0] == 0
+        card = (out / "README.md").read_text()
+        meta = front_matter(card)
+        assert meta["library_name"] == "gan_accel" and meta["license"] == "apache-2.0"
+        assert {"gan", "image-generation", tag} <= set(meta["tags"])
+        assert ("pipeline_tag" in meta) == (name == "plain")
+        assert "![samples](samples.png)" in card and "## Data" in card and "## Training" in card
+        if name == "plain":  # the evaluation during training, in the feature space it used
+            best = json.loads((runs / "plain" / "best.json").read_text())
+            assert f"at step {best['step']}" in card and "random-conv-v1" in card
+        (snippet,) = re.findall(r"```python\n(.*?)```", card, re.DOTALL)
+        monkeypatch.chdir(tmp_path)
+        namespace: dict = {}
+        exec(compile(snippet, f"{name} model card", "exec"), namespace)
+        assert namespace["images"].shape == (16, 3, 32, 32) and (tmp_path / "generated.png").is_file()
+        (tmp_path / "generated.png").unlink()
+
+
+def test_an_existing_folder_is_never_replaced(runs, tmp_path, capsys):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    line = error_line(["export", runs / "plain", out], capsys)
+    assert "that folder exists, and gan-accel never replaces anything" in line
+    assert snapshot(out) == {"mine.txt": b"keep me"}
+    assert "does not exist" in error_line(["export", runs / "nowhere", tmp_path / "x"], capsys)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_checkpoint_exports_its_raw_G_with_no_ema(runs, tmp_path, capsys):
+    checkpoint = runs / "plain" / "checkpoints" / "checkpoint_00000002"
+    out = tmp_path / "raw"
+    code, stdout, err = gan_accel(["export", checkpoint, out, "--no-ema"], capsys)
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["weights"]["ema"] is False and "raw G of step 2" in stdout
+    exported, raw = load_file(str(out / "model.safetensors")), load_file(str(checkpoint / "model.safetensors"))
+    assert all(torch.equal(exported[k], raw[k]) for k in exported)
+
+
+def test_load_generator_reads_runs_and_checkpoints_too(runs):
+    from gan_accel.sampling import load_generator as load_with_info
+
+    G = load_generator(runs / "cond")
+    assert G.class_names == list(CLASSES) and not G.training
+    G_checkpoint = load_generator(runs / "cond" / "checkpoints" / "checkpoint_00000004")
+    for name, value in G.state_dict().items():
+        assert torch.equal(value, G_checkpoint.state_dict()[name]), name
+    assert isinstance(load_with_info(runs / "cond"), tuple), "gan_accel.sampling.load_generator keeps (G, info)"
+    with pytest.raises(ExportError, match="does not exist"):
+        load_generator("./nowhere/at_all")
+
+
+# -- the Hub, through a stand-in ---------------------------------------------------------------------------------
+class StandInHub:
+    """A fake ``huggingface_hub``: HfApi.create_repo / upload_folder and snapshot_download on a local folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.calls = root, []
+        hub = self
+
+        class HfApi:
+            def __init__(self, token=None):
+                hub.calls.append(("HfApi", {"token": token}))
+
+            def create_repo(self, repo_id, repo_type=None, private=False, exist_ok=False):
+                hub.calls.append(("create_repo", {"repo_id": repo_id, "repo_type": repo_type, "private": private,
+                                                  "exist_ok": exist_ok}))
+                (hub.root / repo_id).mkdir(parents=True, exist_ok=exist_ok)
+                return f"https://huggingface.co/{repo_id}"
+
+            def upload_folder(self, folder_path, repo_id, repo_type=None, commit_message=None):
+                hub.calls.append(("upload_folder", {"repo_id": repo_id, "repo_type": repo_type}))
+                shutil.copytree(folder_path, hub.root / repo_id, dirs_exist_ok=True)
+
+        def snapshot_download(repo_id, revision=None, token=None, repo_type=None, allow_patterns=None):
+            hub.calls.append(("snapshot_download", {"repo_id": repo_id, "allow_patterns": allow_patterns}))
+            if not (hub.root / repo_id).is_dir():
+                raise OSError(f"404 Client Error: Repository Not Found for url: https://huggingface.co/{repo_id}")
+            return str(hub.root / repo_id)
+
+        self.module = types.ModuleType("huggingface_hub")
+        self.module.HfApi, self.module.snapshot_download = HfApi, snapshot_download
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch) -> StandInHub:
+    hub = StandInHub(tmp_path / "hub")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub.module)
+    return hub
+
+
+def test_push_to_hub_creates_the_repo_and_uploads_the_folder_without_printing_the_token(runs, tmp_path, stand_in,
+                                                                                         capsys):
+    out, token = tmp_path / "pets_gan", "hf_NotARealTokenButSecret"
+    code, stdout, err = gan_accel(["export", runs / "cond", out, "--push-to-hub", "someone/pets-gan", "--private",
+                                   "--token", token], capsys)
+    assert code == 0, err
+    assert stand_in.calls == [
+        ("HfApi", {"token": token}),
+        ("create_repo", {"repo_id": "someone/pets-gan", "repo_type": "model", "private": True, "exist_ok": True}),
+        ("upload_folder", {"repo_id": "someone/pets-gan", "repo_type": "model"})]
+    assert snapshot(stand_in.root / "someone" / "pets-gan") == snapshot(out)
+    assert token not in stdout + err and "pushed" in stdout
+    assert "load_generator('someone/pets-gan')" in (out / "README.md").read_text(), "the snippet names the repo"
+
+
+def test_load_generator_of_a_repo_id_downloads_through_the_stand_in(runs, tmp_path, stand_in, capsys):
+    assert gan_accel(["export", runs / "plain", tmp_path / "x", "--push-to-hub", "someone/plain"], capsys)[0] == 0
+    G = load_generator("someone/plain")
+    assert stand_in.calls[-1] == ("snapshot_download", {"repo_id": "someone/plain", "allow_patterns": [
+        "config.json", "model.safetensors", "README.md", "samples.png"]})
+    local = load_generator(tmp_path / "x")
+    for name, value in local.state_dict().items():
+        assert torch.equal(value, G.state_dict()[name]), name
+    with pytest.raises(ExportError) as error:
+        load_generator("someone/missing")
+    assert "downloading it from the Hugging Face Hub failed (OSError: 404" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_without_huggingface_hub_the_hub_is_one_line_and_the_export_stays(runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` fails
+    with pytest.raises(ExportError, match=re.escape("pip install 'gan_accel[hub]'")):
+        load_generator("someone/plain")
+    out = tmp_path / "kept"
+    line = error_line(["export", runs / "plain", out, "--push-to-hub", "someone/plain"], capsys)
+    assert "pip install 'gan_accel[hub]'" in line and "is complete" in line
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "samples.png"]
