@@ -44,7 +44,7 @@ from gan_accel import Callback, GANTrainer, TrainConfig  # noqa: E402
 from gan_accel.data import open_image_data  # noqa: E402
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator  # noqa: E402
 
-QUIET = ("samples", "plot", "checkpoints", "export", "progress", "signals")
+QUIET = ("sample_saver", "training_plot", "checkpointer", "weights_exporter", "progress_bar", "signal_handler")
 TARGET_WAIT_SHARE = 0.05
 
 

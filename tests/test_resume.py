@@ -176,3 +176,33 @@ def test_resume_without_rng_restore_fails_loudly(tmp_path, monkeypatch):
     trainer = build_trainer(str(tmp_path / "resumed"))
     with pytest.raises(CheckpointError, match="RNG state of process 0 was not restored"):
         trainer.fit(resume_from="latest")
+
+
+@pytest.mark.parametrize("live_matches", [True, False], ids=["restored", "not-restored"])
+def test_the_cuda_rng_state_is_checked_like_the_cpu_one(tmp_path, monkeypatch, live_matches):
+    """Accelerate saves one CUDA generator state per device and only logs when it cannot set them; a
+    resume that silently kept the old CUDA state would draw other noise on the GPU. Simulated here: a
+    CUDA that "is available" and reports its live generator states."""
+    from accelerate import Accelerator
+
+    from gan_accel import CheckpointError
+    from gan_accel.state.checkpoint import check_rng_restored
+
+    saved_cuda = [torch.arange(16, dtype=torch.uint8), torch.arange(16, dtype=torch.uint8) * 2]
+    live = [s.clone() for s in saved_cuda]
+    if not live_matches:
+        live[1][3] += 1  # the second device's generator was not set
+    torch.save({"torch_manual_seed": torch.get_rng_state(), "torch_cuda_manual_seed": saved_cuda},
+               tmp_path / "random_states_0.pkl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: live)
+    reset_accelerate_state()
+    accelerator = Accelerator(cpu=True)
+    if live_matches:
+        check_rng_restored(accelerator, tmp_path)
+    else:
+        with pytest.raises(CheckpointError, match="cuda RNG state of process 0 was not restored"):
+            check_rng_restored(accelerator, tmp_path)
+    # Saved on a GPU, resumed on a machine without one: nothing to restore into, nothing to compare.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_rng_restored(accelerator, tmp_path)

@@ -162,32 +162,44 @@ def test_schedulers_are_ticked_directly_on_one_process_and_match_accelerates_wra
         assert direct.schedulers[net].state_dict() == wrapped.schedulers[net].state_dict()
 
 
-def test_the_scheduler_wrapper_is_kept_where_it_does_work():
-    """Several processes (it ticks once per process), fp16 (it skips a tick after an overflow) and
-    OneCycle-like schedulers (it stops at total_steps) keep AcceleratedScheduler.step."""
+@pytest.mark.parametrize("processes,flags,expected_epochs", [
+    (1, {}, 3), (2, {}, 6), (2, {"split_batches": True}, 3), (2, {"step_with_optimizer": False}, 3),
+], ids=["one-process", "two-processes", "split-batches", "not-with-optimizer"])
+def test_the_scheduler_ticks_as_accelerates_wrapper_after_a_kept_step(processes, flags, expected_epochs):
+    """Three updates tick the inner scheduler as AcceleratedScheduler.step does after kept optimizer
+    steps (once per process, once with split_batches or without step_scheduler_with_optimizer), with
+    or without an fp16 scaler: the engine's ticker never asks whether the step was skipped."""
+    from types import SimpleNamespace
+
+    from gan_accel.engine.schedules import scheduler_stepper
+
+    for scaler in (None, object()):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+        inner = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0 / (1 + t))
+        wrapped = SimpleNamespace(scheduler=inner, step=None, **(dict(step_with_optimizer=True, split_batches=False) | flags))
+        tick = scheduler_stepper(SimpleNamespace(num_processes=processes, scaler=scaler), wrapped)
+        for _ in range(3):
+            tick()
+        assert inner.last_epoch == expected_epochs
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(1.0 / (1 + expected_epochs))
+
+
+def test_a_one_cycle_schedule_stops_at_its_total_steps_as_under_the_wrapper():
+    """OneCycleLR raises past total_steps; Accelerate's wrapper stops there (two processes tick twice per
+    update, so a schedule written for one process ends early) and the engine's ticker does the same."""
     from types import SimpleNamespace
 
     from gan_accel.engine.schedules import scheduler_stepper
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
-    lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
     one_cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1.0, total_steps=4)
-
-    def wrapped(inner, **flags):
-        options = dict(step_with_optimizer=True, split_batches=False) | flags
-        return SimpleNamespace(scheduler=inner, step=object(), **options)
-
-    def accelerator(processes=1, scaler=None):
-        return SimpleNamespace(num_processes=processes, scaler=scaler)
-
-    assert scheduler_stepper(accelerator(), wrapped(lambda_lr)) == lambda_lr.step
-    assert scheduler_stepper(accelerator(2), wrapped(lambda_lr)) is not lambda_lr.step
-    assert scheduler_stepper(accelerator(scaler=object()), wrapped(lambda_lr)) is not lambda_lr.step
-    assert scheduler_stepper(accelerator(), wrapped(one_cycle)) is not one_cycle.step
-    # where the wrapper ticks once whatever the processes, the inner step is the same
-    assert scheduler_stepper(accelerator(2), wrapped(lambda_lr, split_batches=True)) == lambda_lr.step
-    assert scheduler_stepper(accelerator(2), wrapped(lambda_lr, step_with_optimizer=False)) == lambda_lr.step
-    assert scheduler_stepper(accelerator(), lambda_lr) == lambda_lr.step  # not prepared
+    wrapped = SimpleNamespace(scheduler=one_cycle, step=None, step_with_optimizer=True, split_batches=False)
+    tick = scheduler_stepper(SimpleNamespace(num_processes=2, scaler=None), wrapped)
+    for _ in range(5):
+        tick()  # 10 ticks asked, OneCycleLR would raise past its 4th
+    assert one_cycle._step_count == 5 and one_cycle.last_epoch == 4
+    unprepared = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: 1.0)
+    assert scheduler_stepper(SimpleNamespace(num_processes=1, scaler=None), unprepared) == unprepared.step
 
 
 def _train_twice_with_and_without_keeping_freed_memory() -> None:

@@ -37,6 +37,7 @@ from ..batch import RealBatch
 from .augmentation import RunAugmentation
 from .buffer_restore import BufferRestore
 from .conditioning import Conditioning
+from .fp16_skips import Fp16Skips
 from .context import MicroBatch, StepContext
 from .guard import DivergenceGuard, non_finite_flag, non_finite_on_host
 from .latents import LatentSampler
@@ -62,6 +63,7 @@ class PhaseRunner:
         self.clip_norms = dict(clip_norms)
         self.guard = guard
         self.skippable = SkippableStep(accelerator.scaler)  # how a flagged update is skipped (engine/skip_step.py)
+        self.fp16_skips = Fp16Skips(accelerator.scaler, nets)  # the updates the fp16 scaler skipped
         # A skipped update puts the networks' buffers back too (engine/buffer_restore.py); only with the guard.
         self.buffers = BufferRestore(self.nets) if guard is not None else None
         self._steppers = {name: direct_stepper(accelerator, opt) for name, opt in self.optimizers.items()}
@@ -153,6 +155,7 @@ class PhaseRunner:
         if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
             self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
         stepper = self._steppers[name]
+        scale_before = self.fp16_skips.before()
         if flag is None:
             stepper.step()
         else:
@@ -162,8 +165,9 @@ class PhaseRunner:
                 self.buffers.restore()
             elif isinstance(flag, torch.Tensor):
                 self.buffers.restore_where(flag)
+        self.fp16_skips.after(name, scale_before)
         if phase.tick_scheduler:
-            self._tickers[name]()  # a skipped update still uses up its step of the schedule
+            self._tickers[name]()  # a skipped update (guard or fp16 overflow) still uses up its step of the schedule
         stepper.zero_grad(set_to_none=True)
         self.updates[name] += 1
         self.phase_runs[phase.name] += 1
@@ -237,7 +241,8 @@ class PhaseRunner:
     def state_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.state_dict(), "updates": dict(self.updates), "phase_runs": dict(self.phase_runs),
                 "lr_used": dict(self.lr_used), "images_seen": self.images_seen,
-                "augment": self.augmentation.state_dict() if self.augmentation is not None else None}
+                "augment": self.augmentation.state_dict() if self.augmentation is not None else None,
+                "fp16_skips": self.fp16_skips.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
@@ -247,6 +252,7 @@ class PhaseRunner:
         self.images_seen = int(state["images_seen"])
         if self.augmentation is not None:
             self.augmentation.load_state_dict(state.get("augment"))
+        self.fp16_skips.load_state_dict(state.get("fp16_skips"))
 
 
 def _G_follows(due: list[Phase], index: int) -> bool:

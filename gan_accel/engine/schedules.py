@@ -10,6 +10,7 @@ makes per optimizer step.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -61,21 +62,36 @@ def lambda_scheduler(optimizer: torch.optim.Optimizer, multiplier: LRMultiplier,
 
 
 def scheduler_stepper(accelerator: Accelerator, scheduler: Any) -> Callable[[], Any]:
-    """What the runner calls to tick a prepared scheduler: the inner scheduler's ``step`` where Accelerate's
-    wrapper would do exactly that, else the wrapper's.
+    """What the runner calls to tick a prepared scheduler once per optimizer update, kept or skipped.
 
-    The runner ticks only at the end of an accumulation window (``sync_gradients`` is true). There,
-    without a GradScaler (no optimizer step is ever marked skipped), ``AcceleratedScheduler.step``
-    calls the inner ``step()`` once per process, or once with ``split_batches`` or without
-    ``step_scheduler_with_optimizer``, after building an ``AcceleratorState`` per call (~14 us a tick
-    on a 2-core CPU, two ticks a step). So on one process, or when it ticks once, the inner ``step``
-    is called directly; OneCycle-like schedulers (a ``total_steps`` that the wrapper guards) keep it.
+    The runner ticks only at the end of an accumulation window (``sync_gradients`` is true). There
+    Accelerate's ``AcceleratedScheduler.step`` calls the inner ``step()`` once per process (once with
+    ``split_batches`` or without ``step_scheduler_with_optimizer``), guarding OneCycle-like schedulers
+    (a ``total_steps``), after building an ``AcceleratorState`` per call (~14 us a tick on a 2-core CPU).
+    It also leaves the schedule where it was when the optimizer's step was skipped, but knows that only
+    for some optimizers: under fp16 a non-fused optimizer's overflow is seen, a fused Adam's (which
+    takes the scaler's ``found_inf`` itself) is not. The engine's rule is one: a skipped update, by
+    the divergence guard or by an fp16 overflow, uses up its step of the schedule, so the learning
+    rate at update ``n`` is the schedule's value at ``n`` whatever the precision and the optimizer.
+    So the inner scheduler is ticked here directly, as the wrapper would tick it after a kept step.
     """
     inner = getattr(scheduler, "scheduler", None)
-    if inner is None or accelerator.scaler is not None:
+    if inner is None:
         return scheduler.step
-    if not getattr(scheduler, "step_with_optimizer", True) or getattr(scheduler, "split_batches", False):
+    ticks = 1 if not getattr(scheduler, "step_with_optimizer", True) or getattr(scheduler, "split_batches", False) \
+        else accelerator.num_processes
+    if ticks == 1 and not hasattr(inner, "total_steps") and accelerator.scaler is None:
         return inner.step
-    if accelerator.num_processes != 1 or hasattr(inner, "total_steps"):
-        return scheduler.step
-    return inner.step
+
+    def tick() -> None:
+        for _ in range(ticks):
+            if hasattr(inner, "total_steps") and inner._step_count > inner.total_steps:
+                continue
+            if inner._step_count == 1:  # torch warns "lr_scheduler.step() before optimizer.step()" when the
+                with warnings.catch_warnings():  # first update was an fp16 skip: the engine's rule, not a bug
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                    inner.step()
+            else:
+                inner.step()
+
+    return tick

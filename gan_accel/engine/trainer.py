@@ -89,7 +89,7 @@ class GANTrainer(TrainerViews):
         extra_networks: more networks that phases may train, ``{"E": module}`` (Adam with ``lr_G``) or
             ``{"E": (module, optimizer)}``; prepared with the rest, checkpointed, constant lr after warmup.
         callbacks: added after the built-in ones; one named like a built-in replaces it.
-        disable_callbacks: names of built-in callbacks to switch off (e.g. ``("samples", "progress")``).
+        disable_callbacks: names of built-in callbacks to switch off (e.g. ``("sample_saver", "progress_bar")``).
     """
 
     def __init__(self, G: nn.Module, D: nn.Module, train_dataloader: DataLoader, config: TrainConfig, *,
@@ -282,7 +282,8 @@ class GANTrainer(TrainerViews):
         self._interval_start = (now, images)
         row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.data.epoch}
         row.update(self.means.reduce(acc))
-        row.update({**self.runner.lr_used, **loss_scale(acc), **self.runner.augmentation.metrics()})
+        row.update({**self.runner.lr_used, **loss_scale(acc), **self.runner.fp16_skips.metrics(),
+                    **self.runner.augmentation.metrics()})
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
             row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)

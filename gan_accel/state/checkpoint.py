@@ -370,6 +370,29 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
                               "resume from another one")
     if not torch.equal(seed, torch.get_rng_state()):
         raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
+    device = _device_rng_not_restored(saved)
+    if device:
+        raise CheckpointError(f"the {device} RNG state of process {accelerator.process_index} was not restored from "
+                              f"{rng_file}")
+
+
+def _device_rng_not_restored(saved: dict) -> str | None:
+    """The device (``"cuda"``, ...) whose saved generator states differ from the live ones, else None.
+
+    Accelerate saves ``torch_<device>_manual_seed`` (one state per visible device for CUDA) and, like
+    the CPU state, only logs when it cannot set them. States saved on a machine without that device
+    (or checked on one without it) are not compared: there is nothing to restore them into.
+    """
+    for key, value in saved.items():
+        device = key[len("torch_"):-len("_manual_seed")] if key.startswith("torch_") and key.endswith("_manual_seed") else ""
+        module = getattr(torch, device, None) if device else None
+        if module is None or not hasattr(module, "is_available") or not module.is_available():
+            continue
+        saved_states = value if isinstance(value, (list, tuple)) else [value]
+        live = module.get_rng_state_all() if isinstance(value, (list, tuple)) else [module.get_rng_state()]
+        if any(not isinstance(s, torch.Tensor) or not torch.equal(s.cpu(), l.cpu()) for s, l in zip(saved_states, live)):
+            return device
+    return None
 
 
 def parameters_finite(*models: nn.Module) -> bool:
