@@ -58,6 +58,12 @@ def check_own_images(runs: Path, namespace: dict) -> None:
     assert namespace["sevens"].shape == (16, 3, 32, 32) and namespace["sevens"].abs().max() <= 1
 
 
+def check_models_and_augmentation(runs: Path, namespace: dict) -> None:
+    assert tuple(namespace["images"].shape) == (4, 3, 128, 128) and tuple(namespace["logits"].shape) == (4,)
+    assert namespace["spec"]["family"] == "resnet" and namespace["spec"]["width"] == 16
+    assert namespace["config"].augment == "ada" and namespace["config"].ada_interval == 4
+
+
 def check_api(runs: Path, namespace: dict) -> None:
     assert (runs / "api" / "samples_final.png").exists()
     assert namespace["samples"].shape == (16, 1, 28, 28)
@@ -124,6 +130,7 @@ def check_security(runs: Path, namespace: dict) -> None:
 CHECKS = {
     "README.md": check_readme,
     "docs/own-images.md": check_own_images,
+    "docs/models-and-augmentation.md": check_models_and_augmentation,
     "docs/api.md": check_api,
     "docs/config.md": check_config,
     "docs/callbacks.md": check_callbacks,

@@ -1,8 +1,13 @@
-"""``gan-accel eval RUN_OR_CHECKPOINT``: score a run's generator with the MNIST classifier.
+"""``gan-accel eval RUN_OR_CHECKPOINT``: score a run's generator.
 
-FD, KID, precision and recall in the classifier's features, the share of each predicted digit and
-the mean confidence (a conditional run: the share of each requested digit read as that digit). A run
-trained on the built-in offline digits is scored against that set, and the report says so.
+Without ``--data``, against MNIST with the MNIST classifier: FD, KID, precision and recall in the
+classifier's features, the share of each predicted digit and the mean confidence (a conditional run:
+the share of each requested digit read as that digit). A run trained on the built-in offline digits is
+scored against that set, and the report says so.
+
+With ``--data PATH`` (a folder, a ZIP or ``hf:NAME``), against those images: FID in Inception-v3
+features when torch-fidelity and its weights are here, else a fixed random network's features (said in
+one line); the real images' features are cached per dataset, resolution and feature space.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 from ..sampling import load_generator
 from ..eval.mnist import MAX_EVAL_SAMPLES
-from ..scripts import bounded_int
+from ..scripts import bounded_int, seed_int
 from .common import check_new_output, resolve_source, write_new_file
 
 
@@ -25,6 +30,12 @@ def add_parser(commands: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
                         help="a finished run folder or any of its checkpoints/checkpoint_<step>")
+    parser.add_argument("--data", default=None, metavar="PATH",
+                        help="score against these images instead of MNIST: a folder, a .zip or hf:NAME[:SPLIT]")
+    parser.add_argument("--features", choices=("auto", "inception", "random"), default="auto",
+                        help="with --data: Inception-v3 (FID; needs gan_accel[inception] and its weights), a fixed "
+                             "random network, or auto (Inception when it loads)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="with --data: the samples' latents")
     parser.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_DATA_DIR", "./data"),
                         help="where MNIST is: DIR/MNIST/raw (env GAN_ACCEL_DATA_DIR)")
     parser.add_argument("--download", action="store_true",
@@ -45,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         check_new_output(out)
     G, info = load_generator(source.path, ema=not args.no_ema)
+    if args.data is not None:
+        from .eval_data import evaluate_on_data
+
+        result = evaluate_on_data(G, info, args.data, args.num, args.features, args.seed)
+        return _report(result, args, info, out)
     fallback = offline_digits(info)
     if info["conditional"]:
         result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10),
@@ -52,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = evaluate_generator(G, args.data_dir, z_dim=G.z_dim, num_samples=args.num, fallback=fallback,
                                     download=args.download)
+    return _report(result, args, info, out)
+
+
+def _report(result: dict, args: argparse.Namespace, info: dict, out: Path | None) -> int:
     print(result.pop("summary"))
     result.update(source=str(args.source), step=info["step"], ema=info["ema"])
     if out is not None:

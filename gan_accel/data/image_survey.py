@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
 from .image_cache import CacheFolder, default_cache_root, scan_key
-from .images import cached_scan, resolve_source
+from .images import cached_scan, listed_source
 
 
 def image_sizes(source: str | os.PathLike | Any, *, split: str | None = None, image_column: str | None = None,
@@ -29,12 +28,7 @@ def image_sizes(source: str | os.PathLike | Any, *, split: str | None = None, im
     Raises :class:`DataError` for a missing or empty source, as :func:`open_image_data` does; a source
     with no readable image gives ``[]`` (opening it then says why, in one line).
     """
-    src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
-                         use_labels=labels != "none", accelerator=accelerator)
-    entries = src.entries()
-    if not entries:
-        raise DataError(f"{src.description} holds no files (hidden files are ignored): pass the folder that holds "
-                        "the images")
+    src, entries = listed_source(source, split, image_column, label_column, labels, accelerator)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     scan = cached_scan(src, entries, CacheFolder(root, scan_key(src.identity(), entries)))
     return [(int(item[1]), int(item[2])) for item in scan["items"]]

@@ -544,6 +544,18 @@ def _assemble(scan_data: dict[str, Any], source: ImageSource, names: list[str], 
     return _Assembled(report, positions, labels, class_names, upscaled)
 
 
+def listed_source(source: Any, split: str | None, image_column: str | None, label_column: str | None, labels: str,
+                  accelerator: Any) -> tuple[ImageSource, list[Any]]:
+    """The source and its listing; one-line :class:`DataError` when it holds no files."""
+    src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
+                         use_labels=labels != "none", accelerator=accelerator)
+    entries = src.entries()
+    if not entries:
+        raise DataError(f"{src.description} holds no files (hidden files are ignored): pass the folder that holds "
+                        "the images")
+    return src, entries
+
+
 def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: int | None = None,
                     crop: str = "center", labels: str = "auto", *, split: str | None = None,
                     image_column: str | None = None, label_column: str | None = None, background: str = "white",
@@ -582,12 +594,7 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
     speaker = accelerator is None or accelerator.is_main_process
     say = log if (speaker and log is not None) else (lambda _line: None)
 
-    src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
-                         use_labels=labels != "none", accelerator=accelerator)
-    entries = src.entries()
-    if not entries:
-        raise DataError(f"{src.description} holds no files (hidden files are ignored): pass the folder that holds "
-                        "the images")
+    src, entries = listed_source(source, split, image_column, label_column, labels, accelerator)
     names = [e.name for e in entries]
     key = scan_key(src.identity(), entries)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()

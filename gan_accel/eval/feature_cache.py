@@ -1,0 +1,53 @@
+"""Real images' features, computed once per dataset, resolution and feature space, and kept on disk.
+
+Scoring a run against a folder needs the features of up to 10,000 of its images; computing them
+(Inception on a CPU: minutes) is the slow half of an evaluation. They are stored under the cache
+root (``$GAN_ACCEL_CACHE/features``, else ``~/.cache/gan_accel/features``) as safetensors, named by
+the data's fingerprint (which changes with the files, the resolution, the channels and the crop),
+the feature space and the number of images: a changed folder or another feature space is computed
+anew, never confused with an old one. A file that cannot be read is computed again and replaced.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from torch import Tensor
+
+from ..state.files import atomic_path
+
+KEY = "features"
+
+
+def default_feature_root() -> Path:
+    if os.environ.get("GAN_ACCEL_CACHE"):
+        return Path(os.environ["GAN_ACCEL_CACHE"]) / "features"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gan_accel" / "features"
+
+
+def cached_features(fingerprint: str, space: str, count: int, compute: Callable[[], Tensor],
+                    root: str | os.PathLike | None = None) -> tuple[Tensor, bool]:
+    """The features ``compute()`` returns, from the cache when they are there; (features, from_cache)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save
+
+    folder = Path(root) if root is not None else default_feature_root()
+    safe_space = "".join(c if c.isalnum() or c in "-_." else "_" for c in space)
+    path = folder / f"{fingerprint}-{safe_space}-{count}.safetensors"
+    if path.is_file():
+        try:
+            features = load_file(str(path))[KEY]
+            if features.ndim == 2 and len(features) == count:
+                return features, True
+        except (SafetensorError, OSError, KeyError, ValueError):
+            pass  # damaged or foreign: computed again below
+    features = compute().float().contiguous()
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(save({KEY: features}, metadata={"space": space, "fingerprint": fingerprint}))
+    except OSError:
+        pass  # a read-only cache costs time, not correctness
+    return features, False
