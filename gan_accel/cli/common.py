@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Callable
 
 from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints
-from ..state.files import write_failure_reason
+from ..state.files import temporary_name, write_failure_reason
 from ..state.paths import managing_run
 from ..state.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
                             TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
@@ -129,7 +129,7 @@ def write_new_file(out: Path, data: bytes, flag: str = "--out") -> None:
 
 def write_new_file_with(out: Path, write: Callable[[BinaryIO], Any], flag: str = "--out") -> None:
     """:func:`write_new_file` of what ``write(handle)`` writes, as it goes (a file larger than memory)."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp = temporary_name(out)
     try:
         _write_new_file(out, tmp, write, flag)
     except OSError as error:
@@ -175,7 +175,7 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
         raise CommandError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
     except OSError as error:
         raise _cannot_write(out, error, flag) from error
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp = temporary_name(out)
     try:
         try:
             tmp.mkdir()

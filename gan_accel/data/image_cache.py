@@ -24,9 +24,7 @@ import json
 import math
 import os
 import shutil
-import socket
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,29 +32,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..state.files import atomic_path, temporary_name
 from . import image_decode
 from .image_decode import RANDOM_CROP_MAX_ASPECT
 from .image_scan import SkippedFile, skip_reason
 from .image_sources import ImageSource
 
 CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``, renamed over it on success, removed on failure.
-
-    (gan_accel.state.files has the same helper; data/ does not import state/, which loads checkpoints.)
-    The temporary name carries the host and process: concurrent writers, even on a shared folder, never clash.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -170,10 +152,6 @@ def _single_thread(_: int) -> None:
     torch.set_num_threads(1)  # decoding workers need no intra-op threads of their own
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-
-
 def build_images(folder: CacheFolder, prep: str, source: ImageSource, names: Sequence[str], resolution: int,
                  channels: int, crop: str, background: str, workers: int,
                  progress: Callable[[int], Any] | None = None) -> list[tuple[int, SkippedFile]]:
@@ -185,7 +163,7 @@ def build_images(folder: CacheFolder, prep: str, source: ImageSource, names: Seq
     n, width = len(names), strip_width(resolution, crop)
     final = folder.images(prep)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(final)
+    tmp = temporary_name(final)
     failed: list[tuple[int, SkippedFile]] = []
     try:
         array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, channels, resolution, width))

@@ -29,6 +29,7 @@ from ..errors import GanAccelError
 from ..models import normalize_spec
 from ..sampling import load_generator as load_run_generator
 from ..state.checkpoint import is_complete
+from ..state.files import temporary_name
 from ..state.layout import (BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES,
                             EXPORT_WEIGHTS, checkpoint_run_folder, read_json)
 from .card import model_card
@@ -125,7 +126,7 @@ def write_new_folder(out: Path, fill: Callable[[Path], None]) -> None:
         raise ExportError(f"{out} exists, and gan-accel never replaces anything: choose a new folder") from None
     except OSError as error:
         raise ExportError(f"cannot create {out}: {error.strerror or error}; choose a folder you can write in") from None
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp = temporary_name(out)
     try:
         tmp.mkdir()
         fill(tmp)

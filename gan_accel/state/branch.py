@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import RunFolderError
-from .files import atomic_path, write_failure_reason
+from .files import atomic_path, temporary_name, write_failure_reason
 from .layout import ABANDONED, CHECKPOINTS, METRICS, checkpoint_root
 from .paths import refusal
 
@@ -154,7 +154,7 @@ def _move(source: Path, target: Path) -> None:
     except OSError as error:
         if error.errno != errno.EXDEV or source.is_dir() or source.is_symlink():
             raise
-        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        partial = temporary_name(target)
         try:
             shutil.copy2(source, partial)
             with open(partial, "rb+") as handle:

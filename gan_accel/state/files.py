@@ -5,21 +5,27 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+
+def temporary_name(path: Path) -> Path:
+    """A hidden name beside ``path`` for writing it before the rename: host and process in it, so that
+    concurrent writers, even on a folder shared between machines, never clash."""
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed over ``path`` (atomic on one filesystem).
 
-    The temporary name carries the process id, so concurrent writers never clash; it is removed if
-    the write fails.
+    The temporary name is :func:`temporary_name`'s; it is removed if the write fails.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_name(path)
     try:
         yield tmp
         os.replace(tmp, path)
