@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import os
 
 import pytest
@@ -269,3 +271,10 @@ def run_then_exit(function, args) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a launch's rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

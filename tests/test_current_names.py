@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -128,12 +127,6 @@ def test_a_two_process_launch_warns_nothing_of_ours(tmp_path):
         ours = [w for w in seen["warnings"] if any(name in w["message"] for name in DEPRECATED)
                 or w["category"] in ("FutureWarning", "DeprecationWarning")]
         assert not ours, ours
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.slow

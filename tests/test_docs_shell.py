@@ -69,7 +69,6 @@ import re
 import runpy
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -79,6 +78,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from conftest import free_port
 import tomllib
 
 from doc_pages import README, ROOT, page_name, pages
@@ -316,12 +317,6 @@ class Step:
     in_process: bool = False  # gan-accel and python examples/...: in this process (run_in_process)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _check_pip_install(args: list[str], line: str) -> None:
     extras_known = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     targets = [a for a in args if not a.startswith("-")]
@@ -422,7 +417,7 @@ def rewrite(command: Command, mnist: bool) -> Step:
             index = launch_flags.index("--num_processes")
             launch_flags[index + 1] = "2"
         if "--main_process_port" not in launch_flags:
-            launch_flags = ["--main_process_port", str(_free_port()), *launch_flags]
+            launch_flags = ["--main_process_port", str(free_port()), *launch_flags]
         import torch
 
         if not torch.cuda.is_available():
@@ -496,7 +491,7 @@ def _launch_module(command: Command, launch: argparse.Namespace, launch_flags: l
         index = launch_flags.index("--num_processes")
         launch_flags[index + 1] = "2"
     if "--main_process_port" not in launch_flags:
-        launch_flags = ["--main_process_port", str(_free_port()), *launch_flags]
+        launch_flags = ["--main_process_port", str(free_port()), *launch_flags]
     import torch
 
     if not torch.cuda.is_available():

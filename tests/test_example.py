@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import mnist_dir
+from conftest import mnist_dir, free_port
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.state.run_folder import read_fixed_latents
 
@@ -84,16 +83,10 @@ def test_trains_on_offline_digits_and_writes_valid_outputs(tmp_path):
     check_run_folder(out, 4, "offline-digits")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_processes_train_one_model(tmp_path):
     out = tmp_path / "run"
     result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                   EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
                   *TINY], ACCELERATE_USE_CPU="1")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -106,7 +99,7 @@ def test_two_gloo_processes_train_one_model(tmp_path):
 
 
 def test_two_single_process_machines_on_localhost(tmp_path):
-    out, port = tmp_path / "run", str(_free_port())
+    out, port = tmp_path / "run", str(free_port())
     procs = []
     for machine_rank in (0, 1):
         cmd = ["accelerate", "launch", "--multi_gpu", "--num_machines", "2", "--machine_rank", str(machine_rank),
@@ -129,7 +122,7 @@ def test_multi_gpu_launch_without_gpus_stops_with_a_clear_message(tmp_path):
         pytest.skip("this machine has GPUs: the launch would be genuinely distributed")
     out = tmp_path / "run"
     result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                   EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
                   *TINY])
     assert result.returncode != 0
@@ -191,7 +184,7 @@ def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
     out = tmp_path / "run"
     example = str(ROOT / "examples" / "conditional_mnist.py")
     result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                   example, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
                   *TINY], ACCELERATE_USE_CPU="1")
     assert result.returncode == 0, result.stderr[-3000:]

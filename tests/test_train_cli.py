@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import zipfile
@@ -24,7 +23,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import reset_accelerate_state
+from conftest import reset_accelerate_state, free_port
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.cli import main
 from gan_accel.models import default_spec
@@ -281,12 +280,6 @@ def test_a_folder_holding_a_run_is_refused_before_the_data_is_read(rgb_run, tmp_
 
 
 # -- several processes ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_gloo_processes_train_one_model_from_a_folder(tmp_path):
     write_images(tmp_path / "photos", 40, classes=CLASSES)
@@ -295,7 +288,7 @@ def test_two_gloo_processes_train_one_model_from_a_folder(tmp_path):
     env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", GAN_ACCEL_CACHE=str(tmp_path / "cache"))
     result = subprocess.run(
         ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-         "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), "-m", "gan_accel.cli", "train",
+         "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "gan_accel.cli", "train",
          "--data", str(tmp_path / "photos"), "--output-dir", str(out), "--conditional", "--resolution", "32",
          "--steps", "4", *TINY], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
