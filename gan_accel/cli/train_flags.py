@@ -18,7 +18,7 @@ import argparse
 import math
 from typing import Any
 
-from ..scripts import bounded_int, fraction, nonnegative_float, positive_float, positive_int, seed_int
+from .arguments import bounded_int, fraction, nonnegative_float, positive_float, positive_int, seed_int
 
 TRACKERS_HELP = ("also log metrics and sample grids to these trackers through Accelerate (space or comma separated): "
                  "tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, or all (the installed "

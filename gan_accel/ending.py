@@ -1,0 +1,428 @@
+"""How a run ends: one ``error:`` line for every expected failure, a clean stop on a signal, and no
+process of a launch left waiting for another.
+
+The entry point is :func:`run_script`: the example scripts and the ``gan-accel`` command run their body
+through it. The rest are the engine's hooks into the same story:
+
+- **Errors every process agrees on** (:func:`run_together`, :func:`raise_together`): what only the main
+  process sees (a failed write) is shared, so every rank raises the same error at the same point.
+- **A stop signal** (:class:`SignalHandler`, a built-in callback): SIGINT/SIGTERM finish the step, every
+  process stops at the same step with a checkpoint, exit 128 + the signal.
+- **No wait without bound** (:func:`bound_waits`): torch's own collective timeout is the run's
+  ``collective_timeout``. A collective whose peer is stopped, hung or dead raises in every process that
+  waits for it; :func:`run_script` names the processes that have not answered and exits 75.
+  A process that dies is seen at once (its sockets close) and the launcher (``accelerate launch``,
+  ``torchrun``) ends the others. No thread of gan_accel's own watches anything.
+
+The line printed says what is true: ``fit`` writes on the error that leaves it the step reached and the
+last complete checkpoint (:func:`remember`); nothing here holds a reference to a trainer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+
+import torch
+
+from . import errors
+from .errors import GanAccelError, TrainingInterrupted
+
+if TYPE_CHECKING:
+    from .engine.trainer import GANTrainer
+
+T = TypeVar("T")
+
+#: Exit code when another process stopped answering or went away: EX_TEMPFAIL of sysexits.h, "a temporary
+#: failure; retry" (resume with ``--resume latest``), unlike 2 (a mistake to fix).
+EXIT_SILENT_PEER = 75
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a command that SIGPIPE ended (cat, grep, git | head)
+
+#: Two deliveries of a stop signal closer than this (seconds) are one request: launchers deliver a
+#: terminal's Ctrl-C again within milliseconds (forwarding it, or following it with SIGTERM).
+DUPLICATE_SIGNAL_WINDOW = 0.25
+
+NO_CHECKPOINT = "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
+UNKNOWN_PROGRESS = "outside training; the complete checkpoints written so far, if any, are untouched."
+
+
+# -- errors every process agrees on ----------------------------------------------------------------
+def raise_together(accelerator: Any, error: BaseException | None) -> None:
+    """Collective (call on every process): if any process passes an error, every process raises.
+
+    The failing process raises its own error; the others raise one of the same gan_accel class with the
+    same message, so all ranks stop at the same point and print the same line.
+    """
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        report = None if error is None else (type(error).__name__, str(error), accelerator.process_index)
+        first = next((r for r in gather_object([report]) if r is not None), None)
+        if error is None and first is not None:
+            raise rebuild_error(*first)
+    if error is not None:
+        raise error
+
+
+def run_together(accelerator: Any, action: Callable[[], T], main_only: bool = False) -> T | None:
+    """Run ``action`` (on the main process only with ``main_only``), then :func:`raise_together` its error."""
+    result, error = None, None
+    if not main_only or accelerator.is_main_process:
+        try:
+            result = action()
+        except Exception as caught:  # reported to every process, re-raised here unchanged
+            error = caught
+    raise_together(accelerator, error)
+    return result
+
+
+def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
+    """The error another process raised, as the same gan_accel class (else a GanAccelError naming it)."""
+    cls = getattr(errors, class_name, None)
+    if cls is TrainingInterrupted:
+        return TrainingInterrupted(message, 0)
+    if isinstance(cls, type) and issubclass(cls, GanAccelError):
+        return cls(message)
+    return GanAccelError(f"process {rank} failed: {class_name}: {message}")
+
+
+# -- bounded waits, leaving together ---------------------------------------------------------------
+def bound_waits(seconds: float) -> None:
+    """Make torch's collective timeout ``seconds`` (``collective_timeout``) for the default process group.
+
+    ``build_accelerator`` passes it to Accelerate (``InitProcessGroupKwargs``); this covers an Accelerator
+    the user built. gloo raises in every process that waits; NCCL's own watchdog ends the process.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.set_timeout(timedelta(seconds=seconds))
+
+
+def leave_process_group() -> None:
+    """End of a successful multi-process script: a barrier, then close the process group on every rank.
+
+    Without it the interpreter tears the gloo group down at exit; a rank that gets there first can close
+    its sockets while another's gloo threads still hold work, and that rank aborts ("terminate called
+    without an active exception", exit -6) after its work was saved. A no-op without a process group.
+    Only after success: after an error a rank may be stuck in a collective, and a barrier would hang it.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# -- stop signals ------------------------------------------------------------------------------------
+class StopFlag:
+    """Set by the signal handler; read by the loop at step boundaries."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0  # time.monotonic() of the signal
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+
+@contextmanager
+def stop_on_signals(flag: StopFlag, signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[StopFlag]:
+    """Install handlers that only set ``flag``; a second signal (not a duplicate delivery) interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # handlers can only be installed from the main thread
+        return
+    previous = {s: signal.getsignal(s) for s in signums}
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag:
+            if time.monotonic() - flag.at < DUPLICATE_SIGNAL_WINDOW:
+                return
+            signal.signal(signum, previous[signum])
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        flag.signum, flag.at = signum, time.monotonic()
+
+    for s in signums:
+        signal.signal(s, handler)
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class StopAgreement:
+    """Agrees on the stop signal across processes one step late, without a blocking wait.
+
+    ``exchange(signum)`` (every rank, once per step; 0 for none) returns the largest signal number any
+    rank passed at the previous call, and starts the all-reduce of ``signum`` for the next call: it
+    finished long ago when it is read, so no step waits for the slowest rank (nor, on a GPU, for the
+    device's queue).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pending: tuple[Any, torch.Tensor, Any] | None = None  # (work to wait, value to read, event)
+
+    def exchange(self, signum: int) -> int:
+        agreed = self._collect()
+        value = torch.full((1,), float(signum), device=self.device)  # a fill on the device, no copy
+        work = torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        if self.device.type == "cuda":
+            work.wait()  # NCCL: the current stream waits for the collective, the host does not
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending = (None, host, event)
+        else:  # gloo runs it in the background: wait for it at the next step
+            self._pending = (work, value, None)
+        return agreed
+
+    def _collect(self) -> int:
+        if self._pending is None:
+            return 0
+        (work, value, event), self._pending = self._pending, None
+        if work is not None:
+            work.wait()
+        if event is not None:
+            event.synchronize()  # recorded a step ago: waits for nothing queued since
+        return int(value.item())
+
+
+class SignalHandler:
+    """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop at the
+    end of the current step (with several processes, of the next step, on every process alike)."""
+
+    name = "signal_handler"
+
+    def __init__(self) -> None:
+        self.flag = StopFlag()
+        self._handlers: Any = None
+        self._agreement: StopAgreement | None = None
+
+    def on_fit_start(self, trainer: "GANTrainer") -> None:
+        self.flag = StopFlag()
+        self._handlers = stop_on_signals(self.flag)
+        self._handlers.__enter__()
+        acc = trainer.accelerator
+        self._agreement = StopAgreement(acc.device) if acc.num_processes > 1 else None
+
+    def on_step_end(self, trainer: "GANTrainer") -> None:
+        signum = self.flag.signum or 0
+        if self._agreement is not None:  # every rank stops at the same step, by the signal one of them got
+            signum = self._agreement.exchange(signum)
+        if signum:
+            trainer.control.stop(signum)
+
+    def on_close(self, trainer: "GANTrainer") -> None:
+        self._agreement = None  # an agreement still running completes on its own (every rank started it)
+        if self._handlers is not None:
+            self._handlers.__exit__(None, None, None)
+            self._handlers = None
+
+
+# -- what the line says ------------------------------------------------------------------------------
+def remember(error: BaseException, trainer: "GANTrainer") -> None:
+    """``fit``: write on the error leaving it where the run was (the step, the last checkpoint), for the line."""
+    if not hasattr(error, "gan_accel_progress"):
+        started = trainer.fit_calls > 0 or trainer.step > 0
+        note = trainer.checkpoint_note() if started or getattr(trainer, "last_checkpoint", None) is not None else NO_CHECKPOINT
+        where = f"at step {trainer.step}" if started else "before training started"
+        error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
+
+
+def _progress(error: BaseException) -> str:
+    return getattr(error, "gan_accel_progress", UNKNOWN_PROGRESS)
+
+
+def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
+    """After a collective failed: every live process says so in the rendezvous store; those that do not
+    within ``grace`` seconds are named. Returns (silent ranks, whether this process prints the line: the
+    first live one), or None without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, size = dist.get_rank(), dist.get_world_size()
+    key = f"gan_accel/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/failed/"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
+        store.add(f"{key}{rank}", 1)
+        deadline = time.monotonic() + grace
+        while True:
+            silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
+            if not silent or time.monotonic() > deadline:
+                return silent, all(r in silent for r in range(rank))
+            time.sleep(0.1)
+    except Exception:  # the store did not answer: its server (process 0, or the launcher's host) is gone
+        return [r for r in range(size) if r != rank], True
+
+
+def _names(ranks: list[int]) -> str:
+    if not ranks:
+        return "another process"
+    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
+
+
+def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
+    """(one line, whether this process prints it) for a collective that failed because another process went
+    away or ran past torch's timeout (gloo's errors), else None."""
+    text = str(error)
+    timed_out = "Timed out waiting" in text or "wait timeout" in text
+    gone = any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+    if not (timed_out or gone):
+        return None
+    found = _silent_processes()
+    silent, prints = found if found is not None else ([], _prints())
+    names, many = _names(silent), len(silent) > 1
+    if timed_out:
+        waited = re.search(r"waiting (\d+) ?ms", text)  # gloo: "Timed out waiting 120000ms for recv ..."
+        seconds = f" for {int(waited.group(1)) / 1000:.0f} s" if waited else ""
+        why = (f"{names} {'have' if many else 'has'} not answered{seconds} (stopped, hung or dead; "
+               "raise --collective-timeout if one process works alone longer than that)")
+    else:
+        why = f"{names} ended or lost {'their' if many else 'its'} connection"
+    return f"{why}; stopping {_progress(error)}", prints
+
+
+def describe(error: BaseException) -> str | None:
+    """The one line for an expected failure, or None for a bug (which keeps its traceback)."""
+    if isinstance(error, GanAccelError):
+        return str(error)
+    if isinstance(error, OSError):
+        where = f"{error.filename}: " if error.filename else ""
+        reason = f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})" if error.errno \
+            else str(error)
+        return f"{where}{reason}; check the path, its permissions and the free space"
+    return None
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\n``,
+    ``\\u202e``): names and file contents printed cannot move the cursor, recolour the terminal or forge
+    a line of the output. Printable characters, non-ASCII letters included, stay."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# -- the entry point ---------------------------------------------------------------------------------
+def run_script(body: Callable[[], int], debug: bool = False) -> int:
+    """Run a script's body and return its exit code; every expected ending is one line (from process 0,
+    or from the first live one when process 0 is the one gone).
+
+    - success: every rank leaves the process group together (:func:`leave_process_group`);
+    - an expected failure (a gan_accel error, the file system's): ``error: ...``, exit 2;
+    - a graceful stop (``TrainingInterrupted``): its line, the ranks leave together, exit 128 + the signal;
+    - an interruption that did not finish the graceful stop (a second signal): the step and the last
+      complete checkpoint, exit 128 + the signal;
+    - another process stopped answering or went away: it is named, exit 75 (resume);
+    - a reader that stops reading (``gan-accel info RUN | head``): quietly 141, as ``cat`` would.
+
+    A traceback appears only for a bug, or with ``debug``.
+    """
+    try:
+        code = body()
+        sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
+        leave_process_group()
+        return code
+    except BrokenPipeError as error:
+        if _stdout_closed():
+            return SIGPIPE_EXIT
+        if debug:
+            raise
+        _say(f"error: {describe(error)}")
+        return 2
+    except TrainingInterrupted as stop:
+        _say(f"gan_accel: {stop}")
+        _exit_on_late_signals(stop.exit_code)  # the stop is complete: a launcher's SIGTERM only ends the exit
+        try:  # every rank stopped at the same step: none exits (and has the launcher end the others) too early
+            leave_process_group()
+        except Exception:
+            pass
+        return stop.exit_code
+    except KeyboardInterrupt as interrupt:
+        if debug:
+            raise
+        name = str(interrupt) if str(interrupt) in signal.Signals.__members__ else "SIGINT"  # named by the handler
+        how = "Ctrl-C" if name == "SIGINT" else name
+        _say(f"error: interrupted ({how}) {_progress(interrupt)}")
+        return 128 + signal.Signals[name]
+    except Exception as error:
+        if debug:
+            raise
+        line = describe(error)
+        if line is not None:
+            _say(f"error: {printable(line)}")
+            return 2
+        failure = describe_collective_failure(error)
+        if failure is None:
+            raise
+        if failure[1]:
+            print(f"gan_accel: error: {failure[0]}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_SILENT_PEER)  # a broken process group cannot be torn down: its exit would wait or abort
+
+
+def _exit_on_late_signals(code: int) -> None:
+    """After a clean, agreed stop, a SIGINT/SIGTERM that arrives while the process exits ends it with ``code``.
+
+    ``torchrun`` / ``accelerate launch`` SIGTERM every worker still running as soon as one exits non-zero
+    (130 after a Ctrl-C): the slower ranks of a clean stop must not be killed (-15) or take it for an
+    insisting Ctrl-C. From ``atexit`` on these signals are ignored (Python restores default handlers at
+    finalization, but leaves ignored ones ignored).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def end(signum: int, frame: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, end)
+    atexit.register(lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)])
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone (a pipe whose other end is closed polls as an error); if so, stdout
+    is pointed at /dev/null, so that the flush at exit does not fail again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured output), or no poll()
+        return False
+    if closed:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except OSError:
+            pass
+    return closed
+
+
+def _prints() -> bool:
+    """Only the first process of a launch prints the error every process raised."""
+    return os.environ.get("RANK", "0") in ("0", "")
+
+
+def _say(line: str) -> None:
+    if _prints():
+        print(line, file=sys.stderr, flush=True)
