@@ -236,9 +236,10 @@ def remember(error: BaseException, trainer: "GANTrainer") -> None:
     """``fit``: write on the error leaving it where the run was (the step, the last checkpoint), for the line."""
     if not hasattr(error, "gan_accel_progress"):
         started = trainer.fit_calls > 0 or trainer.step > 0
-        note = trainer.checkpoint_note() if started or getattr(trainer, "last_checkpoint", None) is not None else NO_CHECKPOINT
+        known = started or getattr(trainer, "last_checkpoint", None) is not None
         where = f"at step {trainer.step}" if started else "before training started"
-        error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
+        error.gan_accel_progress = f"{where}; {trainer.checkpoint_note() if known else NO_CHECKPOINT}"  # type: ignore
+        error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]
 
 
 def _progress(error: BaseException) -> str:
@@ -279,7 +280,7 @@ def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None
     """(one line, whether this process prints it) for a collective that failed because another process went
     away or ran past torch's timeout (gloo's errors), else None."""
     text = str(error)
-    timed_out = "Timed out waiting" in text or "wait timeout" in text
+    timed_out = any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout"))
     gone = any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
     if not (timed_out or gone):
         return None
@@ -288,7 +289,8 @@ def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None
     names, many = _names(silent), len(silent) > 1
     if timed_out:
         waited = re.search(r"waiting (\d+) ?ms", text)  # gloo: "Timed out waiting 120000ms for recv ..."
-        seconds = f" for {int(waited.group(1)) / 1000:.0f} s" if waited else ""
+        seconds = int(waited.group(1)) / 1000 if waited else getattr(error, "gan_accel_timeout", None)
+        seconds = "" if seconds is None else f" for {seconds:.0f} s"
         why = (f"{names} {'have' if many else 'has'} not answered{seconds} (stopped, hung or dead; "
                "raise --collective-timeout if one process works alone longer than that)")
     else:
