@@ -74,8 +74,8 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
     run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--collective-timeout", type=positive_float, default=120.0, metavar="SECONDS",
-                     help="with several processes: stop every process, naming the one, when a process has not "
-                          "answered for this long (stopped, dead or unreachable; a busy one always answers)")
+                     help="with several processes: the longest a process waits for another in a collective "
+                          "before the run stops, naming the one that did not answer (stopped, hung or dead)")
     return run
 
 
