@@ -1,21 +1,12 @@
-"""How a run ends: one ``error:`` line for every expected failure, a clean stop on a signal, and no
-process of a launch left waiting for another.
+"""How a run ends: one line that says what is true, a clean stop on a signal, no process left waiting.
 
-The entry point is :func:`run_script`: the example scripts and the ``gan-accel`` command run their body
-through it. The rest are the engine's hooks into the same story:
-
-- **Errors every process agrees on** (:func:`run_together`, :func:`raise_together`): what only the main
-  process sees (a failed write) is shared, so every rank raises the same error at the same point.
-- **A stop signal** (:class:`SignalHandler`, a built-in callback): SIGINT/SIGTERM finish the step, every
-  process stops at the same step with a checkpoint, exit 128 + the signal.
-- **No wait without bound** (:func:`bound_waits`): torch's own collective timeout is the run's
-  ``collective_timeout``. A collective whose peer is stopped, hung or dead raises in every process that
-  waits for it; :func:`run_script` names the processes that have not answered and exits 75.
-  A process that dies is seen at once (its sockets close) and the launcher (``accelerate launch``,
-  ``torchrun``) ends the others. No thread of gan_accel's own watches anything.
-
-The line printed says what is true: ``fit`` writes on the error that leaves it the step reached and the
-last complete checkpoint (:func:`remember`); nothing here holds a reference to a trainer.
+:func:`run_script` is the entry point: the examples and ``gan-accel`` run their body through it. The
+engine's hooks: :func:`run_together` / :func:`raise_together` (an error one process sees is raised by
+all, at the same point), :class:`SignalHandler` (SIGINT/SIGTERM: every process stops at the same step
+with a checkpoint) and :func:`bound_waits` (torch's collective timeout is ``collective_timeout``: a wait
+for a stopped, hung or dead process raises, and :func:`run_script` names that process; a dead one is
+seen at once, and the launcher ends the others). No thread of its own; ``fit`` writes on the error
+leaving it the step and the last checkpoint (:func:`remember`): nothing here refers to a trainer.
 """
 
 from __future__ import annotations
@@ -97,11 +88,8 @@ def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
 
 # -- bounded waits, leaving together ---------------------------------------------------------------
 def bound_waits(seconds: float) -> None:
-    """Make torch's collective timeout ``seconds`` (``collective_timeout``) for the default process group.
-
-    ``build_accelerator`` passes it to Accelerate (``InitProcessGroupKwargs``); this covers an Accelerator
-    the user built. gloo raises in every process that waits; NCCL's own watchdog ends the process.
-    """
+    """torch's collective timeout becomes ``seconds`` (``build_accelerator`` gives it to Accelerate; this is
+    for an Accelerator the user built). gloo raises in each waiting process; NCCL's watchdog ends it."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -109,12 +97,10 @@ def bound_waits(seconds: float) -> None:
 
 
 def leave_process_group() -> None:
-    """End of a successful multi-process script: a barrier, then close the process group on every rank.
+    """After success (every rank is here): a barrier, then close the process group on every rank.
 
-    Without it the interpreter tears the gloo group down at exit; a rank that gets there first can close
-    its sockets while another's gloo threads still hold work, and that rank aborts ("terminate called
-    without an active exception", exit -6) after its work was saved. A no-op without a process group.
-    Only after success: after an error a rank may be stuck in a collective, and a barrier would hang it.
+    Left to the interpreter's exit, a rank that closes its gloo sockets first can make another abort
+    ("terminate called without an active exception", exit -6) after its work was saved.
     """
     import torch.distributed as dist
 
@@ -160,24 +146,48 @@ def stop_on_signals(flag: StopFlag, signums: tuple[int, ...] = (signal.SIGINT, s
             signal.signal(s, h)
 
 
-class StopAgreement:
-    """Agrees on the stop signal across processes one step late, without a blocking wait.
+class SignalHandler:
+    """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop at the
+    end of the current step.
 
-    ``exchange(signum)`` (every rank, once per step; 0 for none) returns the largest signal number any
-    rank passed at the previous call, and starts the all-reduce of ``signum`` for the next call: it
-    finished long ago when it is read, so no step waits for the slowest rank (nor, on a GPU, for the
-    device's queue).
+    Several processes agree on the signal one step late, without a blocking wait: each step starts an
+    all-reduce (max) of the local signal number and reads the one started a step earlier, which finished
+    long ago, so every rank stops one step after the first signal and no step waits for the slowest rank
+    (nor, on a GPU, for the device's queue).
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    name = "signal_handler"
+
+    def __init__(self) -> None:
+        self.flag = StopFlag()
+        self._handlers: Any = None
         self._pending: tuple[Any, torch.Tensor, Any] | None = None  # (work to wait, value to read, event)
 
-    def exchange(self, signum: int) -> int:
-        agreed = self._collect()
-        value = torch.full((1,), float(signum), device=self.device)  # a fill on the device, no copy
+    def on_fit_start(self, trainer: "GANTrainer") -> None:
+        self.flag, self._pending = StopFlag(), None
+        self._handlers = stop_on_signals(self.flag)
+        self._handlers.__enter__()
+
+    def on_step_end(self, trainer: "GANTrainer") -> None:
+        signum = self.flag.signum or 0
+        if trainer.accelerator.num_processes > 1:  # every rank stops at the same step, by the signal one got
+            signum = self._agree(signum, trainer.accelerator.device)
+        if signum:
+            trainer.control.stop(signum)
+
+    def _agree(self, signum: int, device: torch.device) -> int:
+        """The largest signal number any rank passed at the previous step; starts this step's exchange."""
+        agreed = 0
+        if self._pending is not None:
+            work, value, event = self._pending
+            if work is not None:
+                work.wait()
+            if event is not None:
+                event.synchronize()  # recorded a step ago: waits for nothing queued since
+            agreed = int(value.item())
+        value = torch.full((1,), float(signum), device=device)  # a fill on the device, no copy
         work = torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, async_op=True)
-        if self.device.type == "cuda":
+        if device.type == "cuda":
             work.wait()  # NCCL: the current stream waits for the collective, the host does not
             host = torch.empty(1, pin_memory=True)
             host.copy_(value, non_blocking=True)
@@ -188,44 +198,8 @@ class StopAgreement:
             self._pending = (work, value, None)
         return agreed
 
-    def _collect(self) -> int:
-        if self._pending is None:
-            return 0
-        (work, value, event), self._pending = self._pending, None
-        if work is not None:
-            work.wait()
-        if event is not None:
-            event.synchronize()  # recorded a step ago: waits for nothing queued since
-        return int(value.item())
-
-
-class SignalHandler:
-    """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop at the
-    end of the current step (with several processes, of the next step, on every process alike)."""
-
-    name = "signal_handler"
-
-    def __init__(self) -> None:
-        self.flag = StopFlag()
-        self._handlers: Any = None
-        self._agreement: StopAgreement | None = None
-
-    def on_fit_start(self, trainer: "GANTrainer") -> None:
-        self.flag = StopFlag()
-        self._handlers = stop_on_signals(self.flag)
-        self._handlers.__enter__()
-        acc = trainer.accelerator
-        self._agreement = StopAgreement(acc.device) if acc.num_processes > 1 else None
-
-    def on_step_end(self, trainer: "GANTrainer") -> None:
-        signum = self.flag.signum or 0
-        if self._agreement is not None:  # every rank stops at the same step, by the signal one of them got
-            signum = self._agreement.exchange(signum)
-        if signum:
-            trainer.control.stop(signum)
-
     def on_close(self, trainer: "GANTrainer") -> None:
-        self._agreement = None  # an agreement still running completes on its own (every rank started it)
+        self._pending = None  # an exchange still running completes on its own (every rank started it)
         if self._handlers is not None:
             self._handlers.__exit__(None, None, None)
             self._handlers = None
@@ -270,12 +244,6 @@ def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
         return [r for r in range(size) if r != rank], True
 
 
-def _names(ranks: list[int]) -> str:
-    if not ranks:
-        return "another process"
-    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
-
-
 def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
     """(one line, whether this process prints it) for a collective that failed because another process went
     away or ran past torch's timeout (gloo's errors), else None."""
@@ -286,7 +254,8 @@ def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None
         return None
     found = _silent_processes()
     silent, prints = found if found is not None else ([], _prints())
-    names, many = _names(silent), len(silent) > 1
+    many = len(silent) > 1
+    names = f"process{'es' if many else ''} {', '.join(map(str, silent))}" if silent else "another process"
     if timed_out:
         waited = re.search(r"waiting (\d+) ?ms", text)  # gloo: "Timed out waiting 120000ms for recv ..."
         seconds = int(waited.group(1)) / 1000 if waited else getattr(error, "gan_accel_timeout", None)
@@ -321,19 +290,11 @@ def printable(text: str) -> str:
 
 # -- the entry point ---------------------------------------------------------------------------------
 def run_script(body: Callable[[], int], debug: bool = False) -> int:
-    """Run a script's body and return its exit code; every expected ending is one line (from process 0,
-    or from the first live one when process 0 is the one gone).
-
-    - success: every rank leaves the process group together (:func:`leave_process_group`);
-    - an expected failure (a gan_accel error, the file system's): ``error: ...``, exit 2;
-    - a graceful stop (``TrainingInterrupted``): its line, the ranks leave together, exit 128 + the signal;
-    - an interruption that did not finish the graceful stop (a second signal): the step and the last
-      complete checkpoint, exit 128 + the signal;
-    - another process stopped answering or went away: it is named, exit 75 (resume);
-    - a reader that stops reading (``gan-accel info RUN | head``): quietly 141, as ``cat`` would.
-
-    A traceback appears only for a bug, or with ``debug``.
-    """
+    """Run a script's body; returns its exit code. Each expected ending is one line, from one process:
+    an expected failure (gan_accel's, the file system's) exit 2; a graceful stop 128 + the signal (the
+    ranks leave together); a second signal 128 + the signal, with the step and last checkpoint; another
+    process silent or gone: named, exit 75 (resume); a reader that stops reading (``| head``): quietly
+    141, as ``cat``. A traceback only for a bug, or with ``debug``."""
     try:
         code = body()
         sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
@@ -378,13 +339,9 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
 
 
 def _exit_on_late_signals(code: int) -> None:
-    """After a clean, agreed stop, a SIGINT/SIGTERM that arrives while the process exits ends it with ``code``.
-
-    ``torchrun`` / ``accelerate launch`` SIGTERM every worker still running as soon as one exits non-zero
-    (130 after a Ctrl-C): the slower ranks of a clean stop must not be killed (-15) or take it for an
-    insisting Ctrl-C. From ``atexit`` on these signals are ignored (Python restores default handlers at
-    finalization, but leaves ignored ones ignored).
-    """
+    """After an agreed stop, a SIGINT/SIGTERM during the exit ends it with ``code``: the launcher SIGTERMs
+    every worker once one exits non-zero, and the slower ones of a clean stop must not die of it (-15).
+    From ``atexit`` on they are ignored (Python restores default handlers then, but not ignored ones)."""
     if threading.current_thread() is not threading.main_thread():
         return
 

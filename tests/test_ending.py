@@ -48,7 +48,8 @@ def test_an_interruption_names_the_step_and_checkpoint_it_knows_and_claims_nothi
     # Outside fit() nothing is known of the run: the line says so instead of "nothing was written".
     assert run_script(lambda: _train(tmp_path / "b")) == 128 + signal.SIGTERM
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: interrupted (SIGTERM) outside training; the complete checkpoints written so far, if any, are untouched.")
+        "error: interrupted (SIGTERM) outside training; the complete checkpoints written so far, if any, "
+        "are untouched.")
 
 
 def test_the_same_signal_delivered_twice_is_one_request_and_a_later_one_insists():
