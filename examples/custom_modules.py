@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from gan_accel import Callback, GANTrainer, Phase, StepContext, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
-from gan_accel.scripts import ArgumentParser, nonnegative_int, positive_float, positive_int, run_script
+from gan_accel.cli.arguments import ArgumentParser, nonnegative_int, positive_float, positive_int
+from gan_accel.ending import run_script
 from gan_accel.pictures import save_grid
 
 

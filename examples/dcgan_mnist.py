@@ -25,7 +25,8 @@ from gan_accel.engine.launch import describe_launch
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
 from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_run_flags, check_run_flags,
                                        config_fields, steps_for)
-from gan_accel.scripts import ArgumentParser, positive_int, run_script
+from gan_accel.cli.arguments import ArgumentParser, positive_int
+from gan_accel.ending import run_script
 
 
 # (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the ablation)

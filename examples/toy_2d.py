@@ -23,8 +23,9 @@ from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import ring_centres, ring_of_gaussians
 from gan_accel.eval.toy import mode_coverage
 from gan_accel.models import MLPDiscriminator, MLPGenerator
-from gan_accel.scripts import (ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float,
-                               positive_int, run_script)
+from gan_accel.cli.arguments import (ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float,
+                                     positive_int)
+from gan_accel.ending import run_script
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -79,7 +79,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # the newest K complete checkpoints are kept
     nan_guard: bool = True  # skip non-finite updates on the device; counters read at log rows and checkpoints
     max_bad_updates: int = 10  # stop after this many consecutive skipped updates of one network
-    collective_timeout: float = 120.0  # seconds a process may stop answering (stopped, dead) before every process stops
+    collective_timeout: float = 120.0  # torch's collective timeout: the longest one process waits for another
     seed: int = 0
     progress_bar: bool = True
     log_with: tuple[str, ...] = ()  # experiment trackers through Accelerate: "tensorboard", "mlflow", "wandb", ..., "all"

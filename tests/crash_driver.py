@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-import gan_accel.callbacks.signals as signals
+import gan_accel.ending as signals
 import gan_accel.engine.trainer as engine
 import gan_accel.state.checkpoint as checkpoint
 

@@ -114,39 +114,3 @@ def test_sigint_in_process_raises_training_interrupted_after_a_checkpoint(tmp_pa
     assert info.value.exit_code == 130
     assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["checkpoint_00000003"]
     assert signal.getsignal(signal.SIGINT) is before, "handlers must be restored"
-
-
-def _signal_on_rank1(out_dir: str) -> None:
-    """Each of 2 processes: rank 1 alone gets SIGTERM during step 3; both must stop at the same step."""
-    from conftest import TableLatents, make_images, make_loader, make_models
-    from gan_accel import Callback, GANTrainer, TrainConfig, TrainingInterrupted
-
-    class SignalRank1AtStep3(Callback):
-        def on_step_end(self, trainer):
-            if trainer.step == 3 and trainer.accelerator.process_index == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    G, D = make_models()
-    config = TrainConfig(max_steps=10, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4,
-                         checkpoint_every=100, output_dir=os.path.join(out_dir, "run"), progress_bar=False)
-    trainer = GANTrainer(G, D, make_loader(make_images(128), 4), config, latent_sampler=TableLatents(4096))
-    trainer.callbacks.add(SignalRank1AtStep3(), before="signal_handler")
-    outcome = "finished"
-    try:
-        trainer.fit()
-    except TrainingInterrupted as stopped:
-        outcome = str(stopped)
-    Path(out_dir, f"rank{trainer.accelerator.process_index}.txt").write_text(f"{trainer.step}\n{outcome}")
-
-
-def test_two_processes_stop_at_the_same_step_when_one_gets_the_signal(tmp_path):
-    """The ranks agree on the stop flag without a blocking all-reduce per step: the agreement started at
-    the end of step 3 is read at the end of step 4, so both stop (and checkpoint) after step 4."""
-    from conftest import launch_two_processes
-    from gan_accel import list_checkpoints
-
-    launch_two_processes(_signal_on_rank1, args=(str(tmp_path),), num_processes=2)
-    for rank in (0, 1):
-        step, outcome = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 1)
-        assert step == "4" and "stopped by SIGTERM at step 4" in outcome, (rank, outcome)
-    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["checkpoint_00000004"]

@@ -165,7 +165,7 @@ def _script_then_report(out_dir: str) -> None:
     import torch.distributed as dist
     from accelerate import PartialState
 
-    from gan_accel.scripts import run_script
+    from gan_accel.ending import run_script
 
     PartialState()
     rank = dist.get_rank()

@@ -17,28 +17,26 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gan_accel"
 ALLOWED = {
     "errors": set(),
     "batch": set(),
-    "collective": {"errors", "watchdog"},
-    "state": {"errors", "collective", "state"},
+    "ending": {"errors"},  # how a run ends: agreed errors, signals, bounded waits, the scripts' exit line
+    "state": {"errors", "ending", "state"},
     "objectives": {"errors", "objectives"},
     "models": {"errors", "models"},
-    "data": {"errors", "collective", "data", "state", "batch"},  # collective: one process builds the image cache
+    "data": {"errors", "ending", "data", "state", "batch"},  # ending: one process builds the image cache
     "augment": {"augment"},
     "tracking": set(),
     "config": {"errors", "objectives", "tracking", "augment"},
     "pictures": {"errors", "state", "pictures"},
     "visuals": {"pictures"},  # the pictures' old name, kept
     "plots": {"pictures"},  # likewise
-    "eval": {"errors", "collective", "batch", "data", "state", "models", "eval"},
-    "callbacks": {"errors", "collective", "state", "pictures", "eval", "tracking", "callbacks", "watchdog"},
-    "engine": {"errors", "collective", "batch", "config", "objectives", "state", "tracking", "augment", "callbacks",
-               "engine", "watchdog"},
+    "eval": {"errors", "ending", "batch", "data", "state", "models", "eval"},
+    "callbacks": {"errors", "ending", "state", "pictures", "eval", "tracking", "callbacks"},
+    "engine": {"errors", "ending", "batch", "config", "objectives", "state", "tracking", "augment", "callbacks",
+               "engine"},
     "sampling": {"errors", "config", "models", "state"},
     "hub": {"errors", "models", "pictures", "sampling", "state", "hub"},  # exported generators, the Hugging Face Hub
-    "scripts": {"errors", "collective", "state", "watchdog"},
     # the command line is the top: `gan-accel train` composes the engine, the callbacks and the data
-    "cli": {"errors", "collective", "config", "state", "pictures", "sampling", "scripts", "data", "eval", "models",
-            "augment", "engine", "callbacks", "hub", "cli", "watchdog"},
-    "watchdog": {"watchdog"},  # liveness and signals of a launch: below everything that trains
+    "cli": {"errors", "ending", "config", "state", "pictures", "sampling", "data", "eval", "models",
+            "augment", "engine", "callbacks", "hub", "cli"},
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.
 ENGINE_MAY_IMPORT_CALLBACKS = {"trainer.py", "trainer_state.py"}

@@ -5,6 +5,7 @@ config asks for (:func:`default_callbacks`). Add your own with ``GANTrainer(call
 named like a built-in replaces it; ``disable_callbacks=("sample_saver",)`` switches built-ins off.
 """
 
+from ..ending import SignalHandler
 from .base import EVENTS, RENAMED, Callback, CallbackList
 from .checkpoints import Checkpointer
 from .ema import EMA, EMACallback, GeneratorEMA
@@ -14,7 +15,6 @@ from .health import HealthMonitor
 from .metrics_log import MetricsLog, MetricsLogger, read_metrics
 from .progress import ProgressBar
 from .samples import SampleSaver
-from .signals import SignalHandler
 from .trackers import TrackerLogger
 from .training_plot import TrainingPlot
 

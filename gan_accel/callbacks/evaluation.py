@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 
-from ..collective import run_together
+from ..ending import run_together
 from ..eval.distributed import generated_features
 from ..eval.features import FeatureExtractor
 from ..eval.scores import score_features

@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..scripts import ArgumentParser, run_script
+from ..ending import run_script
+from .arguments import ArgumentParser
 from . import evaluate, export, info, plot, sample, train
 
 COMMANDS = (train, sample, evaluate, info, plot, export)

@@ -2,7 +2,7 @@
 and writing new output files and folders without ever replacing anything.
 
 Every check raises :class:`CommandError` (or another :class:`~gan_accel.errors.GanAccelError`) with
-one line naming the problem and the fix; :func:`gan_accel.scripts.run_script` prints it as the
+one line naming the problem and the fix; :func:`gan_accel.ending.run_script` prints it as the
 ``error:`` line (exit 2). The checks only read: nothing is written into a run folder.
 """
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..sampling import load_generator
 from ..eval.mnist import MAX_EVAL_SAMPLES
-from ..scripts import bounded_int, seed_int
+from .arguments import bounded_int, seed_int
 from .common import check_new_output, resolve_source, write_new_file
 
 

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..scripts import nonnegative_int, positive_int
+from .arguments import nonnegative_int, positive_int
 from .common import check_new_output, resolve_source
 
 

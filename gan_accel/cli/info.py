@@ -23,7 +23,7 @@ from ..state.checkpoint import is_complete, list_checkpoints, read_marker
 from ..state.layout import (ABANDONED, BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_root,
                             checkpoint_step, read_json, read_metrics_tolerant)
 from ..state.weights import read_metadata
-from ..scripts import printable
+from ..ending import printable
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ..sampling import MAX_SAMPLES, check_sample_request, iter_samples, load_generator, sample_count, sample_labels
-from ..scripts import bounded_int, printable, seed_int
+from ..ending import printable
+from .arguments import bounded_int, seed_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with, write_new_folder
 from .labels import label_argument, resolve_label
 

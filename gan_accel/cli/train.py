@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..augment import AUGMENTS
 from ..config import TrainConfig
 from ..errors import ConfigError
-from ..scripts import fraction, nonnegative_float, positive_int
+from .arguments import fraction, nonnegative_float, positive_int
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
 if TYPE_CHECKING:

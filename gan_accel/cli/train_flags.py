@@ -18,7 +18,7 @@ import argparse
 import math
 from typing import Any
 
-from ..scripts import bounded_int, fraction, nonnegative_float, positive_float, positive_int, seed_int
+from .arguments import bounded_int, fraction, nonnegative_float, positive_float, positive_int, seed_int
 
 TRACKERS_HELP = ("also log metrics and sample grids to these trackers through Accelerate (space or comma separated): "
                  "tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, or all (the installed "
@@ -74,8 +74,8 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
     run.add_argument("--eval-samples", type=positive_int, default=2000, help="samples per --eval-every evaluation")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--collective-timeout", type=positive_float, default=120.0, metavar="SECONDS",
-                     help="with several processes: stop every process, naming the one, when a process has not "
-                          "answered for this long (stopped, dead or unreachable; a busy one always answers)")
+                     help="with several processes: the longest a process waits for another in a collective "
+                          "before the run stops, naming the one that did not answer (stopped, hung or dead)")
     return run
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..callbacks import Callback
-from ..collective import run_together
+from ..ending import run_together
 from ..data import ImageData, open_image_data
 from ..data.image_survey import image_sizes, median_short_side
 from ..errors import ConfigError, DataError

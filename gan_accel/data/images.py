@@ -443,7 +443,7 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
             except GanAccelError as caught:  # caught inside: escaping would skip the block's closing barrier
                 error = caught
         if accelerator is not None and accelerator.num_processes > 1:
-            from ..collective import raise_together
+            from ..ending import raise_together
 
             raise_together(accelerator, error)
         elif error is not None:
@@ -633,7 +633,7 @@ def _build_once(accelerator: Any, builder: bool, token: str, root: Path, build: 
         return
     import tempfile
 
-    from ..collective import raise_together
+    from ..ending import raise_together
 
     # In the machine's temporary folder: per machine, like the builder, and writable even when the
     # cache folder is not (then the builder's error must still reach the others).

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..errors import PreflightError
-from ..watchdog import start_watchdog
+from ..ending import bound_waits
 from .phases import PhasePlan
 from .schedules import LRMultiplier, lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
 from .speed import apply_memory_format, check_speed_options, keep_freed_memory, training_views
@@ -78,7 +78,7 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
     The speed options (``channels_last``, ``compile``, ``keep_freed_memory``; see
     :mod:`gan_accel.engine.speed`) are applied around the prepare.
     """
-    start_watchdog(config.collective_timeout)  # also for an Accelerator the user built (a no-op when running)
+    bound_waits(config.collective_timeout)  # also for an Accelerator the user built
     check_speed_options(accelerator, config, plan)
     keep_freed_memory(config, accelerator.print)
     apply_memory_format(nets, config)

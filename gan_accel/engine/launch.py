@@ -5,18 +5,18 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType,
-                              GradientAccumulationPlugin, ProjectConfiguration)
+                              GradientAccumulationPlugin, InitProcessGroupKwargs, ProjectConfiguration)
 
 from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
 from ..state.layout import TRACKERS
 from ..tracking import resolve_trackers, tracker_name
-from ..watchdog import start_watchdog
 
 
 def build_accelerator(config: TrainConfig) -> Accelerator:
@@ -42,7 +42,8 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=config.grad_accum_steps, sync_with_dataloader=False
         ),
-        kwargs_handlers=[ddp_kwargs()],
+        # no collective waits longer than this for a process (stopped, hung, dead): see gan_accel.ending
+        kwargs_handlers=[ddp_kwargs(), InitProcessGroupKwargs(timeout=timedelta(seconds=config.collective_timeout))],
         # data_seed: without it the sampler seeds itself from torch's initial seed, which differs per
         # process once noise is seeded per process, and the ranks would shard different permutations.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
@@ -51,7 +52,6 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
                                             logging_dir=str(Path(config.output_dir) / TRACKERS)),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
-    start_watchdog(config.collective_timeout)  # several processes: no wait without bound (gan_accel.watchdog)
     return accelerator
 
 

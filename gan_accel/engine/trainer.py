@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
-from ..collective import run_together
+from ..ending import remember, run_together
 from ..config import TrainConfig, compare_configs
 from ..errors import TrainingInterrupted
 from ..state.checkpoint import load_checkpoint, read_marker
@@ -60,7 +60,6 @@ from .running_means import RunningMeans
 from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
 from .trainer_state import check_restorable, restore_buffers, restore_engine_state, trainer_state
 from .trainer_views import TrainerViews
-from ..watchdog import watch_run
 
 
 def loss_scale(accelerator: Accelerator) -> dict[str, float]:
@@ -195,7 +194,8 @@ class GANTrainer(TrainerViews):
             if self.step >= cfg.max_steps:
                 self.fire_agreed("on_fit_end")
             acc.wait_for_everyone()
-        except BaseException:
+        except BaseException as error:
+            remember(error, self)  # the step and checkpoint the exit line names
             try:
                 self.callbacks.fire("on_close")
             except Exception as close_error:  # never hide the error that stopped the run
@@ -237,7 +237,6 @@ class GANTrainer(TrainerViews):
     def _open(self, resume_from: Any, fork: bool) -> None:
         """Collective. Take the folder's lock, then start, continue or resume the run (engine/run_open.py)."""
         acc, cfg, folder, state = self.accelerator, self.config, self.run_folder, self.state
-        watch_run(self)  # what an interruption or a silent process reports: this run's step and checkpoint
         run_together(acc, lambda: (check_output_dir(self.output_dir), self.lock.acquire()), main_only=True)
         describe = lambda: folder.write_description(cfg, self.fixed_latents, state.step, self.fixed_labels)  # noqa: E731
         if resume_from is None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..collective import raise_together
+from ..ending import raise_together
 from .features import FeatureExtractor, compute_features
 
 

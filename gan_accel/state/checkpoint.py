@@ -40,7 +40,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from ..collective import raise_together, run_together
+from ..ending import raise_together, run_together
 from ..errors import CheckpointError, RunFolderError, UnsafeFileError
 from .files import is_write_failure, write_failure_reason
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, LEGACY_ENGINE_STATE, RNG_STATE, TMP_PREFIX,

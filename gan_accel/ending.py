@@ -1,0 +1,387 @@
+"""How a run ends: one line that says what is true, a clean stop on a signal, no process left waiting.
+
+:func:`run_script` is the entry point: the examples and ``gan-accel`` run their body through it. The
+engine's hooks: :func:`run_together` / :func:`raise_together` (an error one process sees is raised by
+all, at the same point), :class:`SignalHandler` (SIGINT/SIGTERM: every process stops at the same step
+with a checkpoint) and :func:`bound_waits` (torch's collective timeout is ``collective_timeout``: a wait
+for a stopped, hung or dead process raises, and :func:`run_script` names that process; a dead one is
+seen at once, and the launcher ends the others). No thread of its own; ``fit`` writes on the error
+leaving it the step and the last checkpoint (:func:`remember`): nothing here refers to a trainer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+
+import torch
+
+from . import errors
+from .errors import GanAccelError, TrainingInterrupted
+
+if TYPE_CHECKING:
+    from .engine.trainer import GANTrainer
+
+T = TypeVar("T")
+
+#: Exit code when another process stopped answering or went away: EX_TEMPFAIL of sysexits.h, "a temporary
+#: failure; retry" (resume with ``--resume latest``), unlike 2 (a mistake to fix).
+EXIT_SILENT_PEER = 75
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a command that SIGPIPE ended (cat, grep, git | head)
+
+#: Two deliveries of a stop signal closer than this (seconds) are one request: launchers deliver a
+#: terminal's Ctrl-C again within milliseconds (forwarding it, or following it with SIGTERM).
+DUPLICATE_SIGNAL_WINDOW = 0.25
+
+NO_CHECKPOINT = "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
+UNKNOWN_PROGRESS = "outside training; the complete checkpoints written so far, if any, are untouched."
+
+
+# -- errors every process agrees on ----------------------------------------------------------------
+def raise_together(accelerator: Any, error: BaseException | None) -> None:
+    """Collective (call on every process): if any process passes an error, every process raises.
+
+    The failing process raises its own error; the others raise one of the same gan_accel class with the
+    same message, so all ranks stop at the same point and print the same line.
+    """
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        report = None if error is None else (type(error).__name__, str(error), accelerator.process_index)
+        first = next((r for r in gather_object([report]) if r is not None), None)
+        if error is None and first is not None:
+            raise rebuild_error(*first)
+    if error is not None:
+        raise error
+
+
+def run_together(accelerator: Any, action: Callable[[], T], main_only: bool = False) -> T | None:
+    """Run ``action`` (on the main process only with ``main_only``), then :func:`raise_together` its error."""
+    result, error = None, None
+    if not main_only or accelerator.is_main_process:
+        try:
+            result = action()
+        except Exception as caught:  # reported to every process, re-raised here unchanged
+            error = caught
+    raise_together(accelerator, error)
+    return result
+
+
+def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
+    """The error another process raised, as the same gan_accel class (else a GanAccelError naming it)."""
+    cls = getattr(errors, class_name, None)
+    if cls is TrainingInterrupted:
+        return TrainingInterrupted(message, 0)
+    if isinstance(cls, type) and issubclass(cls, GanAccelError):
+        return cls(message)
+    return GanAccelError(f"process {rank} failed: {class_name}: {message}")
+
+
+# -- bounded waits, leaving together ---------------------------------------------------------------
+def bound_waits(seconds: float) -> None:
+    """torch's collective timeout becomes ``seconds`` (``build_accelerator`` gives it to Accelerate; this is
+    for an Accelerator the user built). gloo raises in each waiting process; NCCL's watchdog ends it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.set_timeout(timedelta(seconds=seconds))
+
+
+def leave_process_group() -> None:
+    """After success (every rank is here): a barrier, then close the process group on every rank.
+
+    Left to the interpreter's exit, a rank that closes its gloo sockets first can make another abort
+    ("terminate called without an active exception", exit -6) after its work was saved.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# -- stop signals ------------------------------------------------------------------------------------
+class StopFlag:
+    """Set by the signal handler; read by the loop at step boundaries."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0  # time.monotonic() of the signal
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+
+@contextmanager
+def stop_on_signals(flag: StopFlag, signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[StopFlag]:
+    """Install handlers that only set ``flag``; a second signal (not a duplicate delivery) interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # handlers can only be installed from the main thread
+        return
+    previous = {s: signal.getsignal(s) for s in signums}
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag:
+            if time.monotonic() - flag.at < DUPLICATE_SIGNAL_WINDOW:
+                return
+            signal.signal(signum, previous[signum])
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        flag.signum, flag.at = signum, time.monotonic()
+
+    for s in signums:
+        signal.signal(s, handler)
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class SignalHandler:
+    """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop at the
+    end of the current step.
+
+    Several processes agree on the signal one step late, without a blocking wait: each step starts an
+    all-reduce (max) of the local signal number and reads the one started a step earlier, which finished
+    long ago, so every rank stops one step after the first signal and no step waits for the slowest rank
+    (nor, on a GPU, for the device's queue).
+    """
+
+    name = "signal_handler"
+
+    def __init__(self) -> None:
+        self.flag = StopFlag()
+        self._handlers: Any = None
+        self._pending: tuple[Any, torch.Tensor, Any] | None = None  # (work to wait, value to read, event)
+
+    def on_fit_start(self, trainer: "GANTrainer") -> None:
+        self.flag, self._pending = StopFlag(), None
+        self._handlers = stop_on_signals(self.flag)
+        self._handlers.__enter__()
+
+    def on_step_end(self, trainer: "GANTrainer") -> None:
+        signum = self.flag.signum or 0
+        if trainer.accelerator.num_processes > 1:  # every rank stops at the same step, by the signal one got
+            signum = self._agree(signum, trainer.accelerator.device)
+        if signum:
+            trainer.control.stop(signum)
+
+    def _agree(self, signum: int, device: torch.device) -> int:
+        """The largest signal number any rank passed at the previous step; starts this step's exchange."""
+        agreed = 0
+        if self._pending is not None:
+            work, value, event = self._pending
+            if work is not None:
+                work.wait()
+            if event is not None:
+                event.synchronize()  # recorded a step ago: waits for nothing queued since
+            agreed = int(value.item())
+        value = torch.full((1,), float(signum), device=device)  # a fill on the device, no copy
+        work = torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        if device.type == "cuda":
+            work.wait()  # NCCL: the current stream waits for the collective, the host does not
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending = (None, host, event)
+        else:  # gloo runs it in the background: wait for it at the next step
+            self._pending = (work, value, None)
+        return agreed
+
+    def on_close(self, trainer: "GANTrainer") -> None:
+        self._pending = None  # an exchange still running completes on its own (every rank started it)
+        if self._handlers is not None:
+            self._handlers.__exit__(None, None, None)
+            self._handlers = None
+
+
+# -- what the line says ------------------------------------------------------------------------------
+def remember(error: BaseException, trainer: "GANTrainer") -> None:
+    """``fit``: write on the error leaving it where the run was (the step, the last checkpoint), for the line."""
+    if not hasattr(error, "gan_accel_progress"):
+        started = trainer.fit_calls > 0 or trainer.step > 0
+        known = started or getattr(trainer, "last_checkpoint", None) is not None
+        where = f"at step {trainer.step}" if started else "before training started"
+        error.gan_accel_progress = f"{where}; {trainer.checkpoint_note() if known else NO_CHECKPOINT}"  # type: ignore
+        error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]
+
+
+def _progress(error: BaseException) -> str:
+    return getattr(error, "gan_accel_progress", UNKNOWN_PROGRESS)
+
+
+def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
+    """After a collective failed: every live process says so in the rendezvous store; those that do not
+    within ``grace`` seconds are named. Returns (silent ranks, whether this process prints the line: the
+    first live one), or None without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, size = dist.get_rank(), dist.get_world_size()
+    key = f"gan_accel/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/failed/"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
+        store.add(f"{key}{rank}", 1)
+        deadline = time.monotonic() + grace
+        while True:
+            silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
+            if not silent or time.monotonic() > deadline:
+                return silent, all(r in silent for r in range(rank))
+            time.sleep(0.1)
+    except Exception:  # the store did not answer: its server (process 0, or the launcher's host) is gone
+        return [r for r in range(size) if r != rank], True
+
+
+def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
+    """(one line, whether this process prints it) for a collective that failed because another process went
+    away or ran past torch's timeout (gloo's errors), else None."""
+    text = str(error)
+    timed_out = any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout"))
+    gone = any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+    if not (timed_out or gone):
+        return None
+    found = _silent_processes()
+    silent, prints = found if found is not None else ([], _prints())
+    many = len(silent) > 1
+    names = f"process{'es' if many else ''} {', '.join(map(str, silent))}" if silent else "another process"
+    if timed_out:
+        waited = re.search(r"waiting (\d+) ?ms", text)  # gloo: "Timed out waiting 120000ms for recv ..."
+        seconds = int(waited.group(1)) / 1000 if waited else getattr(error, "gan_accel_timeout", None)
+        seconds = "" if seconds is None else f" for {seconds:.0f} s"
+        why = (f"{names} {'have' if many else 'has'} not answered{seconds} (stopped, hung or dead; "
+               "raise --collective-timeout if one process works alone longer than that)")
+    else:
+        why = f"{names} ended or lost {'their' if many else 'its'} connection"
+    return f"{why}; stopping {_progress(error)}", prints
+
+
+def describe(error: BaseException) -> str | None:
+    """The one line for an expected failure, or None for a bug (which keeps its traceback)."""
+    if isinstance(error, GanAccelError):
+        return str(error)
+    if isinstance(error, OSError):
+        where = f"{error.filename}: " if error.filename else ""
+        reason = f"{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})" if error.errno \
+            else str(error)
+        return f"{where}{reason}; check the path, its permissions and the free space"
+    return None
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\n``,
+    ``\\u202e``): names and file contents printed cannot move the cursor, recolour the terminal or forge
+    a line of the output. Printable characters, non-ASCII letters included, stay."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+# -- the entry point ---------------------------------------------------------------------------------
+def run_script(body: Callable[[], int], debug: bool = False) -> int:
+    """Run a script's body; returns its exit code. Each expected ending is one line, from one process:
+    an expected failure (gan_accel's, the file system's) exit 2; a graceful stop 128 + the signal (the
+    ranks leave together); a second signal 128 + the signal, with the step and last checkpoint; another
+    process silent or gone: named, exit 75 (resume); a reader that stops reading (``| head``): quietly
+    141, as ``cat``. A traceback only for a bug, or with ``debug``."""
+    try:
+        code = body()
+        sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
+        leave_process_group()
+        return code
+    except BrokenPipeError as error:
+        if _stdout_closed():
+            return SIGPIPE_EXIT
+        if debug:
+            raise
+        _say(f"error: {describe(error)}")
+        return 2
+    except TrainingInterrupted as stop:
+        _say(f"gan_accel: {stop}")
+        _exit_on_late_signals(stop.exit_code)  # the stop is complete: a launcher's SIGTERM only ends the exit
+        try:  # every rank stopped at the same step: none exits (and has the launcher end the others) too early
+            leave_process_group()
+        except Exception:
+            pass
+        return stop.exit_code
+    except KeyboardInterrupt as interrupt:
+        if debug:
+            raise
+        name = str(interrupt) if str(interrupt) in signal.Signals.__members__ else "SIGINT"  # named by the handler
+        how = "Ctrl-C" if name == "SIGINT" else name
+        _say(f"error: interrupted ({how}) {_progress(interrupt)}")
+        return 128 + signal.Signals[name]
+    except Exception as error:
+        if debug:
+            raise
+        line = describe(error)
+        if line is not None:
+            _say(f"error: {printable(line)}")
+            return 2
+        failure = describe_collective_failure(error)
+        if failure is None:
+            raise
+        if failure[1]:
+            print(f"gan_accel: error: {failure[0]}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_SILENT_PEER)  # a broken process group cannot be torn down: its exit would wait or abort
+
+
+def _exit_on_late_signals(code: int) -> None:
+    """After an agreed stop, a SIGINT/SIGTERM during the exit ends it with ``code``: the launcher SIGTERMs
+    every worker once one exits non-zero, and the slower ones of a clean stop must not die of it (-15).
+    From ``atexit`` on they are ignored (Python restores default handlers then, but not ignored ones)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def end(signum: int, frame: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, end)
+    atexit.register(lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)])
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone (a pipe whose other end is closed polls as an error); if so, stdout
+    is pointed at /dev/null, so that the flush at exit does not fail again."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured output), or no poll()
+        return False
+    if closed:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except OSError:
+            pass
+    return closed
+
+
+def _prints() -> bool:
+    """Only the first process of a launch prints the error every process raised."""
+    return os.environ.get("RANK", "0") in ("0", "")
+
+
+def _say(line: str) -> None:
+    if _prints():
+        print(line, file=sys.stderr, flush=True)
