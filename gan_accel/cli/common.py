@@ -68,14 +68,14 @@ def resolve_source(argument: str | os.PathLike) -> Source:
         return Source(path, checkpoint_run_folder(path), path)
     if not is_run_folder(path):
         raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {PASS_A_RUN}")
-    if not (path / GENERATOR).is_file():
+    if not (path / GENERATOR).is_dir():
         latest = list_checkpoints(path)
         if not latest:
-            raise CommandError(f"run {path} has no {GENERATOR} (written when training ends) and no complete checkpoint "
-                               "yet: there is nothing to sample; let it reach its first checkpoint, or resume it "
-                               "(--resume latest)")
-        raise CommandError(f"run {path} has no {GENERATOR} yet (written when training ends; its latest checkpoint is "
-                           f"at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
+            raise CommandError(f"run {path} has no {GENERATOR}/ (written when training ends) and no complete "
+                               "checkpoint yet: there is nothing to sample; let it reach its first checkpoint, or "
+                               "resume it (--resume latest)")
+        raise CommandError(f"run {path} has no {GENERATOR}/ yet (written when training ends; its latest checkpoint "
+                           f"is at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
     return Source(path, path)
 
 
