@@ -94,6 +94,8 @@ def read_export_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 def _is_generator_folder(path: Path) -> bool:
     """Whether ``path`` holds a generator's ``config.json`` (an export or a run's ``generator/``)."""
+    if not (path / EXPORT_CONFIG).is_file():  # a FIFO is no file: reading it would wait forever
+        return False
     try:
         config = read_json(path / EXPORT_CONFIG)
     except (OSError, ValueError):
