@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..state.layout import GENERATOR
+from ..state.weights import generator_config, save_generator
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -15,8 +16,6 @@ class WeightsExporter(Callback):
     """At the end of the run, writes the sampling generator as ``config.json`` + ``model.safetensors``."""
 
     def on_fit_end(self, trainer: "GANTrainer") -> None:
-        from ..hub.export import generator_config, save_generator
-
         if trainer.accelerator.is_main_process:
             ema = trainer.ema is not None
             config = generator_config(trainer.config.to_dict(), trainer.step, ema, ema, trainer.output_dir)

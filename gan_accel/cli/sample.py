@@ -24,7 +24,8 @@ import torch
 from ..hub import load_generator
 from ..sampling import MAX_SAMPLES, check_sample_request, classes_of, iter_samples, sample_count, sample_labels
 from ..scripts import bounded_int, printable, seed_int
-from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with, write_new_folder
+from ..state.files import write_new_folder
+from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with
 from .labels import label_argument, resolve_label
 
 FORMATS = ("png", "npz", "folder")

@@ -21,12 +21,13 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..models import build_generator
+from ..models import build_generator, normalize_spec
 from ..state.checkpoint import engine_state_file, is_complete, list_checkpoints, read_engine_state, read_marker
 from ..state.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
                             GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
 from ..state.safe_tree import check_regular_file
-from .export import FORMAT, FORMAT_VERSION, ExportError, generator_config
+from ..state.weights import FORMAT, FORMAT_VERSION, generator_config
+from .export import ExportError
 
 HUB_HINT = "pip install 'gan_accel[hub]'"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -165,8 +166,8 @@ def _from_checkpoint(path: Path, ema: bool) -> nn.Module:
 
 
 def _described(G: nn.Module, info: dict[str, Any]) -> nn.Module:
-    G.info = info
-    names, num_classes = info.get("class_names"), info["model"]["num_classes"]
+    G.info = {**info, "model": normalize_spec(info["model"])}  # checked by _build: every key, defaults filled in
+    names, num_classes = info.get("class_names"), G.info["model"]["num_classes"]
     ok = isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names)
     G.class_names = names if ok else None
     return G.eval()
