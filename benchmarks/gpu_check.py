@@ -1294,18 +1294,18 @@ sys.exit(code)
 def sec_checkpoint(run: Run, s: Section, report: Report) -> None:
     import numpy as np
 
-    from gan_accel.sampling import load_generator
+    from gan_accel import load_generator
 
     width, steps, z_dim = run.size(16, 4), 4, 8
     model = {"z_dim": z_dim, "width": width, "image_size": 28, "channels": 1}
     with proof_mode(run):
         trainer = make_trainer(run, "written_on_device", *small_dcgan(width, z_dim=z_dim), loader(digit_images(64), 8),
                                quiet=False, max_steps=steps, ema_decay=0.9, sample_every=steps, z_dim=z_dim,
-                               extra={"model": model})
+                               model=model)
         trainer.fit()
     folder = Path(trainer.config.output_dir)
     checkpoint = folder / "checkpoints" / f"checkpoint_{steps:08d}"
-    s.check("the run wrote its generator and a checkpoint", (folder / "generator.safetensors").is_file() and checkpoint.is_dir())
+    s.check("the run wrote its generator and a checkpoint", (folder / "generator" / "model.safetensors").is_file() and checkpoint.is_dir())
     ema_npz, raw_npz = folder / "ema.npz", folder / "raw.npz"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("ACCELERATE_USE_CPU", None)
@@ -1331,7 +1331,7 @@ def sec_checkpoint(run: Run, s: Section, report: Report) -> None:
                 f"max |diff| {diff:.2e} (tolerance 1e-4" + ("" if run.cuda else "; the same CPU kernels here") + ")")
     for label, source, ema, module in (("EMA", folder, True, trainer.sampling_generator()),
                                        ("raw G", checkpoint, False, trainer.accelerator.unwrap_model(trainer.G))):
-        loaded, _ = load_generator(source, ema=ema)
+        loaded = load_generator(source, ema=ema)
         s.check(f"{label}: the weights read on the CPU are the device's, bitwise",
                 identical({k: v for k, v in loaded.state_dict().items()}, cpu_state(module)))
     s.number("summary", "written on the device, sampled without a GPU")

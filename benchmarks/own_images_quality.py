@@ -109,11 +109,12 @@ def train_judge(images: torch.Tensor, labels: torch.Tensor, size: int, epochs: i
 def score_run(run: Path, judge: Judge, reference: torch.Tensor) -> dict:
     """Scores of a finished run's generator (its EMA when kept) in the judge's features."""
     from gan_accel.eval.scores import score_features
-    from gan_accel.sampling import load_generator, sample_images
+    from gan_accel import load_generator
+    from gan_accel.sampling import sample_images
 
-    G, info = load_generator(run)
-    num = SAMPLES - SAMPLES % (info["num_classes"] or 1)
-    images, asked = sample_images(G, info, num, seed=12345)
+    G = load_generator(run)
+    num = SAMPLES - SAMPLES % (getattr(G, "num_classes", None) or 1)
+    images, asked = sample_images(G, num, seed=12345)
     logits = torch.cat([judge(part) for part in images.split(500)])
     features = torch.cat([judge.features(part) for part in images.split(500)])
     scores = score_features(features, reference, seed=0, kid_subset_size=1000)
@@ -179,7 +180,7 @@ def main() -> None:
         steps = steps_for(data, out, args.size, flags, args.seconds) if args.seconds else None
         for seed in args.seeds:
             run = out / "runs" / f"{name}_seed{seed}"
-            if not (run / "generator.safetensors").exists():
+            if not (run / "generator").exists():
                 subprocess.run(["rm", "-rf", str(run)], check=True)
                 wall = train(data, run, args.size, seed, flags, steps)
                 (run / "wall_seconds.txt").write_text(f"{wall:.1f}\n")

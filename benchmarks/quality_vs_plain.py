@@ -78,11 +78,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from gan_accel.eval.mnist import evaluate_generator
-    from gan_accel.sampling import load_generator
+    from gan_accel import load_generator
 
     out = Path(args.out)
     seconds = run_example(args.data_dir, out / "example", shlex.split(args.example_args))
-    G_example, info = load_generator(out / "example")  # rebuilt from the run's recorded spec
+    G_example = load_generator(out / "example")  # rebuilt from the run's recorded spec
     example = evaluate_generator(G_example, args.data_dir, z_dim=G_example.z_dim)
 
     G_plain, plain_steps = plain_dcgan(args.data_dir, seconds)

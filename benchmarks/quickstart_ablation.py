@@ -84,12 +84,12 @@ def score(folder: Path, data_dir: str) -> dict:
         return json.loads(cached.read_text())
     from gan_accel.eval.mnist import evaluate_generator
     from gan_accel.models import DCGANGenerator
-    from gan_accel.sampling import load_generator
+    from gan_accel import load_generator
     from gan_accel.state.weights import load_weights
 
     config_file = folder / "config.json"
     if config_file.exists():  # a gan_accel run: G rebuilt from its recorded spec
-        G, _ = load_generator(folder)
+        G = load_generator(folder)
     else:  # the plain loop's DCGAN
         G = load_weights(DCGANGenerator(100, 64), folder / "generator.safetensors")
     result = evaluate_generator(G, data_dir, z_dim=G.z_dim)

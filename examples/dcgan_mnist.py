@@ -6,7 +6,7 @@
 
 The defaults are sized for a 2-core CPU (a few minutes, recognisable digits); see docs/index.md for
 the full-size GPU settings. Outputs land in --output-dir: samples_<step>.png, samples_final.png,
-progress.gif, metrics.jsonl, config.json, generator.safetensors and, with --eval, eval.json.
+progress.gif, metrics.jsonl, config.json, generator/ and, with --eval, eval.json.
 """
 
 from __future__ import annotations

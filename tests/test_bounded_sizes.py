@@ -17,10 +17,9 @@ import pytest
 import torch
 
 from conftest import NUM_CLASSES
-from gan_accel import CheckpointError
+from gan_accel import CheckpointError, load_generator
 from gan_accel.errors import ConfigError
-from gan_accel.sampling import MAX_SAMPLES, iter_samples, load_generator, sample_images
-from gan_accel.state.weights import save_weights
+from gan_accel.sampling import MAX_SAMPLES, iter_samples, sample_images
 from test_cli import Z, cli, error_line, snapshot, train
 
 
@@ -38,9 +37,9 @@ def test_chunked_samples_are_those_of_one_draw_of_all_the_latents(runs, num):
     """The latents are drawn a chunk at a time: the same numbers as one torch.randn(num, z_dim) (the
     independent computation), so --seed means what it meant, whatever --num."""
     for run in runs:
-        G, info = load_generator(run)
-        images, labels = sample_images(G, info, num if not info["conditional"] else num * NUM_CLASSES, seed=3)
-        count = num if not info["conditional"] else num * NUM_CLASSES
+        G = load_generator(run)
+        count = num if getattr(G, "num_classes", None) is None else num * NUM_CLASSES
+        images, labels = sample_images(G, count, seed=3)
         z = torch.randn(count, Z, generator=torch.Generator().manual_seed(3))
         with torch.no_grad():
             expected = G(z) if labels is None else G(z, torch.arange(NUM_CLASSES).repeat_interleave(num))
@@ -54,7 +53,7 @@ def test_g_never_sees_more_than_a_chunk_and_the_npz_and_folder_hold_every_sample
 
     monkeypatch.setattr(sampling, "CHUNK", 64)  # many chunks in a small test
     run, cond = runs
-    G, info = load_generator(run)
+    G = load_generator(run)
     seen = []
     original = type(G).forward
     monkeypatch.setattr(type(G), "forward", lambda self, z, *a: seen.append(len(z)) or original(self, z, *a))
@@ -62,9 +61,9 @@ def test_g_never_sees_more_than_a_chunk_and_the_npz_and_folder_hold_every_sample
     assert max(seen) <= 64 + 1 and sum(seen) == 1000  # (a tail under 16 numbers joins its chunk)
     arrays = np.load(tmp_path / "a.npz")
     assert set(arrays.files) == {"images"} and arrays["images"].shape == (1000, 1, 28, 28)
-    np.testing.assert_array_equal(arrays["images"], sample_images(G, info, 1000, seed=2)[0].numpy())
+    np.testing.assert_array_equal(arrays["images"], sample_images(G, 1000, seed=2)[0].numpy())
     # An .npz as np.savez writes it (the independent writer), array for array.
-    images, _ = sample_images(G, info, 1000, seed=2)
+    images, _ = sample_images(G, 1000, seed=2)
     np.savez(tmp_path / "ref.npz", images=images.numpy())
     np.testing.assert_array_equal(np.load(tmp_path / "ref.npz")["images"], arrays["images"])
     # A conditional run: the labels too, and the folder's files, one per sample, in order.
@@ -85,31 +84,29 @@ def test_too_many_samples_are_one_line_before_any_work(runs, tmp_path, capsys):
     assert "a PNG grid of 10,001 samples is drawn in memory and holds at most 10,000 samples" in line
     assert "use --format folder" in line
     assert not list(tmp_path.iterdir())
-    G, info = load_generator(run)
     with pytest.raises(ConfigError, match="ask for 1 to 10,000,000 at a time"):
-        next(iter_samples(G, info, MAX_SAMPLES + 1))
+        next(iter_samples(load_generator(run), MAX_SAMPLES + 1))
     line = error_line(["eval", run, "--num", 50_001], capsys)
     assert "is more than 50,000, the largest allowed (precision and recall compare every pair)" in line
 
 
 # -- what a file may ask for ----------------------------------------------------------------------------------
 def exported_with(run, tmp_path, **model_changes):
-    """A copy of ``run`` whose generator.safetensors records a changed model spec (the same weights)."""
+    """A copy of ``run`` whose generator/config.json records a changed model spec (the same weights)."""
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    G, info = load_generator(run)
-    config = dict(info["config"])
+    config = json.loads((copy / "generator" / "config.json").read_text())
     config["model"] = {**config["model"], **model_changes}
-    save_weights(G, copy / "generator.safetensors", {"config": config, "step": info["step"], "ema": False})
+    (copy / "generator" / "config.json").write_text(json.dumps(config))
     return copy
 
 
 def built_on(monkeypatch) -> list[str]:
-    """The default device at each generator build of sampling (meta: sizes only, nothing allocated)."""
-    import gan_accel.sampling as sampling
+    """The default device at each generator build of load_generator (meta: sizes only, nothing allocated)."""
+    import gan_accel.hub.load as load
 
-    devices, build = [], sampling.build_generator
-    monkeypatch.setattr(sampling, "build_generator",
+    devices, build = [], load.build_generator
+    monkeypatch.setattr(load, "build_generator",
                         lambda spec: devices.append(str(torch.get_default_device())) or build(spec))
     return devices
 
@@ -136,8 +133,7 @@ def test_the_checkpoint_weights_are_checked_as_well(runs, tmp_path, monkeypatch)
     shutil.copytree(runs[0], run)
     checkpoint = sorted((run / "checkpoints").iterdir())[-1]
     marker = json.loads((checkpoint / "COMPLETE").read_text())
-    holder = marker["config"] if marker["config"].get("model") else marker["config"]["extra"]  # older runs: extra
-    holder["model"] = {**holder["model"], "width": 2048}
+    marker["config"]["model"] = {**marker["config"]["model"], "width": 2048}
     (checkpoint / "COMPLETE").write_text(json.dumps(marker))
     devices = built_on(monkeypatch)
     with pytest.raises(CheckpointError, match="the weights do not fit the model its recorded spec describes"):
@@ -145,16 +141,18 @@ def test_the_checkpoint_weights_are_checked_as_well(runs, tmp_path, monkeypatch)
     assert devices == ["meta"]
 
 
-def test_metadata_that_is_not_an_object_is_one_line(runs, tmp_path, capsys):
-    from safetensors.torch import save_file
-
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2]", "is not a gan_accel generator's config (no \"format\": \"gan_accel.generator\")"),
+    ('{"format": "gan_accel.generator", "format_version": 1, "weights": 3}', "names the weights '3': gan_accel reads only model.safetensors"),
+    ('{"format": "gan_accel.generator", "format_version": 1, "weights": {}, "model": [1]}', "records no model spec"),
+    ("{" * 100_000, "is not valid JSON"),
+])
+def test_a_config_that_is_not_of_the_format_is_one_line(runs, tmp_path, capsys, text, says):
     run = tmp_path / "run"
     shutil.copytree(runs[0], run)
-    G, _ = load_generator(runs[0])
-    save_file({k: v.contiguous() for k, v in G.state_dict().items()}, str(run / "generator.safetensors"),
-              metadata={"gan_accel": "[1, 2]"})
+    (run / "generator" / "config.json").write_text(text)
     line = error_line(["sample", run, "--out", tmp_path / "x.npz"], capsys)
-    assert "its gan_accel metadata is not an object of the form gan_accel writes" in line
+    assert says in line, line
 
 
 # -- info prints file contents safely -------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_a_callback_named_like_a_builtin_replaces_it_and_disable_switches_builti
     trainer.fit()
     run = tmp_path / "run"
     assert sorted(p.name for p in run.glob("mine_*.pt")) == ["mine_2.pt", "mine_4.pt"]
-    assert not list(run.glob("samples_*.png")) and not (run / "generator.safetensors").exists()
+    assert not list(run.glob("samples_*.png")) and not (run / "generator").exists()
     assert not (run / "checkpoints").exists()
 
 

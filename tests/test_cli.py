@@ -30,7 +30,8 @@ from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.cli import main
 from gan_accel.eval import compute_features
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
-from gan_accel.sampling import load_generator, sample_images
+from gan_accel import load_generator
+from gan_accel.sampling import sample_images
 from gan_accel.state.checkpoint import list_checkpoints
 from gan_accel.state.lock import RunLock
 
@@ -59,7 +60,7 @@ def train(out: Path, steps: int = 4, ema: float | None = 0.5, conditional: bool 
     model = {**MODEL, "conditional": True, "num_classes": NUM_CLASSES} if conditional else MODEL
     cfg = TrainConfig(max_steps=steps, batch_size=8, z_dim=Z, ema_decay=ema, num_classes=NUM_CLASSES if conditional else None,
                       log_every=1, sample_every=100, checkpoint_every=2, keep_checkpoints=3, num_samples=6,
-                      output_dir=str(out), progress_bar=False, extra={"model": model, "dataset": "test-noise"})
+                      output_dir=str(out), progress_bar=False, model=model, extra={"dataset": "test-noise"})
     trainer = GANTrainer(G, D, loader, cfg, callbacks=list(callbacks))
     trainer.fit(resume_from=resume_from)
     reset_accelerate_state()
@@ -135,8 +136,7 @@ def test_sample_npz_is_the_runs_ema_on_the_seeds_latents(ema_run, tmp_path, caps
     assert code == 0 and "10 samples, the EMA of G of step 4, seed 3" in out
     arrays = np.load(tmp_path / "s.npz")
     assert set(arrays.files) == {"images"} and arrays["images"].shape == (10, 1, 28, 28)
-    G, info = load_generator(run)
-    np.testing.assert_array_equal(arrays["images"], sample_images(G, info, 10, seed=3)[0].numpy())
+    np.testing.assert_array_equal(arrays["images"], sample_images(load_generator(run), 10, seed=3)[0].numpy())
     # Independently: the trainer's own sampling generator (the EMA) on the same latents.
     with torch.no_grad():
         expected = copy.deepcopy(trainer.sampling_generator()).eval()(the_same_latents(10, 3))
@@ -175,10 +175,10 @@ def test_no_ema_samples_the_raw_g_kept_in_the_last_checkpoint(ema_run, tmp_path,
     for name, ema in (("ck2_raw", False), ("ck2_ema", True)):
         argv = ["sample", run / "checkpoints" / CK2, "--num", 8, "--seed", 5, "--out", tmp_path / f"{name}.npz"]
         assert cli(argv + ([] if ema else ["--no-ema"]), capsys)[0] == 0
-        G2, info2 = load_generator(run / "checkpoints" / CK2, ema=ema)
-        assert info2["ema"] is ema and info2["step"] == 2
+        G2 = load_generator(run / "checkpoints" / CK2, ema=ema)
+        assert G2.info["weights"]["ema"] is ema and G2.info["weights"]["step"] == 2
         np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npz")["images"],
-                                      sample_images(G2, info2, 8, seed=5)[0].numpy())
+                                      sample_images(G2, 8, seed=5)[0].numpy())
     ck2_raw, ck2_ema = np.load(tmp_path / "ck2_raw.npz")["images"], np.load(tmp_path / "ck2_ema.npz")["images"]
     assert np.abs(ck2_raw - ck2_ema).max() > 0.01 * np.abs(ck2_raw).max()
 
@@ -251,7 +251,7 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     if case in ("no-export", "no-export-no-checkpoint", "no-weights", "no-engine-state", "partial", "tmp-checkpoint"):
         run = tmp / "run"
         shutil.copytree(ema, run)
-        (run / "generator.safetensors").unlink()
+        shutil.rmtree(run / "generator")
         if case == "no-export":
             return ["sample", run, "--out", out]
         if case == "no-export-no-checkpoint":
@@ -327,9 +327,9 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     ("partial", f"{CK2} is not a complete checkpoint (no COMPLETE marker: still being written, or cut short by a "
                 f"crash): pass a complete one"),
     ("tmp-checkpoint", "is not a complete checkpoint"),
-    ("no-export", "has no generator.safetensors yet (written when training ends; its latest checkpoint is at step 4): "
+    ("no-export", "has no generator/ yet (written when training ends; its latest checkpoint is at step 4): "
                   "pass that checkpoint"),
-    ("no-export-no-checkpoint", "has no generator.safetensors (written when training ends) and no complete checkpoint "
+    ("no-export-no-checkpoint", "has no generator/ (written when training ends) and no complete checkpoint "
                                 "yet: there is nothing to sample"),
     ("no-weights", "holds no weights of G (model.safetensors is missing)"),
     ("no-engine-state", "has no gan_accel_state_0.safetensors (the engine state"),
@@ -415,8 +415,8 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert report["eval"] == json.loads((run / "eval.json").read_text())
     assert report["status"]["state"] == "finished" and report["branches"] == []
     assert [e["event"] for e in report["history"]] == ["start"]
-    assert report["config"]["ema_decay"] == 0.5 and report["config"]["model"] == MODEL  # from extra.model: an older run
-    assert report["export"] == {"path": str(run / "generator.safetensors"), "step": 4, "ema": True}
+    assert report["config"]["ema_decay"] == 0.5 and report["config"]["model"] == MODEL
+    assert report["export"] == {"path": str(run / "generator"), "step": 4, "ema": True}
     code, text, _ = cli(["info", run], capsys)
     lines = text.splitlines()
     assert code == 0 and lines[0] == f"run {run}: finished"
@@ -427,7 +427,7 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     best_name = Path(best["checkpoint"]).name
     assert f"best: fd {best['value']:.4g} at step {best['step']}, {best_name}" in lines
     assert f"{best_name} (best)" in next(line for line in lines if line.startswith("checkpoints: "))
-    assert "    Frechet distance: 12.500" in lines and "weights: generator.safetensors (the EMA of G, step 4)" in lines
+    assert "    Frechet distance: 12.500" in lines and "weights: generator/ (the EMA of G, step 4)" in lines
     assert "model: DCGAN width 4, 28x28x1, data test-noise" in lines
 
 
@@ -476,7 +476,7 @@ def test_info_reads_a_run_in_progress_and_writes_nothing(tmp_path, capsys):
 def test_info_on_a_killed_run_and_a_row_cut_short(ema_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(ema_run[0], run)
-    (run / "generator.safetensors").unlink()
+    shutil.rmtree(run / "generator")
     shutil.rmtree(run / "checkpoints" / CK4)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -186,8 +186,8 @@ def finished_conditional_run(tmp_path_factory):
     D = ProjectionDiscriminator(NUM_CLASSES, width=4)
     cfg = TrainConfig(max_steps=4, batch_size=8, z_dim=8, num_classes=NUM_CLASSES, ema_decay=0.5, num_samples=6,
                       sample_every=2, checkpoint_every=2, output_dir=str(out), progress_bar=False,
-                      extra={"model": {"z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "conditional": True,
-                                       "num_classes": NUM_CLASSES}})
+                      model={"z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "conditional": True,
+                             "num_classes": NUM_CLASSES})
     trainer = GANTrainer(G, D, DataLoader(TensorDataset(images, labels), batch_size=8, drop_last=True), cfg)
     trainer.fit()
     reset_accelerate_state()
@@ -195,25 +195,26 @@ def finished_conditional_run(tmp_path_factory):
 
 
 def test_sample_a_chosen_class_from_the_run_and_from_a_checkpoint_as_the_run_does(finished_conditional_run):
-    from gan_accel.sampling import load_generator, sample_images
+    from gan_accel import load_generator
+    from gan_accel.sampling import sample_images
 
     out, trainer = finished_conditional_run
-    G, info = load_generator(out)
-    assert info["conditional"] and info["num_classes"] == NUM_CLASSES and info["step"] == 4
-    images, labels = sample_images(G, info, num=5, label=2, seed=3)
+    G = load_generator(out)
+    assert G.num_classes == NUM_CLASSES and G.info["weights"]["step"] == 4
+    images, labels = sample_images(G, num=5, label=2, seed=3)
     assert images.shape == (5, 1, 28, 28) and labels.tolist() == [2] * 5
     # The same latents and labels through the trainer's own sampling generator (the EMA) agree.
     z = torch.randn(5, 8, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(images, trainer.sampling_generator().eval()(z, torch.full((5,), 2)))
     # A checkpoint's G is the EMA of that step: at the last step, the same weights as the export.
-    G_ckpt, info_ckpt = load_generator(out / "checkpoints" / "checkpoint_00000004")
-    assert info_ckpt["step"] == 4
+    G_ckpt = load_generator(out / "checkpoints" / "checkpoint_00000004")
+    assert G_ckpt.info["weights"]["step"] == 4
     assert all(torch.equal(a, b) for a, b in zip(G.state_dict().values(), G_ckpt.state_dict().values()))
     from gan_accel.errors import ConfigError
 
     with pytest.raises(ConfigError, match="label 3 is outside the run's classes 0..2"):
-        sample_images(G, info, num=2, label=3)
+        sample_images(G, num=2, label=3)
 
 
 def test_gan_accel_sample_label_png_and_npz(finished_conditional_run, tmp_path, capsys):
@@ -236,7 +237,7 @@ def test_gan_accel_sample_label_on_an_unconditional_run_is_one_line(tmp_path, ca
 
     images = make_images(64).float().repeat(1, 1, 7, 7)
     cfg = TrainConfig(max_steps=2, batch_size=8, z_dim=8, output_dir=str(tmp_path / "run"), progress_bar=False,
-                      extra={"model": {"z_dim": 8, "width": 4, "image_size": 28, "channels": 1}})
+                      model={"z_dim": 8, "width": 4, "image_size": 28, "channels": 1})
     GANTrainer(DCGANGenerator(8, 4), DCGANDiscriminator(4), make_loader(images, 8), cfg).fit()
     capsys.readouterr()
     assert main(["sample", str(tmp_path / "run"), "--label", "1", "--out", str(tmp_path / "x.png")]) == 2

@@ -77,7 +77,7 @@ def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, capsys, mode, s
     # The rows the crashed run logged after its checkpoint are redone, and the originals kept aside.
     lost = [row["step"] for row in read_metrics(next((out / "checkpoints" / "abandoned").iterdir()) / "metrics.jsonl")]
     assert lost == list(range(5, step + 1)) if mode == "kill-train" else lost == [5, 6, 7, 8]
-    assert (out / "generator.safetensors").is_file() and (out / "progress.gif").is_file()
+    assert (out / "generator" / "model.safetensors").is_file() and (out / "progress.gif").is_file()
 
 
 def test_sigterm_checkpoints_and_exits_nonzero_with_resume_instructions(tmp_path, capsys):

@@ -11,7 +11,8 @@ import torch
 from gan_accel.data import open_image_data
 from gan_accel.eval import frechet_distance_from_features, precision_recall
 from gan_accel.eval.random_features import RandomConvFeatures
-from gan_accel.sampling import load_generator, sample_images
+from gan_accel import load_generator
+from gan_accel.sampling import sample_images
 from test_train_cli import error_line, gan_accel, rgb_run, write_images  # noqa: F401  (rgb_run: a fixture)
 
 
@@ -24,8 +25,7 @@ def own_cache(tmp_path, monkeypatch):
 def independent_scores(run, photos, num: int) -> tuple[float, float, float]:
     """FD, precision and recall computed here: the training loader's images (not eval's own reader) and
     sample_images' samples of the same seed, in the random network's features."""
-    G, info = load_generator(run)
-    images, _ = sample_images(G, info, num, seed=0)
+    images, _ = sample_images(load_generator(run), num, seed=0)
     data = open_image_data(str(photos), resolution=images.shape[-1], channels=images.shape[1], labels="none", log=None)
     batches = data.dataloader(16, shuffle=False, drop_last=False)
     real = torch.cat([b if isinstance(b, torch.Tensor) else b[0] for b in batches])

@@ -36,7 +36,7 @@ def run(cmd: list[str], timeout: int = 300, **env_extra) -> subprocess.Completed
 
 def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     """Every output file is valid: images open, the weights load back and sample."""
-    from gan_accel.state.weights import load_weights, read_metadata
+    from gan_accel.state.weights import load_weights
     from gan_accel.models import DCGANGenerator
 
     grids = sorted(out.glob("samples_0*.png"))
@@ -51,8 +51,8 @@ def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(2, steps + 1, 2))
     model = config["model"]  # the spec gan-accel sample rebuilds G from
-    G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "generator.safetensors")
-    assert read_metadata(out / "generator.safetensors")["step"] == steps
+    G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "generator" / "model.safetensors")
+    assert json.loads((out / "generator" / "config.json").read_text())["weights"]["step"] == steps
     with torch.no_grad():
         images = G.eval()(torch.randn(3, model["z_dim"]))
     assert images.shape == (3, 1, 28, 28) and images.abs().max() <= 1

@@ -37,7 +37,7 @@ def test_custom_modules_example_trains_its_own_networks_loss_phase_and_callback(
         with Image.open(out / f"interpolation_{step:06d}.png") as image:
             assert image.size == (8 * 30 + 2, 6 * 30 + 2)
     assert "encoder latent error" in result.stdout
-    assert (out / "generator.safetensors").exists() and (out / "samples_final.png").exists()
+    assert (out / "generator" / "model.safetensors").exists() and (out / "samples_final.png").exists()
 
 
 def test_toy_2d_example_writes_scatter_plots_and_its_evaluation(tmp_path):

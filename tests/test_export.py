@@ -1,6 +1,8 @@
-"""``gan-accel export`` and ``gan_accel.load_generator``: a run's generator as a Hugging Face style folder
-(config.json, model.safetensors, README.md model card, samples.png) that loads back without training code and
-samples bitwise what ``gan-accel sample`` samples from the run; the card's usage snippet runs as written;
+"""``gan-accel export`` and ``gan_accel.load_generator``: a run ends with its generator in the export format
+(``generator/``: config.json, model.safetensors); the export is that layout plus a README.md model card and
+samples.png, loads back without training code and samples bitwise what ``gan-accel sample`` samples from the
+run; one ``load_generator`` reads an export, a run, a checkpoint and a Hub repo alike, checking what the files
+ask for before building anything; the card's usage snippet runs as written;
 nothing is replaced; ``--push-to-hub`` and loading a repo id work up to the network, against a local stand-in
 for the Hub (a fake ``huggingface_hub`` module that records the calls and copies into a folder): the real Hub
 is never reached from these tests.
@@ -21,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import reset_accelerate_state
-from gan_accel import load_generator
+from gan_accel import CheckpointError, load_generator
 from gan_accel.cli import main
 from gan_accel.hub import ExportError
 from gan_accel.sampling import sample_images
@@ -69,11 +71,16 @@ def test_export_loads_back_and_samples_bitwise_what_gan_accel_sample_samples(run
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "samples.png"]
     assert gan_accel(["sample", run, "--num", 10, "--seed", 3, "--out", tmp_path / "s.npz"], capsys)[0] == 0
     G = load_generator(out)
-    images, _ = sample_images(G, {"conditional": False, "num_classes": None}, 10, seed=3)
+    images, _ = sample_images(G, 10, seed=3)
     np.testing.assert_array_equal(images.numpy(), np.load(tmp_path / "s.npz")["images"])
-    # the weights are the run's export, the EMA of G, tensor for tensor
-    exported, final = load_file(str(out / "model.safetensors")), load_file(str(run / "generator.safetensors"))
-    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+    # the run ended with the same layout: the export is its copy (weights byte for byte: the EMA of G) plus the card
+    assert sorted(p.name for p in (run / "generator").iterdir()) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == (run / "generator" / "model.safetensors").read_bytes()
+    assert json.loads((out / "config.json").read_text()) == json.loads((run / "generator" / "config.json").read_text())
+    final = load_file(str(run / "generator" / "model.safetensors"))
+    with torch.no_grad():  # and those weights are what the run's G makes: the same samples from its own folder
+        assert torch.equal(sample_images(load_generator(run / "generator"), 10, seed=3)[0], images)
+    assert all(torch.equal(G.state_dict()[k], final[k]) for k in final)
 
 
 def test_config_json_rebuilds_G_and_says_what_the_weights_are(runs, tmp_path, capsys):
@@ -91,7 +98,7 @@ def test_config_json_rebuilds_G_and_says_what_the_weights_are(runs, tmp_path, ca
     G = load_generator(out)
     assert G.class_names == list(CLASSES)
     assert gan_accel(["sample", run, "--label", "owls", "--num", 4, "--out", tmp_path / "owls.npz"], capsys)[0] == 0
-    images, _ = sample_images(G, {"conditional": True, "num_classes": 3}, 4, label=2)
+    images, _ = sample_images(G, 4, label=2)
     np.testing.assert_array_equal(images.numpy(), np.load(tmp_path / "owls.npz")["images"])
 
 
@@ -121,7 +128,7 @@ def test_an_existing_folder_is_never_replaced(runs, tmp_path, capsys):
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
     line = error_line(["export", runs / "plain", out], capsys)
-    assert "that folder exists, and gan-accel never replaces anything" in line
+    assert "that folder exists, and gan-accel never replaces anything" in line, line
     assert snapshot(out) == {"mine.txt": b"keep me"}
     assert "does not exist" in error_line(["export", runs / "nowhere", tmp_path / "x"], capsys)
     assert not (tmp_path / "x").exists()
@@ -138,16 +145,59 @@ def test_a_checkpoint_exports_its_raw_G_with_no_ema(runs, tmp_path, capsys):
 
 
 def test_load_generator_reads_runs_and_checkpoints_too(runs):
-    from gan_accel.sampling import load_generator as load_with_info
-
     G = load_generator(runs / "cond")
     assert G.class_names == list(CLASSES) and not G.training
     G_checkpoint = load_generator(runs / "cond" / "checkpoints" / "checkpoint_00000004")
     for name, value in G.state_dict().items():
         assert torch.equal(value, G_checkpoint.state_dict()[name]), name
-    assert isinstance(load_with_info(runs / "cond"), tuple), "gan_accel.sampling.load_generator keeps (G, info)"
+    # one description whatever the source: the export format's config.json
+    assert G_checkpoint.class_names == G.class_names and G_checkpoint.info["model"] == G.info["model"]
+    assert G.info["weights"] == {**G_checkpoint.info["weights"]} == {"file": "model.safetensors", "ema": True,
+                                                                     "has_ema": True, "step": 4, "dtype": "float32"}
     with pytest.raises(ExportError, match="does not exist"):
         load_generator("./nowhere/at_all")
+
+
+def edited_export(runs, tmp_path, **changes):
+    """A copy of the conditional run's generator folder whose config.json has ``changes`` (nested one level)."""
+    folder = tmp_path / "edited"
+    shutil.copytree(runs / "cond" / "generator", folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("model, says", [
+    ({"width": 100_000}, "records a model spec with width=100000, beyond what gan_accel builds (at most 8,192)"),
+    ({"z_dim": 3e9}, "records a model spec with z_dim=3000000000.0, beyond what gan_accel builds (at most 65,536)"),
+    ({"num_classes": 4}, "the weights do not fit the model its recorded spec describes (embed.weight: (3, 50) in the "
+                         "file, (4, 50) in the spec)"),
+])
+def test_an_edited_config_is_refused_before_G_is_built(runs, tmp_path, monkeypatch, model, says):
+    import gan_accel.hub.load as load
+
+    devices, build = [], load.build_generator
+    monkeypatch.setattr(load, "build_generator",
+                        lambda spec: devices.append(str(torch.get_default_device())) or build(spec))
+    folder = edited_export(runs, tmp_path, model=model)
+    with pytest.raises(CheckpointError) as error:
+        load_generator(folder)
+    assert says in str(error.value) and "\n" not in str(error.value)
+    assert all(device == "meta" for device in devices), "nothing was built for real"
+
+
+@pytest.mark.parametrize("named", ["../outside.safetensors", "/tmp/outside.safetensors", "sub/model.safetensors"])
+def test_weights_named_outside_their_folder_are_refused(runs, tmp_path, named):
+    outside = tmp_path / "outside.safetensors"  # a valid file: followed, it would load
+    shutil.copy(runs / "cond" / "generator" / "model.safetensors", outside)
+    folder = edited_export(runs, tmp_path, weights={"file": str(outside) if named.startswith("/") else named})
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ExportError) as error:
+        load_generator(folder)
+    assert "gan_accel reads only model.safetensors inside the folder itself" in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 # -- the Hub, through a stand-in ---------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def one_line_naming(error: BaseException | str, path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """A 2-step run with an EMA: generator.safetensors, one checkpoint (step 2), fixed noise."""
+    """A 2-step run with an EMA: generator/, one checkpoint (step 2), fixed noise."""
     out = tmp_path_factory.mktemp("safe") / "run"
     train(out, steps=2)
     return out
@@ -133,11 +133,10 @@ def test_an_old_engine_state_without_payload_is_still_read(run, tmp_path, capsys
     torch.save(state, checkpoint / LEGACY_0)
     torch.save(load_tree(run / FIXED_NOISE), run / LEGACY_FIXED_NOISE)
     (run / FIXED_NOISE).unlink()
-    from gan_accel.sampling import load_generator
+    from gan_accel import load_generator
     from gan_accel.state.run_folder import read_fixed_latents
 
-    G, info = load_generator(checkpoint)
-    assert info["ema"] and info["weights"] == str(checkpoint / LEGACY_0)
+    assert load_generator(checkpoint).info["weights"]["ema"]  # the EMA, which only the old state file holds
     assert torch.equal(read_fixed_latents(run)[0], state["fixed_latents"])
     assert cli(["sample", checkpoint, "--num", 4, "--out", tmp_path / "old.png"], capsys)[0] == 0
 
@@ -273,21 +272,23 @@ def test_a_state_file_that_is_not_a_regular_file_is_refused_not_waited_on(run, t
     assert cli(["sample", checkpoint, "--num", 4, "--out", tmp_path / "c.png"], capsys)[0] == 0
 
 
-def test_odd_metadata_in_generator_safetensors_is_one_line(run, tmp_path, capsys):
-    from safetensors.torch import load_file, save_file
-
-    weights = run / "generator.safetensors"
-    tensors = load_file(str(weights))
-    for metadata, says in ((b"[1, 2]", "not an object"), (b"{oops", "not valid JSON"),
-                           (json.dumps({"config": {"model": {"z_dim": 10**12, "width": 4, "image_size": 28,
-                                                              "channels": 1}}}).encode(), "beyond what gan_accel builds"),
-                           (json.dumps({"config": "text"}).encode(), "not an object"),
-                           (json.dumps({"ema": True, "step": "../../x"}).encode(), "which is not a step")):
-        save_file(tensors, str(weights), metadata={"gan_accel": metadata.decode()})
+def test_an_odd_generator_config_is_one_line(run, tmp_path, capsys):
+    config_file = run / "generator" / "config.json"
+    config = json.loads(config_file.read_text())
+    for text, says in (("[1, 2]", "is not a gan_accel generator's config"), ("{oops", "is not valid JSON"),
+                       (json.dumps({**config, "model": {**config["model"], "z_dim": 10**12}}),
+                        "beyond what gan_accel builds"),
+                       (json.dumps({**config, "model": "text"}), "records no model spec"),
+                       (json.dumps({**config, "weights": {"ema": True, "step": "../../x"}}), "which is not a step")):
+        config_file.write_text(text)
         line = error_line(["sample", run, "--no-ema", "--out", tmp_path / "x.png"], capsys)
-        assert str(weights) in line and says in line, line
-    code, _, err = cli(["info", run], capsys)
-    assert code == 0 and "Traceback" not in err
+        assert str(run / "generator") in line and says in line, line
+        code, _, err = cli(["info", run], capsys)
+        assert code == 0 and "Traceback" not in err
+    config_file.unlink()
+    os.mkfifo(config_file)  # a FIFO would block a reader forever: it is refused, not read
+    line = error_line(["sample", run, "--out", tmp_path / "x.png"], capsys)
+    assert "is not a regular file" in line, line
 
 
 def test_a_garbage_complete_marker_is_an_old_empty_one(run):

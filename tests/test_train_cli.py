@@ -193,7 +193,7 @@ def test_the_default_output_folder_is_named_after_the_data(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     code, _, err = gan_accel(["train", "--data", "holiday photos", "--steps", "1", *TINY], capsys)
     assert code == 0, err[-3000:]
-    assert (tmp_path / "runs" / "holiday photos" / "generator.safetensors").is_file()
+    assert (tmp_path / "runs" / "holiday photos" / "generator" / "model.safetensors").is_file()
     from gan_accel.cli.train_setup import default_output_dir
 
     assert default_output_dir("hf:user/pets:train") == "runs/pets" and default_output_dir("a/b.zip") == "runs/b"
@@ -299,7 +299,7 @@ def test_two_gloo_processes_train_one_model_from_a_folder(tmp_path):
     assert config["extra"]["num_processes"] == 2 and config["num_classes"] == 3
     assert json.loads((out / "class_names.json").read_text()) == list(CLASSES)
     assert [row["step"] for row in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert (out / "generator.safetensors").is_file() and len(list(out.glob("samples_0*.png"))) == 2
+    assert (out / "generator" / "model.safetensors").is_file() and len(list(out.glob("samples_0*.png"))) == 2
 
 
 # -- the evaluation's feature space without downloads ------------------------------------------------------

@@ -137,7 +137,10 @@ def test_gan_accel_command_mistakes_are_one_line(tmp_path, capsys, case, says):
     argv = {"missing": ["sample", str(run), *out], "corrupt": ["sample", str(run), *out],
             "bad-num": ["sample", str(run), "--num", "0", *out], "no-command": []}[case]
     if case == "corrupt":
-        (run / "generator.safetensors").write_bytes(b"\x00" * 20)
+        (run / "generator").mkdir()
+        spec = {"family": "dcgan", "z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "num_classes": None}
+        (run / "generator" / "config.json").write_text(json.dumps({"format": "gan_accel.generator", "weights": {}, "model": spec}))
+        (run / "generator" / "model.safetensors").write_bytes(b"\x00" * 20)
     try:
         code = main(argv)
     except SystemExit as exit_:

@@ -1,11 +1,11 @@
-"""The finished run's generator as ``generator.safetensors`` (the EMA's weights when enabled)."""
+"""The finished run's G in ``<run>/generator/``: the format ``gan-accel export`` copies (the EMA when kept)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..state.layout import GENERATOR
-from ..state.weights import save_weights
+from ..state.weights import generator_config, save_generator
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -13,13 +13,10 @@ if TYPE_CHECKING:
 
 
 class WeightsExporter(Callback):
-    """At the end of the run, writes the sampling generator with the config and step in the file's metadata."""
-
-    def __init__(self, filename: str = GENERATOR) -> None:
-        self.filename = filename
+    """At the end of the run, writes the sampling generator as ``config.json`` + ``model.safetensors``."""
 
     def on_fit_end(self, trainer: "GANTrainer") -> None:
         if trainer.accelerator.is_main_process:
-            metadata = {"config": trainer.config.to_dict(), "step": trainer.step, "ema": trainer.ema is not None}
-            save_weights(trainer.sampling_generator(), trainer.output_dir / self.filename, metadata)
-            trainer.control.record_file(trainer.output_dir / self.filename)
+            ema = trainer.ema is not None
+            config = generator_config(trainer.config.to_dict(), trainer.step, ema, ema, trainer.output_dir)
+            save_generator(trainer.output_dir / GENERATOR, trainer.sampling_generator(), config)

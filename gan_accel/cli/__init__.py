@@ -10,7 +10,7 @@
     gan-accel plot runs/dcgan_mnist
     gan-accel export runs/photos photos_gan [--push-to-hub user/photos-gan]
 
-A run folder gives its final generator.safetensors; a checkpoint folder gives G as of that step
+A run folder gives its final generator/; a checkpoint folder gives G as of that step
 (its EMA when the run kept one; --no-ema: the raw G). Every mistake is one ``error:`` line naming
 the problem and the fix (exit code 2); nothing existing is ever replaced, and nothing is written
 into a run folder except by ``plot`` without --out (and by ``train``, whose run folder it is). Training

@@ -68,14 +68,14 @@ def resolve_source(argument: str | os.PathLike) -> Source:
         return Source(path, checkpoint_run_folder(path), path)
     if not is_run_folder(path):
         raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {PASS_A_RUN}")
-    if not (path / GENERATOR).is_file():
+    if not (path / GENERATOR).is_dir():
         latest = list_checkpoints(path)
         if not latest:
-            raise CommandError(f"run {path} has no {GENERATOR} (written when training ends) and no complete checkpoint "
-                               "yet: there is nothing to sample; let it reach its first checkpoint, or resume it "
-                               "(--resume latest)")
-        raise CommandError(f"run {path} has no {GENERATOR} yet (written when training ends; its latest checkpoint is "
-                           f"at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
+            raise CommandError(f"run {path} has no {GENERATOR}/ (written when training ends) and no complete "
+                               "checkpoint yet: there is nothing to sample; let it reach its first checkpoint, or "
+                               "resume it (--resume latest)")
+        raise CommandError(f"run {path} has no {GENERATOR}/ yet (written when training ends; its latest checkpoint "
+                           f"is at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
     return Source(path, path)
 
 
@@ -160,37 +160,3 @@ def _write_new_file(out: Path, tmp: Path, write: Callable[[BinaryIO], Any], flag
 def _cannot_write(out: Path, error: OSError, flag: str) -> CommandError:
     return CommandError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a "
                         "folder you can write to, with free space)")
-
-
-def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out") -> None:
-    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all.
-
-    The name is claimed first (``mkdir`` fails if it exists), the files are written into a temporary
-    folder beside it, which then replaces the claimed empty folder in one rename: a tool reading
-    ``out`` never sees half the files, and a failure leaves nothing behind.
-    """
-    try:
-        out.mkdir()
-    except FileExistsError:
-        raise CommandError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
-    except OSError as error:
-        raise _cannot_write(out, error, flag) from error
-    tmp = temporary_name(out)
-    try:
-        try:
-            tmp.mkdir()
-            fill(tmp)
-            os.rename(tmp, out)  # replaces only the empty folder claimed above
-        except OSError as error:
-            raise _cannot_write(out, error, flag) from error
-    except BaseException:
-        if tmp.is_dir():
-            for file in tmp.iterdir():
-                file.unlink()
-            tmp.rmdir()
-        try:
-            out.rmdir()  # the claimed folder, only while it is empty (never someone else's files)
-        except OSError:
-            pass
-        raise
-

@@ -20,7 +20,7 @@ from torch import nn
 from ..data import open_image_data, uint8_to_float
 from ..eval import compute_features, score_features
 from ..eval.feature_cache import cached_features
-from ..sampling import iter_samples
+from ..sampling import classes_of, iter_samples
 from .train_eval import REFERENCE_IMAGES, INCEPTION_NAME, choose_extractor, real_images
 
 
@@ -29,18 +29,18 @@ class _OnDevice(nn.Module):
 
     def __init__(self, G: nn.Module, device: torch.device) -> None:
         super().__init__()
-        self.G, self.device, self.z_dim = G.to(device), device, G.z_dim
+        self.G, self.device, self.z_dim, self.num_classes = G.to(device), device, G.z_dim, classes_of(G)
 
     def forward(self, z: torch.Tensor, *labels: torch.Tensor) -> torch.Tensor:
         return self.G(z.to(self.device), *(y.to(self.device) for y in labels))
 
 
-def evaluate_on_data(G: nn.Module, info: dict[str, Any], source: str, num: int, features: str = "auto",
+def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto",
                      seed: int = 0, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Scores of ``num`` samples of G against the images of ``source`` (a folder, ZIP or ``hf:`` name)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with torch.no_grad():
-        shape = G(torch.zeros(1, G.z_dim), *([torch.zeros(1, dtype=torch.long)] if info["conditional"] else [])).shape
+        shape = G(torch.zeros(1, G.z_dim), *([torch.zeros(1, dtype=torch.long)] if classes_of(G) is not None else [])).shape
     channels, resolution = int(shape[1]), int(shape[-1])
     data = open_image_data(source, resolution=resolution, channels=channels, labels="none", log=log)
     extractor, _, space = choose_extractor(features, device, log)
@@ -51,7 +51,7 @@ def evaluate_on_data(G: nn.Module, info: dict[str, Any], source: str, num: int, 
 
     real, reused = cached_features(data.fingerprint, space, count, real_features)
     sampler = _OnDevice(G, device)
-    fake = compute_features(extractor, (images for images, _ in iter_samples(sampler, info, num, seed=seed)))
+    fake = compute_features(extractor, (images for images, _ in iter_samples(sampler, num, seed=seed)))
     scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0)
     fd_name = "FID" if space == INCEPTION_NAME else "Frechet distance"
     summary = "\n".join([

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..sampling import load_generator
+from ..hub import load_generator
 from ..eval.mnist import MAX_EVAL_SAMPLES
 from .arguments import bounded_int, seed_int
 from .common import check_new_output, resolve_source, write_new_file
@@ -55,14 +55,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_new_output(out)
-    G, info = load_generator(source.path, ema=not args.no_ema)
+    G = load_generator(source.path, ema=not args.no_ema)
+    info = G.info
     if args.data is not None:
         from .eval_data import evaluate_on_data
 
-        result = evaluate_on_data(G, info, args.data, args.num, args.features, args.seed)
+        result = evaluate_on_data(G, args.data, args.num, args.features, args.seed)
         return _report(result, args, info, out)
     fallback = offline_digits(info)
-    if info["conditional"]:
+    if info["model"]["num_classes"] is not None:
         result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10),
                                                 fallback=fallback, download=args.download)
     else:
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(result: dict, args: argparse.Namespace, info: dict, out: Path | None) -> int:
     print(result.pop("summary"))
-    result.update(source=str(args.source), step=info["step"], ema=info["ema"])
+    result.update(source=str(args.source), step=info["weights"]["step"], ema=info["weights"]["ema"])
     if out is not None:
         write_new_file(out, (json.dumps(result, indent=2) + "\n").encode())
         print(f"wrote {out}")
@@ -82,7 +83,7 @@ def _report(result: dict, args: argparse.Namespace, info: dict, out: Path | None
 
 def offline_digits(info: dict):
     """The built-in digit set when the run trained on it (its scores are then against that set)."""
-    if info["config"].get("extra", {}).get("dataset") in (None, "mnist"):
+    if info["training"].get("extra", {}).get("dataset") in (None, "mnist"):
         return None
     from ..data import resolve_dataset
 

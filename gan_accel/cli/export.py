@@ -3,8 +3,8 @@
     gan-accel export runs/photos photos_gan
     gan-accel export runs/photos photos_gan --license cc-by-4.0 --push-to-hub user/photos-gan
 
-DIR gets ``config.json`` (everything needed to rebuild G), ``model.safetensors`` (the EMA of G when the
-run kept one; ``--no-ema``: the raw G), ``README.md`` (the model card: samples, data, scores, training
+DIR gets the run's ``generator/`` folder, ``config.json`` (everything needed to rebuild G) and
+``model.safetensors`` (the EMA of G when the run kept one; ``--no-ema``: the raw G), plus ``README.md`` (the model card: samples, data, scores, training
 settings, usage) and ``samples.png``. ``gan_accel.load_generator(DIR)`` rebuilds G from it without
 training code. DIR must not exist: it is written beside its final name and renamed into place when
 complete. ``--push-to-hub REPO`` then creates the model repo (if new) and uploads the folder (needs
@@ -28,7 +28,7 @@ def add_parser(commands: Any) -> None:
                        "optionally push it to the Hub", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
-                        help="a finished run folder (its generator.safetensors) or a checkpoints/checkpoint_<step> folder")
+                        help="a finished run folder (its generator/) or a checkpoints/checkpoint_<step> folder")
     parser.add_argument("dir", metavar="DIR", help="the new folder to write (it must not exist)")
     parser.add_argument("--no-ema", action="store_true", help="export the raw G instead of its EMA")
     parser.add_argument("--num", type=positive_int, default=64,
@@ -46,7 +46,8 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import export_generator, push_to_hub, read_export_config
+    from ..hub import export_generator, push_to_hub
+    from ..hub.load import read_export_config
 
     source = resolve_source(args.source)
     out = Path(args.dir)

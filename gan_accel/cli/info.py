@@ -22,7 +22,6 @@ from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints, read_marker
 from ..state.layout import (ABANDONED, BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_root,
                             checkpoint_step, read_json, read_metrics_tolerant)
-from ..state.weights import read_metadata
 from ..ending import printable
 from .common import resolve_run
 
@@ -90,16 +89,18 @@ def describe_run(run: Path) -> dict[str, Any]:
 
 
 def _export(run: Path, notes: list[str]) -> dict[str, Any] | None:
+    from ..hub.load import read_export_config
+
     path = run / GENERATOR
-    if not path.is_file():
+    if not path.is_dir():
         return None
     try:
-        metadata = read_metadata(path)
+        info = read_export_config(path)
     except GanAccelError as error:
         notes.append(str(error))
         return {"path": str(path), "step": None, "ema": None}
-    return {"path": str(path), "step": metadata.get("step"), "ema": metadata.get("ema"),
-            "config": metadata.get("config")}
+    return {"path": str(path), "step": info["weights"].get("step"), "ema": info["weights"].get("ema"),
+            "config": info.get("training")}
 
 
 def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], notes: list[str]) -> dict[str, Any]:
@@ -292,9 +293,9 @@ def format_report(report: dict[str, Any]) -> str:
     export = report["export"]
     if export:
         what = {True: "the EMA of G", False: "the raw G"}.get(export.get("ema"), "G")
-        lines.append(f"weights: {GENERATOR} ({what}, step {export.get('step')})")
+        lines.append(f"weights: {GENERATOR}/ ({what}, step {export.get('step')})")
     else:
-        lines.append(f"weights: no {GENERATOR} yet (written when training ends)")
+        lines.append(f"weights: no {GENERATOR}/ yet (written when training ends)")
     best = report["best"]
     best_name = Path(str(best.get("checkpoint"))).name if isinstance(best, dict) and best.get("checkpoint") else None
     names = [c["name"] + (" (best)" if c["name"] == best_name else "") for c in report["checkpoints"]]

@@ -1,7 +1,7 @@
 """``--label NAME_OR_INDEX`` of ``gan-accel sample``: a class of a conditional run, by name or by index.
 
-A run trained on class folders (or a dataset's class column) keeps its class names in ``class_names.json``
-(in label order). A name of that list is its index (names first: a folder named ``3`` is the class named
+A run trained on class folders (or a dataset's class column) keeps its class names (in label order), and its
+generator carries them (``G.class_names``). A name of that list is its index (names first: a folder named ``3`` is the class named
 ``3``, whatever its index); otherwise a whole number is an index; anything else is one line listing a
 few of the run's classes.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
-from typing import Any
+from torch import nn
 
 from ..errors import ConfigError
 from .common import CommandError
@@ -26,21 +25,19 @@ def label_argument(text: str) -> str:
     return text
 
 
-def resolve_label(text: str | None, run: Path, info: dict[str, Any]) -> int | None:
-    """The class index ``--label`` names in the run (see the module docstring); None when not given."""
-    from ..hub.export import class_names_of
-
+def resolve_label(text: str | None, G: nn.Module) -> int | None:
+    """The class index ``--label`` names for ``G`` (see the module docstring); None when not given."""
     if text is None:
         return None
-    if not info["conditional"]:
+    count = getattr(G, "num_classes", None)
+    if count is None:
         raise ConfigError("this run is unconditional (no num_classes): it cannot sample a chosen class; "
                           "leave out the label")
-    names = class_names_of(run, info["num_classes"])
+    names = G.class_names
     if names and text in names:
         return names.index(text)
     if text.strip().isdigit():
         return int(text)
-    count = info["num_classes"]
     if not names:
         raise CommandError(f"--label {text!r}: this run keeps no class names, only indices: pass a class index "
                            f"0..{count - 1}")

@@ -21,10 +21,12 @@ from typing import IO, Any, Iterator
 import numpy as np
 import torch
 
-from ..sampling import MAX_SAMPLES, check_sample_request, iter_samples, load_generator, sample_count, sample_labels
 from ..ending import printable
+from ..hub import load_generator
+from ..sampling import MAX_SAMPLES, check_sample_request, classes_of, iter_samples, sample_count, sample_labels
+from ..state.files import write_new_folder
 from .arguments import bounded_int, seed_int
-from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with, write_new_folder
+from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with
 from .labels import label_argument, resolve_label
 
 FORMATS = ("png", "npz", "folder")
@@ -39,7 +41,7 @@ def add_parser(commands: Any) -> None:
         "sample", help="write samples of a run's generator: a PNG grid, an .npz of arrays, or a folder of PNGs",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="RUN_OR_CHECKPOINT",
-                        help="a finished run folder (its generator.safetensors) or a checkpoints/checkpoint_<step> folder")
+                        help="a finished run folder (its generator/) or a checkpoints/checkpoint_<step> folder")
     parser.add_argument("--out", required=True, help="a new file (.png, .npz) or, with --format folder, a new folder; "
                         "nothing existing is ever replaced")
     parser.add_argument("--num", type=bounded_int(1, MAX_SAMPLES), default=None,
@@ -78,35 +80,35 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     fmt = output_format(out, args.format)
     check_new_output(out)
-    G, info = load_generator(source.path, ema=not args.no_ema)
-    args.label = resolve_label(args.label, source.run, info)  # a class name or an index -> the index
-    num = _count(args, info)
-    check_sample_request(info, num, args.label)
-    count = sample_count(info, num, args.label)
+    G = load_generator(source.path, ema=not args.no_ema)
+    classes, weights = classes_of(G), G.info["weights"]
+    args.label = resolve_label(args.label, G)  # a class name or an index -> the index
+    num = _count(args, classes)
+    check_sample_request(classes, num, args.label)
+    count = sample_count(classes, num, args.label)
     if fmt == "png":
-        _check_grid(count, info)
+        _check_grid(count, G.info["model"])
     # The samples are made chunk by chunk and written as they come (npz, folder): memory does not grow with --num.
-    chunks = iter_samples(G, info, num, label=args.label, seed=args.seed)
+    chunks = iter_samples(G, num, label=args.label, seed=args.seed)
     if fmt == "npz":
         write_new_file_with(out, lambda handle: write_npz(handle, chunks, count,
-                                                          lambda a, b: sample_labels(info, num, args.label, a, b)))
+                                                          lambda a, b: sample_labels(classes, num, args.label, a, b)))
     elif fmt == "folder":
         write_new_folder(out, lambda folder: write_pngs(folder, chunks, count))
     else:
         images = torch.cat([images for images, _ in chunks])
-        write_new_file(out, grid_bytes(images, info, args.label))
-    what = f", class {args.label}" if args.label is not None else ", every class" if info["conditional"] else ""
-    weights = "the EMA of G" if info["ema"] else "the raw G"
-    print(f"wrote {out} ({count} samples{what}, {weights} of step {printable(str(info['step']))}, seed {args.seed})")
-    if args.no_ema and not info["has_ema"]:
+        write_new_file(out, grid_bytes(images, classes, args.label))
+    what = f", class {args.label}" if args.label is not None else ", every class" if classes is not None else ""
+    kind = "the EMA of G" if weights["ema"] else "the raw G"
+    print(f"wrote {out} ({count} samples{what}, {kind} of step {printable(str(weights['step']))}, seed {args.seed})")
+    if args.no_ema and not weights["has_ema"]:
         print(f"note: {source.path} kept no EMA of G: its samples always come from the raw G, so --no-ema changes "
               "nothing")
     return 0
 
 
-def _check_grid(count: int, info: dict[str, Any]) -> None:
+def _check_grid(count: int, model: dict[str, Any]) -> None:
     """A PNG grid is drawn in memory: refuse one too large, in one line, before any sample is made."""
-    model = info["config"].get("model") or {}
     size, channels = model.get("image_size"), model.get("channels")
     values = count * channels * size * size if isinstance(size, int) and isinstance(channels, int) else 0
     if count > MAX_GRID_SAMPLES or values > MAX_GRID_VALUES:
@@ -115,9 +117,8 @@ def _check_grid(count: int, info: dict[str, Any]) -> None:
                            "use --format folder (one PNG per sample) or an .npz, which stream any --num")
 
 
-def _count(args: argparse.Namespace, info: dict[str, Any]) -> int:
-    classes = info["num_classes"]
-    if not info["conditional"] or args.label is not None:
+def _count(args: argparse.Namespace, classes: int | None) -> int:
+    if classes is None or args.label is not None:
         return args.num or 64
     if args.num is None:
         return PER_CLASS * classes
@@ -170,17 +171,17 @@ def _write_member(archive: zipfile.ZipFile, name: str, dtype: Any, shape: tuple[
             raise RuntimeError(f"{name}: {written} rows written for {shape[0]}")  # a bug, not a user's mistake
 
 
-def grid_bytes(images: torch.Tensor, info: dict[str, Any], label: int | None) -> bytes:
+def grid_bytes(images: torch.Tensor, num_classes: int | None, label: int | None) -> bytes:
     """A PNG grid as :func:`gan_accel.pictures.save_grid` draws it."""
     from torchvision.utils import save_image
 
     from ..pictures.samples import to_grid
 
     # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
-    if not info["conditional"]:
+    if num_classes is None:
         columns = None
     else:
-        columns = len(images) // info["num_classes"] if label is None else min(10, len(images))
+        columns = len(images) // num_classes if label is None else min(10, len(images))
     buffer = io.BytesIO()
     save_image(to_grid(images, columns), buffer, format="png")
     return buffer.getvalue()

@@ -1,10 +1,11 @@
-"""Loading a generator without training code (a local export, a run, a checkpoint or a Hub repo), and pushing an
-export to the Hugging Face Hub.
+"""The one way to load a trained G: :func:`load_generator`, from an export, a run, a checkpoint or a Hub repo;
+and :func:`push_to_hub`.
 
-Loading never executes code from what it reads: ``config.json`` is JSON, the weights are safetensors
-(an export, a run's ``generator.safetensors``); a checkpoint is read as :func:`gan_accel.sampling.load_generator`
-reads it. ``huggingface_hub`` is an optional extra (``pip install 'gan_accel[hub]'``), imported only to
-download or upload.
+Loading never executes code from what it reads: ``config.json`` is JSON, the weights are safetensors,
+a checkpoint's engine state is read in safe formats only. Every model spec read from a file is checked
+against fixed bounds and built on the meta device against the weights' header shapes before any memory
+is spent on G. ``huggingface_hub`` is an optional extra (``pip install 'gan_accel[hub]'``), imported
+only to download or upload.
 """
 
 from __future__ import annotations
@@ -12,26 +13,90 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 from torch import nn
 
-from ..errors import ConfigError
-from ..models import build_generator
-from ..sampling import load_generator as load_run_generator
-from ..state.checkpoint import is_complete
-from ..state.layout import EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS, checkpoint_run_folder, read_json
-from ..state.weights import load_weights
-from .export import FORMAT, FORMAT_VERSION, ExportError, class_names_of
+from ..errors import CheckpointError, ConfigError
+from ..models import build_generator, normalize_spec
+from ..state.checkpoint import engine_state_file, is_complete, list_checkpoints, read_engine_state, read_marker
+from ..state.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
+                            GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
+from ..state.safe_tree import check_regular_file
+from ..state.weights import FORMAT, FORMAT_VERSION, generator_config
+from .export import ExportError
 
 HUB_HINT = "pip install 'gan_accel[hub]'"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+EMA_STATE = "generator_ema"  # the EMA callback's state in a checkpoint
+# What a recorded model spec may ask for (checked before anything is built): far above any model gan_accel
+# trains, far below a size that would exhaust memory by itself.
+SPEC_BOUNDS = {"z_dim": 65_536, "width": 8_192, "d_width": 8_192, "image_size": 8_192, "channels": 64,
+               "num_classes": 1_000_000}
 
 
-def is_export(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder written by :func:`~gan_accel.hub.export_generator`."""
-    path = Path(path)
+def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str | torch.device | None = None,
+                   revision: str | None = None, token: str | None = None) -> nn.Module:
+    """A trained G, in eval mode, from an export folder, a run folder, a checkpoint folder or a Hub repo id.
+
+    * an export (``gan-accel export``), or a run's ``generator/`` folder: ``config.json`` + ``model.safetensors``;
+    * a finished run folder: its ``generator/`` (``ema=False``: the raw G, from the checkpoint of its last step);
+    * a ``checkpoints/checkpoint_<step>`` folder: its EMA of G when the run kept one (``ema=False``: the raw G);
+    * a Hub repo id (``"user/name"``) that is not a local path: downloaded with ``huggingface_hub``
+      (``revision``, ``token``), then read as an export.
+
+    ``G.info`` is the generator's ``config.json`` as a dict (``model``: the spec; ``weights``: ``step``, ``ema``,
+    ``has_ema``; ``training``: the run's config; ``class_names``, ``data``, ``scores``); ``G.class_names``
+    the class names of a conditional G (None otherwise); ``G.z_dim`` the latent size.
+    """
+    path = Path(source)
+    if is_complete(path):
+        G = _from_checkpoint(path, ema)
+    elif path.is_dir() and not _is_generator_folder(path):
+        G = _from_run(path, ema)
+    elif path.exists():
+        G = _from_folder(path)
+    elif REPO_ID.match(str(source)) and not str(source).startswith("."):
+        G = _from_folder(download(str(source), revision, token))
+    else:
+        raise ExportError(f"{source} does not exist: pass an exported folder, a Hub repo id (user/name), a run "
+                          "folder or a checkpoint folder")
+    return G.to(device) if device is not None else G
+
+
+def read_export_config(folder: str | os.PathLike) -> dict[str, Any]:
+    """A generator folder's ``config.json``, checked: one line naming the problem when it cannot be used."""
+    file = Path(folder) / EXPORT_CONFIG
+    try:
+        check_regular_file(file)
+        config = read_json(file)
+    except OSError as error:
+        raise ExportError(f"{file} cannot be read ({error.strerror or error}): pass a folder written by gan-accel "
+                          "export") from None
+    except ValueError as error:
+        raise ExportError(f"{file} is not valid JSON ({error}): the folder is damaged; export the run again") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise ExportError(f"{file} is not a gan_accel generator's config (no \"format\": \"{FORMAT}\"): pass a "
+                          "folder written by gan-accel export, a run folder or a checkpoint")
+    version = config.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ExportError(f"{folder} was written by gan_accel {str(config.get('gan_accel_version'))[:40]} in another "
+                          f"format (version {str(version)[:40]}): upgrade gan_accel to load it")
+    weights = config.get("weights")
+    if not isinstance(weights, dict) or weights.get("file", EXPORT_WEIGHTS) != EXPORT_WEIGHTS:
+        named = weights.get("file") if isinstance(weights, dict) else weights
+        raise ExportError(f"{file} names the weights {str(named)[:80]!r}: gan_accel reads only {EXPORT_WEIGHTS} "
+                          "inside the folder itself; restore \"weights\": {\"file\": \"model.safetensors\", ...}")
+    return config
+
+
+def _is_generator_folder(path: Path) -> bool:
+    """Whether ``path`` holds a generator's ``config.json`` (an export or a run's ``generator/``)."""
+    if not (path / EXPORT_CONFIG).is_file():  # a FIFO is no file: reading it would wait forever
+        return False
     try:
         config = read_json(path / EXPORT_CONFIG)
     except (OSError, ValueError):
@@ -39,37 +104,124 @@ def is_export(path: str | os.PathLike) -> bool:
     return isinstance(config, dict) and config.get("format") == FORMAT
 
 
-def read_export_config(path: str | os.PathLike) -> dict[str, Any]:
-    """An export's ``config.json``, checked: one line naming the problem when it cannot be used."""
-    file = Path(path) / EXPORT_CONFIG
-    try:
-        config = read_json(file)
-    except OSError as error:
-        raise ExportError(f"{file} cannot be read ({error.strerror or error}): pass a folder written by gan-accel "
-                          "export") from None
-    except ValueError as error:
-        raise ExportError(f"{file} is not valid JSON ({error}): the export is damaged; export the run again") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise ExportError(f"{file} is not a gan_accel export's config (no \"format\": \"{FORMAT}\"): pass a folder "
-                          "written by gan-accel export, a run folder or a checkpoint")
-    if int(config.get("format_version", 0)) > FORMAT_VERSION:
-        raise ExportError(f"{path} was exported by gan_accel {config.get('gan_accel_version')} in a newer format "
-                          f"(version {config['format_version']}): upgrade gan_accel to load it")
-    return config
+def _from_folder(folder: Path) -> nn.Module:
+    """G of a generator folder (an export, or a run's ``generator/``)."""
+    config = read_export_config(folder)
+    weights = folder / EXPORT_WEIGHTS
+    G = _build(config.get("model"), _file_shapes(weights), weights)
+    _load(G, load_file(str(weights)), weights)
+    return _described(G, config)
 
 
-def load_export(path: str | os.PathLike) -> nn.Module:
-    """G from an export folder, in eval mode, with ``G.class_names`` (None when unconditional or unnamed)."""
-    path = Path(path)
-    config = read_export_config(path)
-    try:
-        G = build_generator(config["model"])
-    except (ConfigError, KeyError, TypeError) as error:
-        raise ExportError(f"{path}/{EXPORT_CONFIG} records a model gan_accel cannot build ({error}): it was written "
-                          "by another version; upgrade gan_accel") from None
-    load_weights(G, path / config.get("weights", {}).get("file", EXPORT_WEIGHTS))
-    G.class_names = config.get("class_names")
+def _from_run(run: Path, ema: bool) -> nn.Module:
+    folder = run / GENERATOR
+    if not folder.is_dir():
+        latest = list_checkpoints(run)
+        where = f", or pass one of its checkpoints ({latest[-1]})" if latest else ""
+        raise CheckpointError(f"{folder} not found: pass a finished gan_accel run folder (G is written there when "
+                              f"training ends){where}, an exported folder or a checkpoint folder")
+    G = _from_folder(folder)
+    if ema or not G.info["weights"]["ema"]:
+        return G
+    step = G.info["weights"]["step"]  # the run's G is the EMA: the raw G is in the checkpoint of that step
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{folder}/{EXPORT_CONFIG} records step {str(step)[:40]!r}, which is not a step: the "
+                              "file was changed or damaged; pass one of the run's checkpoint folders instead")
+    checkpoint = run / CHECKPOINTS / checkpoint_name(step)
+    if not is_complete(checkpoint):
+        found = [p.name for p in list_checkpoints(run)]
+        raise CheckpointError(
+            f"{folder} holds the EMA of G only, and the raw G of step {step} is kept in {checkpoint}, which is gone: "
+            f"pass a checkpoint folder to sample its raw G (complete ones: {', '.join(found) or 'none'}), or leave "
+            "out --no-ema / ema=False")
+    return _from_checkpoint(checkpoint, ema=False)
+
+
+def _from_checkpoint(path: Path, ema: bool) -> nn.Module:
+    state_file = engine_state_file(path, 0)
+    if state_file is None:
+        raise CheckpointError(f"checkpoint {path} has no {ENGINE_STATE.format(rank=0)} (the engine state, with the EMA "
+                              "and the config): it was copied in part or damaged; pass another checkpoint of the run")
+    state = read_engine_state(path, 0)  # safe formats only: nothing in it can run code
+    marker_config = read_marker(path).get("config")
+    config = marker_config if isinstance(marker_config, dict) and marker_config else state["config"]
+    average = state["callbacks"].get(EMA_STATE)
+    has_ema = isinstance(average, dict)
+    if has_ema and ema:  # the run samples from the EMA of G: so does this
+        weights = average.get("module")
+        if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+            raise CheckpointError(f"{state_file} holds no EMA weights of G (its EMA state has no tensors under "
+                                  "'module'): the checkpoint was damaged; pass another checkpoint, or --no-ema / ema=False")
+        source = state_file
+        G = _build(config.get("model"), {k: tuple(v.shape) for k, v in weights.items()}, source)
+    else:
+        source = path / RAW_GENERATOR
+        if not source.is_file():
+            raise CheckpointError(f"checkpoint {path} holds no weights of G ({RAW_GENERATOR} is missing): it was copied "
+                                  "in part or damaged; pass another checkpoint of the run")
+        G = _build(config.get("model"), _file_shapes(source), source)
+        weights = load_file(str(source))
+    _load(G, weights, source)
+    return _described(G, generator_config(config, state["step"], has_ema and ema, has_ema, checkpoint_run_folder(path)))
+
+
+def _described(G: nn.Module, info: dict[str, Any]) -> nn.Module:
+    G.info = {**info, "model": normalize_spec(info["model"])}  # checked by _build: every key, defaults filled in
+    names, num_classes = info.get("class_names"), G.info["model"]["num_classes"]
+    ok = isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names)
+    G.class_names = names if ok else None
     return G.eval()
+
+
+def _build(spec: Any, shapes: Mapping[str, tuple[int, ...]], source: Path) -> nn.Module:
+    """G from a recorded spec, once the spec is known to ask for sane sizes and to describe the weights there
+    are (``shapes``: read from the file's header): a spec is data from a file, and a damaged or hostile one must
+    not make this allocate gigabytes before any check."""
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"{source} records no model spec (config.model): load the weights with "
+                              "gan_accel.state.load_weights into your own generator class")
+    for key, bound in SPEC_BOUNDS.items():
+        value = spec.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound:
+            raise CheckpointError(f"{source} records a model spec with {key}={value}, beyond what gan_accel builds "
+                                  f"(at most {bound:,}): the file is damaged or was not written by gan_accel")
+    try:
+        with torch.device("meta"):  # sizes only: nothing is allocated
+            shell = build_generator(spec)
+    except (ConfigError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{source} records a model spec gan_accel cannot rebuild ({error}): load the weights "
+                              "with gan_accel.state.load_weights into your own generator class") from None
+    expected = {key: tuple(t.shape) for key, t in shell.state_dict().items()}
+    if expected != dict(shapes):
+        missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
+        wrong = [f"{k}: {shapes[k]} in the file, {expected[k]} in the spec"
+                 for k in sorted(set(expected) & set(shapes)) if tuple(shapes[k]) != expected[k]]
+        detail = "; ".join(part for part in (
+            f"missing {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else "") if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}" + (" ..." if len(unexpected) > 3 else "") if unexpected else "",
+            "; ".join(wrong[:2]) + (" ..." if len(wrong) > 2 else "")) if part)
+        raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({detail}): the "
+                              "file is damaged, or its config was edited; export the run again")
+    return build_generator(spec)
+
+
+def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of a safetensors file, from its header (no tensor is read)."""
+    try:
+        check_regular_file(weights)
+        with safe_open(str(weights), framework="pt") as handle:
+            return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{weights} is not a readable safetensors file (truncated or corrupt?): "
+                              f"{str(error).strip()[:200]}") from None
+
+
+def _load(G: nn.Module, weights: Mapping[str, torch.Tensor], source: Path) -> None:
+    try:
+        G.load_state_dict(weights)
+    except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
+        raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
+                              f"{str(error).strip().splitlines()[0]}") from None
 
 
 def download(repo_id: str, revision: str | None = None, token: str | None = None) -> Path:
@@ -87,36 +239,6 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
                           f"({_reason(error, token)}): check the repo id, your access and the network, or pass "
                           "the exported folder") from None
     return Path(folder)
-
-
-def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str | torch.device | None = None,
-                   revision: str | None = None, token: str | None = None) -> nn.Module:
-    """A trained G, in eval mode, from an export folder, a Hub repo id, a run folder or a checkpoint folder.
-
-    * an export (``gan-accel export``): ``config.json`` + ``model.safetensors``, no training code;
-    * a Hub repo id (``"user/name"``) that is not a local path: downloaded with ``huggingface_hub``
-      (``revision``, ``token``), then loaded as an export;
-    * a run folder or a checkpoint: as :func:`gan_accel.sampling.load_generator` (``ema=False``: the raw G),
-      which also returns the run's info; this one returns G alone.
-
-    ``G.class_names`` holds the class names of a conditional G (None otherwise); ``G.z_dim`` the latent size.
-    """
-    path = Path(source)
-    if path.exists():
-        G = load_export(path) if is_export(path) else _from_run(path, ema)
-    elif REPO_ID.match(str(source)) and not str(source).startswith("."):
-        G = load_export(download(str(source), revision, token))
-    else:
-        raise ExportError(f"{source} does not exist: pass an exported folder, a Hub repo id (user/name), a run "
-                          "folder or a checkpoint folder")
-    return G.to(device) if device is not None else G
-
-
-def _from_run(path: Path, ema: bool) -> nn.Module:
-    G, info = load_run_generator(path, ema=ema)
-    run = checkpoint_run_folder(path) if is_complete(path) else path
-    G.class_names = class_names_of(run, info["num_classes"])
-    return G
 
 
 def _reason(error: BaseException, token: str | None) -> str:

@@ -8,7 +8,9 @@ import re
 import socket
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+from ..errors import ConfigError
 
 
 def temporary_name(path: Path) -> Path:
@@ -115,3 +117,42 @@ def is_write_failure(error: BaseException) -> bool:
     text = str(error)
     return bool(_ERRNO_IN_TEXT.search(text)) or "PytorchStreamWriter" in text or "file write failed" in text \
         or "unexpected pos" in text or "inline_container" in text
+
+
+def _cannot_write(out: Path, error: OSError, flag: str) -> ConfigError:
+    return ConfigError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a folder "
+                       "you can write to, with free space)")
+
+
+def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out") -> None:
+    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all.
+
+    The name is claimed first (``mkdir`` fails if it exists), the files are written into a temporary
+    folder beside it, which then replaces the claimed empty folder in one rename: a tool reading
+    ``out`` never sees half the files, and a failure leaves nothing behind.
+    """
+    try:
+        out.mkdir()
+    except FileExistsError:
+        raise ConfigError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
+    except OSError as error:
+        raise _cannot_write(out, error, flag) from error
+    tmp = temporary_name(out)
+    try:
+        try:
+            tmp.mkdir()
+            fill(tmp)
+            os.rename(tmp, out)  # replaces only the empty folder claimed above
+        except OSError as error:
+            raise _cannot_write(out, error, flag) from error
+    except BaseException:
+        if tmp.is_dir():
+            for file in tmp.iterdir():
+                file.unlink()
+            tmp.rmdir()
+        try:
+            out.rmdir()  # the claimed folder, only while it is empty (never someone else's files)
+        except OSError:
+            pass
+        raise
+

@@ -13,7 +13,7 @@ One run folder (``TrainConfig.output_dir``)::
       samples_<step>.png        progress grids (or scatter plots; samples_<step>.pt otherwise)    SampleSaver
       samples_final.png, progress.gif                                                             SampleSaver
       training_plot.png         the metrics as line charts                                        TrainingPlot
-      generator.safetensors     the finished run's generator (the EMA when kept)                  WeightsExporter
+      generator/                the finished run's G (the EMA when kept), as an export without card  WeightsExporter
       best.json                 the best evaluation and its checkpoint                            Evaluator
       eval.json                 a final evaluation (the MNIST examples' --eval)                   the examples
       data.json                 what an image run trained on: source, fingerprint, classes, ...   ImageData
@@ -61,7 +61,7 @@ LOCK = ".lock"
 METRICS = "metrics.jsonl"
 FIXED_NOISE = "fixed_noise.safetensors"
 FIXED_LABELS = "fixed_labels.safetensors"
-GENERATOR = "generator.safetensors"
+GENERATOR = "generator"  # a folder: config.json + model.safetensors, the export format (gan_accel.hub)
 BEST = "best.json"
 EVAL = "eval.json"
 TRAINING_PLOT = "training_plot.png"

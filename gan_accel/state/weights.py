@@ -1,4 +1,12 @@
-"""Weights in and out as safetensors, with the run's config in the file's metadata."""
+"""Weights as safetensors, and the one generator format: a folder of ``config.json`` + ``model.safetensors``.
+
+A run ends by writing it as ``<run>/generator/``; ``gan-accel export`` writes it again with a model card
+(:mod:`gan_accel.hub`); :func:`gan_accel.load_generator` reads it. ``config.json`` holds everything needed
+to rebuild G: the networks' spec (``model``), the class names, what the weights are (``weights``: EMA or
+raw, step), the latent and output shapes, the training config, the data summary and the scores (paths on
+your machine cut to their last part). :func:`save_weights` / :func:`load_weights` are for generators of
+your own classes.
+"""
 
 from __future__ import annotations
 
@@ -13,49 +21,32 @@ from torch import nn
 
 from ..errors import CheckpointError
 from .files import atomic_path
-from .safe_tree import check_regular_file
+from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
+
+FORMAT = "gan_accel.generator"
+FORMAT_VERSION = 1
 
 
-def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
-    """Write ``module``'s state dict atomically; ``metadata`` (JSON-able) travels inside the file."""
+def save_weights(module: nn.Module, path: str | os.PathLike) -> Path:
+    """Write ``module``'s state dict atomically as safetensors."""
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata={"gan_accel": json.dumps(metadata or {})})
+        save_file(state, str(tmp))
     return Path(path)
 
 
-def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The metadata dict stored by :func:`save_weights` (empty for foreign files)."""
-    from safetensors import safe_open
-
-    check_regular_file(Path(path))
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            text = (handle.metadata() or {}).get("gan_accel", "{}")
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
-                              f"{_first_line(error)}") from None
-    try:
-        metadata = json.loads(text)
-    except (ValueError, RecursionError) as error:
-        raise CheckpointError(f"{path}: its gan_accel metadata is not valid JSON ({_first_line(error)}): the file was "
-                              "changed or damaged") from None
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("config", {}), dict):
-        raise CheckpointError(f"{path}: its gan_accel metadata is not an object of the form gan_accel "
-                              "writes (a JSON object with a config object): the file was changed or damaged")
-    return metadata
-
-
 def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load weights saved by :func:`save_weights` into ``module`` (strict), with a clear error on mismatch."""
+    """Load a safetensors file (a run's ``generator/model.safetensors``, say) into ``module`` (strict), with a
+    clear error on mismatch."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"no weights file at {path}: pass the generator.safetensors of a finished run")
+        raise CheckpointError(f"no weights file at {path}: pass the generator/model.safetensors of a finished run")
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
+        text = str(error).strip()
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
-                              f"{_first_line(error)}") from None
+                              f"{text.splitlines()[0][:300] if text else type(error).__name__}") from None
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
@@ -66,6 +57,63 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     return module
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
+def _read_optional(path: Path) -> Any:
+    """A JSON file of the run, or None when it is missing or unreadable (writing G never fails for it)."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def public_path(text: Any) -> Any:
+    """A path on this machine cut to its last part (what an export records of local paths); other text as is."""
+    if not isinstance(text, str) or not text:
+        return text
+    if text.startswith("imagefolder "):
+        return "imagefolder " + public_path(text[len("imagefolder "):])
+    looks_local = os.path.isabs(text) or text.startswith(("~", ".")) or ("/" in text and os.path.exists(text))
+    return (Path(text).name or text) if looks_local else text
+
+
+def scores_of(run: Path) -> dict[str, Any]:
+    """The run's recorded evaluations (``best.json``, ``eval.json``), None where absent."""
+    return {"best": _read_optional(run / BEST), "eval": _read_optional(run / EVAL)}
+
+
+def generator_config(config: dict[str, Any], step: Any, ema: bool, has_ema: bool, run: Path) -> dict[str, Any]:
+    """The ``config.json`` of the format (see the module docstring) for G of a run whose config is ``config``."""
+    import gan_accel
+
+    spec = config.get("model") if isinstance(config.get("model"), dict) else None
+    training = dict(config)
+    training["output_dir"] = public_path(str(training.get("output_dir", "")))
+    extra = dict(training.get("extra") or {})
+    if "data_source" in extra:
+        extra["data_source"] = public_path(extra["data_source"])
+    training["extra"] = extra
+    data = _read_optional(run / DATA_RECORD)
+    if isinstance(data, dict):
+        data = {**data, "source": public_path(data.get("source"))}
+    names = _read_optional(run / CLASS_NAMES)
+    num_classes = spec.get("num_classes") if spec else None
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "gan_accel_version": gan_accel.__version__,
+        "model": spec,
+        "class_names": [str(n) for n in names] if isinstance(names, list) and len(names) == num_classes else None,
+        "weights": {"file": EXPORT_WEIGHTS, "ema": bool(ema), "has_ema": bool(has_ema), "step": step,
+                    "dtype": "float32"},
+        "latent": {"distribution": "standard normal", "shape": [spec.get("z_dim")]} if spec else None,
+        "output": {"shape": [spec.get("channels"), spec.get("image_size"), spec.get("image_size")], "range": [-1, 1]}
+        if spec else None,
+        "training": training, "data": data if isinstance(data, dict) else None, "scores": scores_of(run),
+    }
+
+
+def save_generator(folder: Path, G: nn.Module, config: dict[str, Any]) -> None:
+    """Write ``model.safetensors`` (G's weights) and then ``config.json`` into ``folder``, each file atomically."""
+    state = {key: value.detach().contiguous().cpu() for key, value in G.state_dict().items()}
+    folder.mkdir(exist_ok=True)
+    with atomic_path(folder / EXPORT_WEIGHTS) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    with atomic_path(folder / EXPORT_CONFIG) as tmp:
+        tmp.write_text(json.dumps(config, indent=2, default=str) + "\n")
