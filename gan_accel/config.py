@@ -245,22 +245,11 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         """Build a config from :meth:`to_dict` output; unknown keys are an error, not ignored."""
-        data = upgrade_config_dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config field(s) {unknown}: known fields are {sorted(known)}")
         return cls(**data)
-
-
-def upgrade_config_dict(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved config dict in today's form: runs written before ``model`` was a field kept the networks'
-    spec in ``extra["model"]``."""
-    extra = data.get("extra")
-    if data.get("model") is None and isinstance(extra, dict) and isinstance(extra.get("model"), dict):
-        extra = dict(extra)
-        data = {**data, "model": extra.pop("model"), "extra": extra}
-    return data
 
 
 def _json_like(value: Any) -> bool:
@@ -309,7 +298,6 @@ def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[l
     Both are :meth:`TrainConfig.to_dict` dicts: the checkpoint's and the resumed run's.
     """
     refused, changed = [], {}
-    saved, requested = upgrade_config_dict(saved), upgrade_config_dict(requested)
 
     def differ(name: str, old: Any, new: Any) -> None:
         fixed = name in FIXED_ON_RESUME or (name in _PRESENCE and (old is None) != (new is None))

@@ -293,7 +293,9 @@ def test_every_built_in_callback_is_named_after_its_class():
     import ast
     import inspect
 
-    for cls in BUILTIN_CLASSES:  # derived, never written by hand in the class body
+    for cls in BUILTIN_CLASSES:  # derived, never written by hand in the class body of a Callback
+        if not issubclass(cls, Callback):  # gan_accel.ending's handler sits below the callbacks' layer
+            continue
         body = ast.parse(inspect.getsource(cls)).body[0].body
         assert not [n for n in body if isinstance(n, ast.Assign) and "name" in map(ast.unparse, n.targets)], cls
     assert list(BUILTIN_CALLBACKS) == ["generator_ema", "metrics_logger", "health_monitor", "tracker_logger",
@@ -301,11 +303,3 @@ def test_every_built_in_callback_is_named_after_its_class():
                                        "weights_exporter", "signal_handler"]
     assert [snake_case(n) for n in ("SampleSaver", "GeneratorEMA", "EMACallback", "HTTPServer2X")] == \
         ["sample_saver", "generator_ema", "ema_callback", "http_server2_x"]
-
-
-def test_the_old_built_in_names_still_work_with_a_one_line_pointer(tmp_path):
-    with pytest.warns(FutureWarning, match="callback name 'samples' is now 'sample_saver'"):
-        trainer = trainer_for(tmp_path, disable=("samples",))
-    assert "sample_saver" not in trainer.callbacks.names
-    with pytest.warns(FutureWarning, match="'checkpoints' is now 'checkpointer'"):
-        assert trainer.callbacks.get("checkpoints") is trainer.callbacks.get("checkpointer") is not None

@@ -361,7 +361,7 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
 ])
 def test_every_mistake_is_one_line_naming_the_fix(case, says, ema_run, cond_run, tmp_path, capsys):
     if case.startswith("plot-no-metrics"):
-        pytest.importorskip("gan_accel.plots")
+        pytest.importorskip("gan_accel.pictures.training_plot")
     tmp = tmp_path / "t"
     tmp.mkdir()
     argv = _prepare(case, tmp, ema_run[0], cond_run[0])
@@ -498,7 +498,7 @@ def test_info_on_a_killed_run_and_a_row_cut_short(ema_run, tmp_path, capsys):
 
 # -- plot ------------------------------------------------------------------------------------------
 def test_plot_writes_the_runs_picture_and_never_replaces_an_out(ema_run, tmp_path, capsys):
-    pytest.importorskip("gan_accel.plots")
+    pytest.importorskip("gan_accel.pictures.training_plot")
     run = tmp_path / "run"
     shutil.copytree(ema_run[0], run)
     code, out, _ = cli(["plot", run], capsys)
@@ -507,13 +507,13 @@ def test_plot_writes_the_runs_picture_and_never_replaces_an_out(ema_run, tmp_pat
     assert (tmp_path / "p.png").read_bytes() == (run / "training_plot.png").read_bytes()
     with Image.open(io.BytesIO((tmp_path / "p.png").read_bytes())) as image:
         assert image.format == "PNG"
-    from gan_accel.plots import plot_run  # the picture is plot_run's, as the run draws it
+    from gan_accel.pictures.training_plot import plot_run  # the picture is plot_run's, as the run draws it
 
     assert plot_run(run, out=tmp_path / "direct.png").read_bytes() == (tmp_path / "p.png").read_bytes()
 
 
 def test_plot_replaces_only_the_plot_the_run_recorded(ema_run, tmp_path, capsys):
-    pytest.importorskip("gan_accel.plots")
+    pytest.importorskip("gan_accel.pictures.training_plot")
     run = tmp_path / "run"
     shutil.copytree(ema_run[0], run)
     manifest = json.loads((run / "manifest.json").read_text())

@@ -15,7 +15,7 @@ from PIL import Image, ImageChops
 from conftest import Z_DIM, make_images, make_loader, make_models
 from gan_accel import Callback, GANTrainer, TrainConfig
 from gan_accel.errors import GanAccelError, RunFolderError
-from gan_accel.plots import COLUMNS, PANEL_SIZE, PANELS, plot_metrics, plot_run, plot_size
+from gan_accel.pictures.training_plot import COLUMNS, PANEL_SIZE, PANELS, plot_metrics, plot_run, plot_size
 from gan_accel.state.run_folder import RUN_FILES
 
 

@@ -6,9 +6,9 @@ named like a built-in replaces it; ``disable_callbacks=("sample_saver",)`` switc
 """
 
 from ..ending import SignalHandler
-from .base import EVENTS, RENAMED, Callback, CallbackList
+from .base import EVENTS, Callback, CallbackList
 from .checkpoints import Checkpointer
-from .ema import EMA, EMACallback, GeneratorEMA
+from .ema import EMA, GeneratorEMA
 from .evaluation import Evaluator
 from .export import WeightsExporter
 from .health import HealthMonitor
@@ -18,10 +18,9 @@ from .samples import SampleSaver
 from .trackers import TrackerLogger
 from .training_plot import TrainingPlot
 
-__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "EMACallback", "GeneratorEMA", "Evaluator",
+__all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "GeneratorEMA", "Evaluator",
            "WeightsExporter", "HealthMonitor", "MetricsLog", "MetricsLogger", "read_metrics", "ProgressBar",
-           "SampleSaver", "SignalHandler", "TrackerLogger", "TrainingPlot", "default_callbacks", "BUILTIN_CALLBACKS",
-           "RENAMED"]
+           "SampleSaver", "SignalHandler", "TrackerLogger", "TrainingPlot", "default_callbacks", "BUILTIN_CALLBACKS"]
 
 # The built-in callbacks, in the order they run (each is named after its class: see Callback.name).
 BUILTIN_CLASSES = (GeneratorEMA, MetricsLogger, HealthMonitor, TrackerLogger, ProgressBar, SampleSaver, TrainingPlot,

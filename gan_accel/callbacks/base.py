@@ -33,7 +33,6 @@ event and the step; the last complete checkpoint is left as it was.
 from __future__ import annotations
 
 import re
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..errors import CallbackError, GanAccelError, RunFolderError
@@ -46,26 +45,11 @@ if TYPE_CHECKING:
 
 EVENTS = ("on_fit_start", "on_phase_end", "on_step_end", "on_log", "on_sample", "on_checkpoint", "on_fit_end",
           "on_close")
-# The built-in callbacks' names before they became their class names: still accepted, with a warning.
-RENAMED = {"ema": "generator_ema", "metrics_log": "metrics_logger", "health": "health_monitor",
-           "trackers": "tracker_logger", "progress": "progress_bar", "samples": "sample_saver", "plot": "training_plot",
-           "checkpoints": "checkpointer", "export": "weights_exporter", "signals": "signal_handler",
-           "evaluation": "evaluator"}
 
 
 def snake_case(class_name: str) -> str:
     """``SampleSaver`` -> ``sample_saver``; an acronym stays one word: ``GeneratorEMA`` -> ``generator_ema``."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
-
-
-def current_name(name: str) -> str:
-    """A callback name as it is now: an old built-in name becomes its new one, with a one-line warning."""
-    new = RENAMED.get(name)
-    if new is None:
-        return name
-    warnings.warn(f"gan_accel: callback name {name!r} is now {new!r} (the snake case of its class name); "
-                  f"use {new!r}", FutureWarning, stacklevel=3)
-    return new
 
 
 class Callback:
@@ -153,7 +137,6 @@ class CallbackList:
 
     def get(self, name: str, default: Any = None) -> Any:
         """The callback named ``name`` (or ``default``)."""
-        name = current_name(name)
         return next((c for c in self._callbacks if _name_of(c) == name), default)
 
     @property
@@ -167,7 +150,6 @@ class CallbackList:
         return len(self._callbacks)
 
     def _index(self, name: str) -> int:
-        name = current_name(name)
         for index, callback in enumerate(self._callbacks):
             if _name_of(callback) == name:
                 return index
@@ -232,7 +214,6 @@ class CallbackList:
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         for name, state in states.items():
-            name = RENAMED.get(name, name)  # a checkpoint written before the built-ins took their class names
             callback = next((c for c in self._callbacks if _name_of(c) == name), None)
             if callback is not None and hasattr(callback, "load_state_dict"):
                 callback.load_state_dict(state)
@@ -241,14 +222,14 @@ class CallbackList:
 def assemble(builtins: Iterable[Any], user: Iterable[Any], disabled: Iterable[str],
              known: Iterable[str]) -> list[Any]:
     """Built-ins minus ``disabled``, then the user's callbacks; one named like a built-in takes its place."""
-    disabled, known = {current_name(name) for name in disabled}, list(known)
+    disabled, known = set(disabled), list(known)
     unknown = disabled - set(known)
     if unknown:
         raise ValueError(f"disable_callbacks={sorted(unknown)}: built-in callbacks are {known}")
     merged = [c for c in builtins if _name_of(c) not in disabled]
     for callback in user:
         names = [_name_of(c) for c in merged]
-        name = current_name(_name_of(callback))  # a callback of yours named like a built-in used to be
+        name = _name_of(callback)
         if name in names:
             merged[names.index(name)] = callback
         else:

@@ -183,4 +183,3 @@ class GeneratorEMA(Callback):
         self.ema.load_state_dict(state)
 
 
-EMACallback = GeneratorEMA  # its name before it was named for what it averages

@@ -17,7 +17,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..config import upgrade_config_dict
 from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints, read_marker
 from ..state.layout import (ABANDONED, BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_root,
@@ -58,7 +57,7 @@ def describe_run(run: Path) -> dict[str, Any]:
         notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     export = _export(run, notes)
     checkpoints = list_checkpoints(run)
-    config = upgrade_config_dict(_config(run, export, checkpoints, notes))
+    config = _config(run, export, checkpoints, notes)
     last = rows[-1] if rows else None
     steps = {"last_metrics_row": last.get("step") if last else None,
              "latest_checkpoint": checkpoint_step(checkpoints[-1]) if checkpoints else None,

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from torch import nn
 
-from ..callbacks.base import RENAMED
 from ..errors import CheckpointError, GanAccelError
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ def check_restorable(state: Mapping[str, Any], num_processes: int, callback_stat
     if state["num_processes"] != num_processes:  # older checkpoints have no marker to check this before
         raise CheckpointError(f"the checkpoint was written by {state['num_processes']} process(es) and this run "
                               f"has {num_processes}: resume with {state['num_processes']}")
-    saved = {RENAMED.get(name, name) for name in state["callbacks"]}  # older checkpoints: the old built-in names
+    saved = set(state["callbacks"])
     current = set(callback_states)
     if saved != current:
         raise CheckpointError(

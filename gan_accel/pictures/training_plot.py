@@ -27,7 +27,6 @@ from ..state.files import atomic_path
 from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .charts import PlotArea
 
-PLOT_FILE = TRAINING_PLOT  # the name older code imported from here
 PANEL_SIZE = (560, 300)  # one panel, pixels; the picture is 2 panels wide and 3 high
 COLUMNS = 2
 COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
