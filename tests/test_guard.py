@@ -131,31 +131,29 @@ def unfused_adam(trainer_kwargs: dict, G, D) -> dict:
 
 def guarded_trainer(tmp_path, mode: str, name: str = "run", phases=None, **overrides) -> GANTrainer:
     """A 6-step run whose optimizers take the skip ``mode``: "fused" (the default optimizers) or "restore"
-    (non-fused Adam), each on the path a GPU takes (cpu_mode="device", forced on CPU); "host" (non-fused
-    Adam) or "cpu" (the default optimizers), each with a CPU run's default: the verdict read on the host."""
+    (non-fused Adam; its first step, before its state exists, reads the verdict: "read")."""
     cfg = dict(max_steps=6, batch_size=4, z_dim=4, log_every=1, sample_every=100, num_samples=4, lr_G=1e-2,
                lr_D=1e-2, warmup_ratio=0.0, output_dir=str(tmp_path / name), progress_bar=False)
     cfg.update(overrides)
     G, D = make_models()
     latents = TableLatents(4096)
     kwargs = dict(latent_sampler=latents, phases=phases)
-    if mode in ("host", "restore"):
+    if mode == "restore":
         kwargs = unfused_adam(kwargs, G, D)
     trainer = GANTrainer(G, D, make_loader(make_images(64), 4), TrainConfig(**cfg), **kwargs)
     latents.rewind()
-    trainer.runner.skippable.cpu_mode = "device" if mode in ("fused", "restore") else "host"
     return trainer
 
 
-@pytest.mark.parametrize("mode", ["fused", "host", "restore", "cpu"])
+@pytest.mark.parametrize("mode", ["fused", "restore"])
 @pytest.mark.parametrize("how", ["loss", "grad"])
 def test_a_non_finite_update_is_skipped_bitwise_weights_and_optimizer_state(tmp_path, mode, how):
     trainer = guarded_trainer(tmp_path, mode, phases=poisoned_phases(at_step=2, how=how))
     record = RecordPhase()
     trainer.callbacks.add(record)
     trainer.fit()
-    # "restore" needs the optimizer's state to exist: each optimizer's first step reads the flag on the host
-    expected = {"restore": {"host": 2, "restore": 10}, "cpu": {"host": 12}}.get(mode, {mode: 12})
+    # "restore" needs the optimizer's state to exist: each optimizer's first step reads the verdict
+    expected = {"fused": {"fused": 12}, "restore": {"read": 2, "restore": 10}}[mode]
     assert trainer.runner.skippable.modes_used == expected
     # Step 2 (0-based) was skipped: D and its Adam state (moments and step counter) after it are bitwise
     # those after step 1; the steps around it moved D.
@@ -169,13 +167,13 @@ def test_a_non_finite_update_is_skipped_bitwise_weights_and_optimizer_state(tmp_
     assert all(torch.isfinite(p).all() for p in trainer.D.parameters())
 
 
-@pytest.mark.parametrize("mode", ["fused", "host", "restore", "cpu"])
+@pytest.mark.parametrize("mode", ["fused", "restore"])
 def test_the_guard_changes_no_bit_of_a_run_on_finite_data(tmp_path, mode):
     on = guarded_trainer(tmp_path, mode, "on", clip_grad_norm_D=0.5)
     on.fit()
     off = guarded_trainer(tmp_path, mode, "off", nan_guard=False, clip_grad_norm_D=0.5)
     off.fit()
-    assert on.runner.skippable.modes_used.get("host" if mode == "cpu" else mode, 0) > 0
+    assert on.runner.skippable.modes_used.get(mode, 0) > 0
     for net in ("G", "D"):
         assert_close_dicts(params(on.networks[net]), params(off.networks[net]), atol=0)
         assert all(torch.equal(a, b) for a, b in zip(optimizer_state(on.optimizers[net]),
@@ -271,11 +269,11 @@ def test_two_processes_skip_a_rank_local_non_finite_update_alike(tmp_path):
     assert [r["skipped/D"] for r in rows] == [0, 0, 1, 1, 1, 1]
 
 
-# -- the counters: read on the host (a CPU run) or kept on the device, the same numbers --------------
+# -- the counters and the flag against hand counts ------------------------------------------------------
 @pytest.mark.parametrize("verdicts", [[0, 1, 1, 0, 1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 1], [1, 0, 1, 0, 1]])
-def test_host_and_device_counters_agree_on_every_sequence_of_verdicts(verdicts):
-    """The same verdicts as host bools and as device tensors give the same skips, the same longest run
-    (hence the same DivergenceError) and the same checkpointed state, against a hand count."""
+def test_the_counters_agree_with_a_hand_count_on_every_sequence_of_verdicts(verdicts):
+    """Updates with a NaN loss where ``verdicts`` says 1: the verdicts, the skips, the longest run (hence the
+    DivergenceError) and the checkpointed state, against a hand count."""
     from gan_accel.engine.guard import DivergenceGuard
 
     def hand_count(flags):
@@ -287,73 +285,51 @@ def test_host_and_device_counters_agree_on_every_sequence_of_verdicts(verdicts):
 
     consecutive, skipped, longest = hand_count(verdicts)
     for limit in (2, 3):
-        results = []
-        for as_bool in (True, False):
-            guard = DivergenceGuard(limit, ("D",))
-            for flag in verdicts:
-                guard.record("D", bool(flag) if as_bool else torch.tensor(float(flag)))
-            state = guard.state_dict()
-            if longest >= limit:
-                with pytest.raises(DivergenceError, match=f"non-finite for {longest} consecutive"):
-                    guard.check(step=len(verdicts))
-                results.append(("raised", state))
-            else:
-                results.append((guard.check(step=len(verdicts)), state))
-        assert results[0] == results[1]
-        assert results[0][1] == {"consecutive": {"D": consecutive}, "skipped": {"D": skipped}}
+        guard = DivergenceGuard(limit, ("D",))
+        seen = [float(guard.verdict("D", torch.tensor(float("nan") if flag else 0.5), [])) for flag in verdicts]
+        assert seen == [float(flag) for flag in verdicts]
+        assert guard.state_dict() == {"consecutive": {"D": consecutive}, "skipped": {"D": skipped}}
+        if longest >= limit:
+            with pytest.raises(DivergenceError, match=f"non-finite for {longest} consecutive"):
+                guard.check(step=len(verdicts))
+        else:
+            assert guard.check(step=len(verdicts)) == {"skipped/D": skipped}
 
 
-def test_a_resumed_guard_counts_on_from_its_state_on_the_host_and_on_the_device():
+def test_a_resumed_guard_counts_on_from_its_state():
     """load_state_dict, then more verdicts: a run of skips that began before the checkpoint still counts."""
     from gan_accel.engine.guard import DivergenceGuard
 
-    for as_bool in (True, False):
-        guard = DivergenceGuard(3, ("G", "D"))
-        guard.load_state_dict({"consecutive": {"D": 2, "G": 0}, "skipped": {"D": 5, "G": 1}})
-        guard.record("G", False if as_bool else torch.tensor(0.0))
-        guard.record("D", True if as_bool else torch.tensor(1.0))
-        assert guard.skipped == {"G": 1, "D": 6}
-        with pytest.raises(DivergenceError, match="D's loss or gradients were non-finite for 3 consecutive"):
-            guard.check(step=7)
-
-
-def test_the_flag_of_a_parameter_list_is_the_flag_of_its_module():
-    from gan_accel.engine.guard import non_finite_flag
-
-    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
-    for p in net.parameters():
-        p.grad = torch.ones_like(p)
-    finite = torch.tensor(0.5)
-    assert float(non_finite_flag(net, finite, True)) == float(non_finite_flag(list(net.parameters()), finite, True)) == 0
-    net[1].bias.grad[0] = float("inf")
-    assert float(non_finite_flag(list(net.parameters()), finite, True)) == 1.0
-    assert float(non_finite_flag(list(net.parameters()), finite, False)) == 0.0  # loss only
-    assert float(non_finite_flag(list(net.parameters()), torch.tensor(float("nan")), False)) == 1.0
+    guard = DivergenceGuard(3, ("G", "D"))
+    guard.load_state_dict({"consecutive": {"D": 2, "G": 0}, "skipped": {"D": 5, "G": 1}})
+    guard.verdict("G", torch.tensor(0.5), [])
+    guard.verdict("D", torch.tensor(float("inf")), [])
+    assert guard.skipped == {"G": 1, "D": 6}
+    with pytest.raises(DivergenceError, match="D's loss or gradients were non-finite for 3 consecutive"):
+        guard.check(step=7)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_host_verdict_is_the_flag_read_back_in_every_case(dtype):
-    """A one-process CPU run reads the guard's verdict with non_finite_on_host (loss via item(), a reused
-    buffer): the same answer as non_finite_flag, and as a hand check, for each place a NaN or inf can be."""
-    from gan_accel.engine.guard import non_finite_flag, non_finite_on_host
+def test_the_flag_is_a_hand_check_for_every_place_a_nan_or_inf_can_be(dtype):
+    """non_finite_flag over a loss and gradients: 1.0 exactly when a hand check finds a NaN or inf; the values
+    are left as they were; a flag passed in is raised, never lowered."""
+    from gan_accel.engine.guard import non_finite_flag
 
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)).to(dtype)
     params_ = list(net.parameters())
     cases = [("finite", None, 0.5), ("nan loss", None, float("nan")), ("inf loss", None, float("inf")),
-             ("nan weight grad", (0, float("nan")), 0.5), ("-inf bias grad", (3, float("-inf")), 0.5),
-             ("no grads", "none", 0.5), ("nan loss, no grads", "none", float("nan"))]
+             ("nan weight grad", (0, float("nan")), 0.5), ("-inf bias grad", (3, float("-inf")), 0.5)]
     for label, poison, loss_value in cases:
         for index, p in enumerate(params_):
-            p.grad = None if poison == "none" else torch.full_like(p, 0.25)
-            if isinstance(poison, tuple) and poison[0] == index:
+            p.grad = torch.full_like(p, 0.25)
+            if poison is not None and poison[0] == index:
                 p.grad.view(-1)[-1] = poison[1]
         loss = torch.tensor(loss_value, dtype=dtype)
-        by_hand = (not torch.isfinite(loss).item()) or any(
-            p.grad is not None and not torch.isfinite(p.grad).all() for p in params_)
-        for check_grads in (True, False):
-            expected = by_hand if check_grads else not torch.isfinite(loss).item()
-            verdict = non_finite_on_host(params_, loss, check_grads)
-            assert verdict is expected, (label, check_grads)
-            assert verdict == bool(non_finite_flag(params_, loss, check_grads)), (label, check_grads)
+        grads = [p.grad for p in params_]
+        by_hand = not torch.isfinite(loss).item() or any(not torch.isfinite(g).all() for g in grads)
+        flag = non_finite_flag([loss.reshape(1), *grads])
+        assert flag.dtype == torch.float32 and flag.shape == () and float(flag) == float(by_hand), label
+        assert float(non_finite_flag([loss.reshape(1)])) == float(not torch.isfinite(loss).item()), label
+        assert float(non_finite_flag([loss.reshape(1)], torch.tensor(1.0))) == 1.0, label
         if poison is None:  # unchanged by the check (it "unscales" by 1)
             assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in params_)

@@ -16,7 +16,7 @@ from torch import nn
 from conftest import IMAGE_SHAPE, TableLatents, Z_DIM, assert_close_dicts, make_images, make_loader
 from gan_accel import Callback, DivergenceError, GANTrainer, Phase, TrainConfig, list_checkpoints
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.engine.buffer_restore import BufferRestore
+from gan_accel.engine.guard import BufferRestore
 
 N = IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
 BAD_STEP = 2  # 0-based: the third step's batch holds the NaN pixel
@@ -58,9 +58,8 @@ def state_of(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def bn_trainer(tmp_path, mode: str, images: torch.Tensor, name: str = "run", phases=None, table: bool = True,
                **overrides) -> GANTrainer:
-    """A 6-step run of BatchNorm networks. ``mode``: "cpu" (a CPU run's default: the verdict read on the
-    host), "fused" or "restore" (the paths a GPU takes, forced on CPU: no host read of the verdict).
-    ``table=False``: the default latents (from the checkpointed RNG: what a resume needs)."""
+    """A 6-step run of BatchNorm networks. ``mode``: "fused" (the default optimizers) or "restore" (non-fused
+    Adam): how the skip is done on the device. ``table=False``: the default latents (from the checkpointed RNG: what a resume needs)."""
     cfg = dict(max_steps=6, batch_size=4, z_dim=Z_DIM, log_every=1, sample_every=100, num_samples=4, lr_G=1e-2,
                lr_D=1e-2, warmup_ratio=0.0, checkpoint_every=2, keep_checkpoints=5, output_dir=str(tmp_path / name),
                progress_bar=False)
@@ -75,7 +74,6 @@ def bn_trainer(tmp_path, mode: str, images: torch.Tensor, name: str = "run", pha
     trainer = GANTrainer(G, D, make_loader(images, 4), TrainConfig(**cfg), **kwargs)
     if latents is not None:
         latents.rewind()
-    trainer.runner.skippable.cpu_mode = "host" if mode == "cpu" else "device"
     return trainer
 
 
@@ -117,7 +115,7 @@ class SkipByHand(Callback):
                     tensor.copy_(saved)
 
 
-@pytest.mark.parametrize("mode", ["cpu", "fused", "restore"])
+@pytest.mark.parametrize("mode", ["fused", "restore"])
 def test_one_nan_pixel_skips_that_update_only_and_the_run_goes_on(tmp_path, mode, capsys):
     bad = bn_trainer(tmp_path, mode, images_with_one_nan_pixel(), "bad")
     bad.fit()
@@ -135,17 +133,15 @@ def test_one_nan_pixel_skips_that_update_only_and_the_run_goes_on(tmp_path, mode
     rows = read_metrics(tmp_path / "bad" / "metrics.jsonl")
     assert [r["skipped/D"] for r in rows] == [0, 0, 1, 1, 1, 1] and all(r["skipped/G"] == 0 for r in rows)
     out = capsys.readouterr().out
-    if mode == "cpu":  # counted on the host: exact
-        assert "the real batches of 1 skipped update(s) so far held 1 NaN/inf value(s) (the first at step 3)" in out
-    else:  # a device flag
-        assert "the real batches held NaN/inf values: the data, not the training" in out
+    assert "1 update(s) of D with a non-finite loss or gradients skipped by step 3; the real batches held NaN/inf " \
+           "values: the data, not the training" in out
 
 
 def test_a_resume_before_the_bad_batch_goes_past_it_bitwise(tmp_path):
-    whole = bn_trainer(tmp_path, "cpu", images_with_one_nan_pixel(), "run", table=False)
+    whole = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel(), "run", table=False)
     whole.fit()
     expected = {net: state_of(whole.accelerator.unwrap_model(whole.networks[net])) for net in ("G", "D")}
-    resumed = bn_trainer(tmp_path, "cpu", images_with_one_nan_pixel(), "run", table=False)
+    resumed = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel(), "run", table=False)
     resumed.fit(resume_from=str(tmp_path / "run" / "checkpoints" / "checkpoint_00000002"))
     assert resumed.step == 6
     for net in ("G", "D"):
@@ -166,7 +162,7 @@ def poisoned_G_phases(at_step: int):
     return [Phase("D", "D", discriminator_loss(loss), new_data=True), Phase("G", "G", poisoned)]
 
 
-@pytest.mark.parametrize("mode", ["cpu", "fused"])
+@pytest.mark.parametrize("mode", ["fused", "restore"])
 def test_a_skipped_g_update_takes_back_its_forward_made_ahead(tmp_path, mode):
     """G's forward of a step is made once, while drawing D's data, and used by G's phase: a skipped G update
     puts G's BatchNorm statistics back to before that forward, and D's to before the G phase's forward of D
@@ -184,8 +180,8 @@ def test_a_skipped_g_update_takes_back_its_forward_made_ahead(tmp_path, mode):
 
 
 def test_the_byte_copies_put_back_every_kind_of_buffer_exactly():
-    """Float statistics (NaN included), integer counters and boolean flags: restore() and restore_where()
-    give back the saved bytes; restore_where() with a 0 flag changes nothing."""
+    """Float statistics (NaN included), integer counters and boolean flags: restore_where() with a 1.0 flag
+    gives back the saved bytes, with a 0.0 flag changes nothing."""
     class Odd(nn.Module):
         def __init__(self):
             super().__init__()
@@ -207,23 +203,21 @@ def test_the_byte_copies_put_back_every_kind_of_buffer_exactly():
     def now():
         return {f"{n}.{k}": b.clone() for n, m in nets.items() for k, b in m.named_buffers()}
 
-    for way in ("host", "where"):
-        restore.save()
-        spoil()
-        spoiled = now()
-        restore.restore() if way == "host" else restore.restore_where(torch.tensor(1.0))
-        assert all(torch.equal(before[k], v) for k, v in now().items()), way
-        spoil()
-        restore.restore_where(torch.tensor(0.0))
-        assert all(torch.equal(spoiled[k], v) or (spoiled[k].isnan().all() and v.isnan().all())
-                   for k, v in now().items())
-        restore.restore()
+    restore.save()
+    spoil()
+    spoiled = now()
+    restore.restore_where(torch.tensor(1.0))
+    assert all(torch.equal(before[k], v) for k, v in now().items())
+    spoil()
+    restore.restore_where(torch.tensor(0.0))
+    assert all(torch.equal(spoiled[k], v) or (spoiled[k].isnan().all() and v.isnan().all())
+               for k, v in now().items())
 
 
 def test_guard_off_refusal_names_the_buffers_and_claims_no_checkpoint(tmp_path):
     """nan_guard=False: the NaN pixel reaches D's BatchNorm statistics and weights; the refusal names them,
     says the guard was off, and (no checkpoint written yet) that there is none to resume."""
-    trainer = bn_trainer(tmp_path, "cpu", images_with_one_nan_pixel(), nan_guard=False, checkpoint_every=4)
+    trainer = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel(), nan_guard=False, checkpoint_every=4)
     with pytest.raises(DivergenceError) as raised:
         trainer.fit()
     message = str(raised.value)
@@ -240,30 +234,39 @@ def test_consecutive_bad_batches_say_the_data_and_how_to_go_on(tmp_path):
     images = make_images(64)
     for batch in (2, 3, 4):
         images[4 * batch, 0, 0, 0] = float("nan")
-    trainer = bn_trainer(tmp_path, "cpu", images, max_steps=8, max_bad_updates=3, table=False)
+    trainer = bn_trainer(tmp_path, "fused", images, max_steps=8, max_bad_updates=3, table=False)
     with pytest.raises(DivergenceError) as raised:
         trainer.fit()
     message = str(raised.value)
     assert "D's updates were skipped for 3 consecutive updates (noticed at step 5)" in message
-    assert "the real batches of 3 skipped update(s) so far held 3 NaN/inf value(s) (the first at step 3)" in message
+    assert "the real batches held NaN/inf values: the data, not the training, made them non-finite" in message
     assert "continue with a larger max_bad_updates (now 3; --max-bad-updates N)" in message
     assert "checkpoint_00000004" in message and "--resume latest" in message
-    again = bn_trainer(tmp_path, "cpu", images, max_steps=8, max_bad_updates=4, table=False)
+    again = bn_trainer(tmp_path, "fused", images, max_steps=8, max_bad_updates=4, table=False)
     again.fit(resume_from="latest")
     assert again.step == 8 and again.guard.skipped == {"G": 0, "D": 3}
     D = again.accelerator.unwrap_model(again.D)
     assert all(torch.isfinite(t).all() for t in D.state_dict().values() if t.is_floating_point())
 
 
-def test_the_overhead_benchmark_steps_both_runners(monkeypatch):
-    """benchmarks/skip_restore_overhead.py: both sides step, only one copies buffers (a few steps, no timing)."""
+def test_the_guard_benchmark_steps_all_three_designs_alike(tmp_path, monkeypatch):
+    """benchmarks/guard_overhead.py (a few steps, no timing): every variant steps; the host-read one decides
+    like the engine on a NaN batch (D skipped bitwise, G not)."""
     import sys
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    sys.modules.pop("skip_restore_overhead", None)
-    import skip_restore_overhead
+    sys.modules.pop("guard_overhead", None)
+    import guard_overhead
 
-    for control in (False, True):
-        with_restore, without = skip_restore_overhead.measure(2, 1, True, 8, 4, control)
-        assert with_restore > 0 and without > 0
+    assert all(t > 0 for t in guard_overhead.measure("DCGAN width 32, batch 64", 2, 1))
+    trainer = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel())
+    runner = trainer.runner
+    guard_overhead.read_on_host(runner)
+    runner.batches = iter(trainer.data)
+    D = []
+    for _ in range(BAD_STEP + 1):
+        runner.run_step(lambda phase: D.append(state_of(runner.nets["D"])) if phase.net == "D" else None)
+    assert torch.equal(D[-1]["net.1.weight"], D[-2]["net.1.weight"])  # the bad step's D update skipped
+    assert not torch.equal(D[-2]["net.1.weight"], D[-3]["net.1.weight"])
+    assert all(torch.isfinite(b).all() for b in runner.nets["D"].buffers() if b.is_floating_point())

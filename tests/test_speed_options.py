@@ -124,7 +124,7 @@ def test_the_wrapper_is_kept_where_it_does_work():
 
     from accelerate.utils import DistributedType
 
-    from gan_accel.engine.skip_step import direct_stepper
+    from gan_accel.engine.runner import direct_stepper
 
     inner = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
     wrapper = SimpleNamespace(optimizer=inner)

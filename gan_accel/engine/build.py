@@ -91,7 +91,7 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
         if optimizers[name] is None:
             lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
             # fused: one kernel per step (about 4x faster than the default foreach Adam on CPU), and the
-            # divergence guard can skip its update on the device (engine/skip_step.py)
+            # divergence guard can skip its update on the device (engine/guard.py)
             optimizers[name] = torch.optim.Adam(net.parameters(), lr=lr, betas=betas, fused=fused or None)
         total = max(1, plan.scheduler_steps(name, config.max_steps))
         schedule = config.lr_schedule if name in ("G", "D") else "constant"

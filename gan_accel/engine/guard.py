@@ -1,30 +1,26 @@
-"""Divergence guard: skip updates whose loss or gradients are not finite, stop after too many.
+"""The divergence guard: an update whose loss or gradients are not finite is skipped, on the device.
 
-Nothing here waits for the device in the hot path. The verdict on an update is a device tensor
-(``non_finite_flag``: 1.0 = skip), agreed by all ranks on the device (see the runner), and handed
-to the optimizer step by :mod:`gan_accel.engine.skip_step`, which skips the update on the device
-where it can. The counters are device tensors too: the host reads them only at log rows, before a
-checkpoint and at the end of ``fit`` (:meth:`DivergenceGuard.check`), where the trainer reads its
-metrics anyway. So :class:`~gan_accel.errors.DivergenceError` is raised at the first such check
-after the ``max_bad_updates``-th consecutive skip, not at that very step; every skipped update
-left the weights untouched, so no checkpoint ever holds non-finite weights (a check comes first).
-On a CPU the verdict is read on the host instead (reading a CPU tensor waits for nothing, and an
-``if`` costs less than the device-side select and counter ops): see ``SkippableStep.reads_on_host``.
+The verdict on an update has one form on every device: a 0-dim float32 tensor, 1.0 = skip (the
+``found_inf`` convention of torch's GradScaler and fused optimizers), agreed by all ranks with an
+all-reduce and never read by the host in a step. :class:`SkipStep` skips the update on the device,
+:class:`BufferRestore` puts back the buffers the phase's forwards changed (BatchNorm statistics), and
+the counters are device tensors the host reads at log rows, before a checkpoint and at the end of
+``fit`` (:meth:`DivergenceGuard.check`). So :class:`~gan_accel.errors.DivergenceError` comes at the
+first such check after the ``max_bad_updates``-th consecutive skip; every skipped update left the
+weights untouched, so no checkpoint holds non-finite weights (a check comes first).
+
+One form everywhere, the device flag, rather than a host read: on a GPU a read waits for the queued
+kernels once per update; on a 2-core CPU, side by side (benchmarks/guard_overhead.py), the flag's few
+extra tensor ops cost ~4% of a tiny MLP GAN's step and nothing measurable of a DCGAN's.
 
 Under fp16 the GradScaler already skips steps with inf/NaN gradients (scaled gradients overflow
-routinely while it searches for its scale), so there the guard checks only the loss.
-
-Where a non-finite value came from: a skip whose real batch held NaN or inf values is the data's
-doing, not a divergence, and the guard says so (with the count of such values), so the message
-points at the data rather than at the learning rate. On a CPU the batch is counted only when an
-update is skipped (a host read that waits for nothing); on a device one more pass of the same kernel
-over the real batch marks a device flag, read at the checks with the counters.
+routinely while it searches for its scale), so there the guard checks only the loss, and hands a
+non-finite one to the scaler as an overflow.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -34,188 +30,106 @@ from ..errors import DivergenceError
 _ONES: dict[torch.device, torch.Tensor] = {}
 
 
-def non_finite_flag(params: nn.Module | Iterable[torch.Tensor], loss_sum: torch.Tensor,
-                    check_grads: bool) -> torch.Tensor:
-    """A 0-dim float32 tensor on the loss's device, no sync: 1.0 if ``loss_sum`` (or, if asked, a gradient
-    of ``params``, a module or its parameters) is not finite, else 0.0 (the ``found_inf`` convention of
-    torch's GradScaler and fused optimizers).
+def non_finite_flag(tensors: Iterable[torch.Tensor], found: torch.Tensor | None = None) -> torch.Tensor:
+    """1.0 if any of ``tensors`` holds a NaN or inf, else 0.0: a 0-dim float32 tensor on the first one's
+    device, no sync; with ``found``, that flag is raised (never lowered) and returned.
 
-    One fused pass over the gradients and the loss with the kernel the GradScaler uses (unscaling by
-    1 leaves them unchanged): measured side by side, a per-tensor norm cost several percent of a small
-    DCGAN's CPU step, this kernel about nothing. The runner passes each network's parameter list, built
-    once: walking a module's parameters costs ~20 us a call on a 2-core CPU, a tenth of the guard.
-    """
-    tensors = [loss_sum.detach().reshape(1).float()]
-    if check_grads:
-        if isinstance(params, nn.Module):
-            params = params.parameters()
-        tensors += [p.grad for p in params if p.grad is not None]
-    device = tensors[0].device
-    if all(t.device == device for t in tensors):  # the usual case: one kernel call
-        return _found_non_finite(tensors, device)
+    One fused pass with the kernel the GradScaler uses ("unscaling" by 1 leaves the values alone):
+    measured side by side, a per-tensor norm cost several percent of a small DCGAN's CPU step, this
+    kernel about nothing."""
     groups: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault(tensor.device, []).append(tensor)
-    flag = None
-    for group_device, group in groups.items():
-        found = _found_non_finite(group, group_device)
-        flag = found if flag is None else torch.maximum(flag, found.to(flag.device, non_blocking=True))
-    return flag
-
-
-def non_finite_on_host(params: Iterable[torch.Tensor], loss_sum: torch.Tensor, check_grads: bool) -> bool | None:
-    """:func:`non_finite_flag` read on the host, for a one-process CPU run: True to skip; None where it does
-    not apply (a gradient off the CPU), and the caller takes :func:`non_finite_flag`.
-
-    The same verdict for less: the loss is read with ``item()`` (a CPU tensor: nothing to wait for), so
-    a non-finite loss skips without looking at gradients, and the gradients are checked by the same
-    kernel into a reused buffer, with no flag tensor made per update. Measured on a small MLP GAN on a
-    2-core CPU (two A/B runs of 5 lockstep repeats): engine / plain images/s 0.922 -> 0.925, 0.921 -> 0.926.
-    """
-    if not math.isfinite(loss_sum.item()):
-        return True
-    if not check_grads:
-        return False
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return False
-    if not all(g.device.type == "cpu" for g in grads):
-        return None
-    found = _HOST_FOUND[0]
-    found.zero_()
-    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _one(_CPU))
-    return bool(found)
-
-
-_CPU = torch.device("cpu")
-_HOST_FOUND = [torch.zeros(())]  # reused: its value is read at once, never kept
-
-
-def _one(device: torch.device) -> torch.Tensor:
-    """A 1.0 on ``device``, made once (the kernel's "unscale" factor: leaves the gradients unchanged)."""
-    one = _ONES.get(device)
-    if one is None:
-        one = _ONES[device] = torch.ones((), device=device)
-    return one
-
-
-def _found_non_finite(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    found = torch.zeros((), device=device)
-    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, _one(device))
+    for device, group in groups.items():  # one device, one kernel call, in the usual case
+        if device not in _ONES:
+            _ONES[device] = torch.ones((), device=device)
+        if found is None:
+            found = torch.zeros((), device=device)
+        part = found if found.device == device else torch.zeros((), device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, part, _ONES[device])
+        if part is not found:
+            torch.maximum(found, part.to(found.device, non_blocking=True), out=found)
     return found
 
 
 class DivergenceGuard:
-    """Counts skipped updates per network; :meth:`check` raises past ``max_consecutive``.
-
-    :meth:`record` is called once per optimizer step with the agreed verdict and never syncs: a device
-    flag is counted on the device; a verdict already read on the host (a CPU run, where reading a CPU
-    tensor waits for nothing: see ``SkippableStep.reads_on_host``) is counted in Python ints, which is
-    cheaper there than three tensor ops. The host reads device counters at :meth:`check` (log rows,
-    checkpoints, end of ``fit``), so the error comes at the first check after the ``max_consecutive``-th
-    consecutive skip. A run of that many skips that ended before the check still raises (the longest
-    run since the last check is kept).
-    """
+    """Decides the verdict on each update and counts the skips per network; :meth:`check` raises past
+    ``max_consecutive`` consecutive skips of one network."""
 
     def __init__(self, max_consecutive: int, networks: tuple[str, ...] = ("G", "D"),
                  say: Callable[[str], None] | None = None, resume_note: Callable[[], str] | None = None) -> None:
         self.max_consecutive = max_consecutive
-        self.networks = tuple(networks)
         self.say = say  # prints the skips found at a check (accelerator.print: main process only)
         self.resume_note = resume_note  # the checkpoint to resume from, in words (the trainer's), for the error
         self._reported: dict[str, int] = {}
-        # Per network: [consecutive skips now, all skips, longest run], a tensor on the device once
-        # training counts there, or a list of ints when the verdicts are read on the host.
-        self._counts: dict[str, torch.Tensor | list[int]] = {name: [0, 0, 0] for name in self.networks}
-        self._views: dict[str, tuple[torch.Tensor, ...]] = {}
-        # Non-finite real data (this process's): per network, [skips whose batch held some, values counted,
-        # first step] from host reads; and a device flag, set by any watched batch since the last check.
-        self.bad_data: dict[str, list[int]] = {}
-        self._data_found: torch.Tensor | None = None
-        self._data_seen = False  # the device flag was set at a check since the run (re)started
+        # Per network [consecutive skips now, all skips, longest run since the last check]; they move to
+        # the verdicts' device at the first one. The longest run is kept so that a run of skips that ended
+        # before a check still raises at it.
+        self._counts = {name: torch.zeros(3) for name in networks}
+        self._views = {name: counts.unbind() for name, counts in self._counts.items()}
+        self._bad_data: torch.Tensor | None = None  # raised by a real batch holding NaN/inf since the last check
+        self.bad_data_seen = False
 
-    def record_bad_data(self, name: str, reals: Iterable[torch.Tensor], step: int) -> int:
-        """After a skip read on the host: count the non-finite values of the update's real batches (CPU
-        tensors: nothing to wait for); ``step`` counts from 1. Returns the count."""
-        count = sum(int(torch.count_nonzero(~torch.isfinite(r))) for r in reals if r.is_floating_point())
-        if count:
-            entry = self.bad_data.setdefault(name, [0, 0, step])
-            entry[0] += 1
-            entry[1] += count
-        return count
-
-    def watch_data(self, reals: list[torch.Tensor]) -> None:
-        """On a device: mark a device flag if any of ``reals`` holds a NaN or inf (one kernel, no sync)."""
-        reals = [r for r in reals if r.is_floating_point()]
-        if not reals:
-            return
-        device = reals[0].device
-        if self._data_found is None or self._data_found.device != device:
-            self._data_found = torch.zeros((), device=device)
-        with torch.no_grad():  # "unscales" by 1: the values stay as they are
-            torch._amp_foreach_non_finite_check_and_unscale_(reals, self._data_found, _one(device))
-
-    def data_note(self, name: str | None = None) -> str:
-        """What the guard saw of non-finite real data (for messages); '' if nothing."""
-        rows = [(n, e) for n, e in self.bad_data.items() if name is None or n == name]
-        if rows:
-            skips, values = sum(e[0] for _, e in rows), sum(e[1] for _, e in rows)
-            first = min(e[2] for _, e in rows)
-            return (f"the real batches of {skips} skipped update(s) so far held {values} NaN/inf value(s) (the first at "
-                    f"step {first}): the data, not the training, made them non-finite")
-        if self._data_seen:
-            return "the real batches held NaN/inf values: the data, not the training, made them non-finite"
-        return ""
-
-    def record(self, name: str, flag: torch.Tensor | bool) -> None:
-        """Count one update of ``name``; ``flag`` is its verdict (a 0-dim device tensor, 1.0 = skipped, or
-        a bool read on the host). No host sync."""
-        counts = self._counts.get(name, [0, 0, 0])
-        if isinstance(flag, bool):
-            if not isinstance(counts, list):  # counted on a device so far (cannot happen within one run)
-                counts = [int(v) for v in counts.tolist()]
-            consecutive = counts[0] + 1 if flag else 0
-            self._counts[name] = [consecutive, counts[1] + int(flag), max(counts[2], consecutive)]
-            return
-        if isinstance(counts, list) or counts.device != flag.device:  # first update: the counters move there
-            self._set(name, counts, flag.device)
+    def verdict(self, name: str, loss: torch.Tensor, grads: list[torch.Tensor],
+                reals: Iterable[torch.Tensor] = ()) -> torch.Tensor:
+        """The verdict on ``name``'s update (1.0 = skip), from its window's ``loss`` and ``grads`` (empty: the
+        loss only), agreed by all ranks and counted; no host sync. ``reals``: the window's real batches, newly
+        drawn (a second pass of the kernel marks whether the data itself held NaN/inf, for the messages)."""
+        flag = non_finite_flag([loss.detach().reshape(1).float(), *grads])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # a local NaN loss must skip the update on every rank alike
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        counts = self._counts[name]
+        if counts.device != flag.device:  # the first verdict: the counters move to its device
+            self._place(name, counts, flag.device)
         consecutive, skipped, longest = self._views[name]
         consecutive.add_(1).mul_(flag)  # +1 on a skip, back to 0 on an update (exact: small integers)
         skipped.add_(flag)
         torch.maximum(longest, consecutive, out=longest)
+        reals = [r for r in reals if r.is_floating_point()]
+        if reals:
+            with torch.no_grad():
+                self._bad_data = non_finite_flag(reals, self._bad_data)
+        return flag
+
+    def _place(self, name: str, counts: torch.Tensor | list[int], device: torch.device) -> None:
+        self._counts[name] = torch.as_tensor(counts, dtype=torch.float32).to(device)
+        self._views[name] = self._counts[name].unbind()
 
     def _read(self) -> dict[str, list[int]]:
-        """The counters on the host: ``{name: [consecutive, skipped, longest]}`` (one device sync at most)."""
-        rows = {name: counts for name, counts in self._counts.items() if isinstance(counts, list)}
-        on_device = [name for name in self._counts if name not in rows]
-        if on_device:
-            device = self._counts[on_device[0]].device
-            values = torch.stack([self._counts[n].to(device) for n in on_device]).tolist()
-            rows.update({name: [int(v) for v in row] for name, row in zip(on_device, values)})
-        return {name: list(rows[name]) for name in self._counts}
+        """The counters on the host, ``{name: [consecutive, skipped, longest]}`` (one sync)."""
+        names = list(self._counts)
+        if not names:
+            return {}
+        device = self._counts[names[0]].device
+        rows = torch.stack([self._counts[n].to(device) for n in names]).tolist()
+        return {name: [int(v) for v in row] for name, row in zip(names, rows)}
 
     @property
     def skipped(self) -> dict[str, int]:
         """Skipped updates per network so far (reads the device: call at log intervals)."""
         return {name: row[1] for name, row in self._read().items()}
 
+    def data_note(self) -> str:
+        """What the guard saw of non-finite real data (for messages); '' if nothing."""
+        if self._bad_data is not None and bool(self._bad_data):
+            self.bad_data_seen = True
+        return ("the real batches held NaN/inf values: the data, not the training, made them non-finite"
+                if self.bad_data_seen else "")
+
     def check(self, step: int) -> dict[str, int]:
         """Raise :class:`DivergenceError` if a network skipped ``max_consecutive`` updates in a row since
         the last check; else return the metrics ``{"skipped/<net>": count}``. Reads the device: call at
-        log rows and checkpoints, on every rank alike (the flags, hence the counters, are agreed)."""
+        log rows and checkpoints, on every rank alike (the verdicts, hence the counters, are agreed)."""
         counts = self._read()
-        if self._data_found is not None and bool(self._data_found):  # the device flag, read with the counters
-            self._data_seen = True
-            self._data_found.zero_()
+        data = self.data_note()
         for name, (_, skipped, _) in counts.items():
             if skipped > self._reported.get(name, 0) and self.say is not None:
-                data = self.data_note(name)
                 self.say(f"gan_accel: {skipped - self._reported.get(name, 0)} update(s) of {name} with a non-finite "
                          f"loss or gradients skipped by step {step}" + (f"; {data}" if data else ""))
             self._reported[name] = skipped
         for name, (_, _, longest) in counts.items():
             if longest >= self.max_consecutive:
-                data = self.data_note(name)
                 go_on = (f"to go on past them, continue with a larger max_bad_updates (now {self.max_consecutive}; "
                          "--max-bad-updates N): the guard skips each such update and the run continues")
                 where = f". {self.resume_note()}" if self.resume_note is not None else ""
@@ -229,11 +143,7 @@ class DivergenceGuard:
                     f"{name}'s learning rate, enable gradient clipping, or try bf16 instead of fp16, then resume; "
                     f"or, {go_on}{where}")
         for name, (consecutive, _, _) in counts.items():  # the longest run restarts from the current one
-            stored = self._counts[name]
-            if isinstance(stored, list):
-                stored[2] = consecutive
-            else:
-                self._views[name][2].fill_(consecutive)
+            self._views[name][2].fill_(consecutive)
         return {f"skipped/{name}": row[1] for name, row in counts.items()}
 
     def state_dict(self) -> dict:
@@ -242,15 +152,184 @@ class DivergenceGuard:
 
     def load_state_dict(self, state: dict) -> None:
         for name in set(state["consecutive"]) | set(state["skipped"]):
-            consecutive, skipped = state["consecutive"].get(name, 0), state["skipped"].get(name, 0)
-            counts = [int(consecutive), int(skipped), int(consecutive)]
-            stored = self._counts.get(name)
-            if stored is None or isinstance(stored, list):
-                self._counts[name] = counts  # moves to the device at the first device-side record
-            else:
-                self._set(name, counts, stored.device)
+            consecutive, skipped = int(state["consecutive"].get(name, 0)), int(state["skipped"].get(name, 0))
+            device = self._counts[name].device if name in self._counts else torch.device("cpu")
+            self._place(name, [consecutive, skipped, consecutive], device)
             self._reported[name] = skipped
 
-    def _set(self, name: str, counts: torch.Tensor | list[int], device: torch.device) -> None:
-        self._counts[name] = torch.as_tensor(counts, dtype=torch.float32).to(device)
-        self._views[name] = self._counts[name].unbind()
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (or the optimizer itself)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+class SkipStep:
+    """``optimizer.step()`` that leaves parameters and optimizer state unchanged where the verdict is 1.0,
+    without reading it. How depends on the optimizer, cheapest first (``modes_used`` counts them):
+
+    * ``"scaler"`` (fp16): :meth:`mark_gradients` makes one gradient NaN where the verdict is set, before any
+      unscale, so the GradScaler skips the step as it skips any overflow (and lowers its scale).
+    * ``"fused"``: torch's fused Adam/AdamW read ``optimizer.found_inf`` in ``step()`` (the contract
+      ``GradScaler.step`` uses): with 1.0 the kernel leaves parameters and moments alone and puts the
+      step counters back. No extra work. (Fused SGD allocates its momentum uninitialised on its first
+      step before the kernel decides to skip: it takes "restore".)
+    * ``"restore"``: any other optimizer: every parameter and state tensor is copied before ``step()`` and
+      selected back after it (``torch.where``: exact, NaN or not).
+    * ``"read"``: where a select cannot be exact, the verdict is read and ``step()`` called only on 0.0:
+      an optimizer's first step (its state does not exist yet), or state that is not a tensor on the
+      verdict's device (the step counter of torch's default, non-capturable Adam lives on the CPU).
+    """
+
+    def __init__(self, scaler: Any = None) -> None:
+        self.scaler = scaler
+        self.modes_used: dict[str, int] = {}
+
+    def mark_gradients(self, optimizer: Any, flag: torch.Tensor) -> None:
+        """Under fp16: make the GradScaler see the verdict (call before any unscale)."""
+        if self.scaler is None:
+            return
+        grads = [p.grad for g in inner_optimizer(optimizer).param_groups for p in g["params"] if p.grad is not None]
+        if grads:  # NaN where the flag is set, + 0.0 elsewhere (the scaler then finds an inf or not)
+            grads[0].add_(torch.where(flag.to(grads[0].device) > 0, float("nan"), 0.0).to(grads[0].dtype))
+
+    def step(self, optimizer: Any, flag: torch.Tensor) -> None:
+        inner = inner_optimizer(optimizer)
+        if self.scaler is not None:
+            mode = "scaler"
+        elif isinstance(inner, torch.optim.Adam) and all(group.get("fused") for group in inner.param_groups):
+            mode = "fused"
+        else:
+            held = _held_tensors(inner, flag.device)
+            mode = "read" if held is None else "restore"
+        self.modes_used[mode] = self.modes_used.get(mode, 0) + 1
+        if mode == "fused":
+            inner.found_inf = flag
+            try:
+                optimizer.step()
+            finally:
+                del inner.found_inf
+        elif mode == "restore":
+            saved = [t.detach().clone() for t in held]
+            optimizer.step()
+            with torch.no_grad():
+                for tensor, before in zip(held, saved):
+                    torch.where(flag > 0, before, tensor, out=tensor)
+        elif mode == "scaler" or not bool(flag):  # "scaler": mark_gradients has poisoned a gradient if set
+            optimizer.step()
+
+
+def _held_tensors(optimizer: torch.optim.Optimizer, device: torch.device) -> list[torch.Tensor] | None:
+    """Every parameter and state tensor ``optimizer`` may change, if all are tensors on ``device`` and the
+    state of every parameter with a gradient exists (else None: the step cannot be undone exactly)."""
+    held = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state and p.grad is not None:
+                return None
+            for value in [p, *(state or {}).values()]:
+                if not isinstance(value, torch.Tensor) or value.device != device:
+                    return None
+                held.append(value)
+    return held
+
+
+class BufferRestore:
+    """A skipped update puts back every buffer of every network its phase's forwards changed: a BatchNorm
+    layer updates its running statistics in every training-mode forward, so one NaN pixel would leave
+    them NaN for good. Copied at a phase's start (:meth:`save`), selected back by the verdict
+    (:meth:`restore_where`): the networks are then exactly as if the phase had not run.
+
+    The copies are bytes: every buffer is viewed as ``uint8`` (a view of its storage, made once), so one
+    flat tensor per device holds them all whatever their dtypes, a save is one ``_foreach_copy_`` and a
+    restore one ``cat``, one ``where`` and one ``_foreach_copy_``, NaN or not. A few kilobytes for a
+    BatchNorm network; nothing without buffers.
+
+    A G forward made ahead for a following G phase (the runner's "G forward once", made while drawing the
+    D phase's data) belongs to that G phase: G's buffers come last, a skipped D update stops before them
+    (the forward's graph holds them until G's backward: writing them, even the same bytes, would fail it),
+    and a skipped G update puts them back to before that forward (:meth:`save_hoisted`).
+    """
+
+    def __init__(self, nets: Mapping[str, nn.Module], hoisted: str = "G") -> None:
+        seen: set[int] = set()
+        by_device: dict[torch.device, list[tuple[bool, torch.Tensor]]] = {}
+        for name, net in nets.items():
+            for buffer in net.buffers():
+                # a non-contiguous buffer has no flat view of its storage (rare: BatchNorm's are contiguous)
+                if id(buffer) not in seen and buffer.is_contiguous():
+                    seen.add(id(buffer))
+                    by_device.setdefault(buffer.device, []).append((name == hoisted, buffer))
+        self._parts = [_Bytes(sorted(buffers, key=lambda item: item[0])) for buffers in by_device.values()]
+        self._hoist_pending = False
+
+    def save(self, uses_hoisted_forward: bool = False) -> None:
+        """Copy every buffer (at a phase's start). ``uses_hoisted_forward``: this phase owns a G forward
+        made ahead (after :meth:`save_hoisted`): G's copies are those from before it."""
+        for part in self._parts:
+            torch._foreach_copy_(part.saved, part.buffers)
+            if uses_hoisted_forward and self._hoist_pending and part.before_hoist:
+                torch._foreach_copy_(part.saved[part.own:], part.before_hoist)
+        if uses_hoisted_forward:
+            self._hoist_pending = False
+
+    def save_hoisted(self, hoisting: bool) -> None:
+        """New data is drawn; ``hoisting``: G's forward is made ahead for the next G phase, G's buffers kept."""
+        self._hoist_pending = hoisting
+        for part in self._parts if hoisting else ():
+            torch._foreach_copy_(part.before_hoist, part.buffers[part.own:])
+
+    def restore_where(self, flag: torch.Tensor) -> None:
+        """Put every buffer back where ``flag`` (1.0 = skipped) is set; no host read."""
+        for part in self._parts:
+            buffers, current, saved, views = part.own_part if self._hoist_pending else part.every
+            if buffers:  # the buffers' bytes now (one cat), the select into them, the copy back
+                torch.cat(buffers, out=current)
+                torch.where(flag.to(current.device) > 0, saved, current, out=current)
+                torch._foreach_copy_(buffers, views)
+
+
+class _Bytes:
+    """The buffers on one device (``(is G's, buffer)``, G's last) as flat ``uint8`` views, and their copies."""
+
+    def __init__(self, buffers: list[tuple[bool, torch.Tensor]]) -> None:
+        self.own = n = sum(1 for hoisted, _ in buffers if not hoisted)
+        self.buffers = [b.detach().reshape(-1).view(torch.uint8) for _, b in buffers]  # writes reach the buffers
+        sizes = [b.numel() for b in self.buffers]
+        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=self.buffers[0].device)
+        current = torch.empty_like(flat)
+        self.saved, views = list(flat.split(sizes)), list(current.split(sizes))
+        self.before_hoist = [torch.empty_like(b) for b in self.buffers[n:]]
+        self.every = (self.buffers, current, flat, views)
+        own = sum(sizes[:n])
+        self.own_part = (self.buffers[:n], current[:own], flat[:own], views[:n])
+
+
+class Fp16Skips:
+    """Counts the updates the fp16 GradScaler skipped, per network, without reading the device.
+
+    Nothing else tells (Accelerate's ``step_was_skipped`` misses fused optimizers, whose kernel skips):
+    the scale after an update is below the scale before it exactly when the update overflowed (growth
+    only raises it), so the count is one compare and one add per update, read at log rows."""
+
+    def __init__(self, scaler: Any, names: Iterable[str]) -> None:
+        self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
+        self._counts: dict[str, Any] = {name: 0 for name in names}
+
+    def before(self) -> torch.Tensor | None:
+        """The scale ahead of an update (a device copy), or None without a scaler."""
+        return None if self.scaler is None or self.scaler._scale is None else self.scaler._scale.detach().clone()
+
+    def after(self, name: str, before: torch.Tensor | None) -> None:
+        if before is not None:
+            self._counts[name] = self._counts.get(name, 0) + (self.scaler._scale < before).to(torch.int64)
+
+    def metrics(self) -> dict[str, int]:
+        """``{"skipped_fp16/<net>": count}`` since the run started (a host read); empty without a scaler."""
+        return {f"skipped_fp16/{name}": int(count) for name, count in self._counts.items()} if self.scaler else {}
+
+    def state_dict(self) -> dict[str, int]:
+        return {name: int(count) for name, count in self._counts.items()}
+
+    def load_state_dict(self, state: dict[str, int] | None) -> None:
+        self._counts.update({name: int(count) for name, count in (state or {}).items()})

@@ -12,12 +12,11 @@ This is the only code that knows those rules, so every phase, built in or yours,
   a gradient that will not come.
 * **Autocast around the loss, ``accelerator.backward`` for every backward** (fp16 loss scaling, the
   1/k of accumulation), the loss multiplied by the phase's gain.
-* **After the window**: the divergence guard's verdict (a device tensor agreed by all ranks on the
-  device; the host does not read it: a flagged step is skipped on the device, see skip_step.py; on a
-  CPU, where a read waits for nothing, it is read and the step skipped by an ``if``),
-  clipping of this network only (under fp16 only its optimizer is unscaled), ``step``, the
-  scheduler if the phase ticks it, then ``zero_grad`` (after ``step``: a leading ``zero_grad``
-  would wipe the accumulated micro-batches).
+* **After the window**: the divergence guard's verdict (a device tensor, 1.0 = skip, agreed by all
+  ranks on the device and never read by the host: a flagged step is skipped on the device, see
+  guard.py), clipping of this network only (under fp16 only its optimizer is unscaled), ``step``
+  or its skip, the scheduler if the phase ticks it (a skipped update too), then ``zero_grad``
+  (after ``step``: a leading ``zero_grad`` would wipe the accumulated micro-batches).
 * **G forward once**: without accumulation, when a phase that trains G follows a D phase in the same
   window, G's samples are made once with their graph before D's phase; D sees them detached, G's
   phase backpropagates through them (as pytorch/examples' DCGAN does).
@@ -26,6 +25,7 @@ This is the only code that knows those rules, so every phase, built in or yours,
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -35,16 +35,13 @@ from torch import nn
 from ..errors import PhaseError
 from ..batch import RealBatch
 from .augmentation import RunAugmentation
-from .buffer_restore import BufferRestore
 from .conditioning import Conditioning
-from .fp16_skips import Fp16Skips
 from .context import MicroBatch, StepContext
-from .guard import DivergenceGuard, non_finite_flag, non_finite_on_host
+from .guard import BufferRestore, DivergenceGuard, Fp16Skips, SkipStep, inner_optimizer
 from .latents import LatentSampler
 from .phases import GENERATOR, Phase, PhasePlan
 from .running_means import RunningMeans
 from .schedules import scheduler_stepper
-from .skip_step import SkippableStep, direct_stepper
 
 
 class PhaseRunner:
@@ -62,10 +59,10 @@ class PhaseRunner:
         self.means = means
         self.clip_norms = dict(clip_norms)
         self.guard = guard
-        self.skippable = SkippableStep(accelerator.scaler)  # how a flagged update is skipped (engine/skip_step.py)
+        self.skippable = SkipStep(accelerator.scaler)  # how a flagged update is skipped on the device
         self.fp16_skips = Fp16Skips(accelerator.scaler, nets)  # the updates the fp16 scaler skipped
-        # A skipped update puts the networks' buffers back too (engine/buffer_restore.py); only with the guard.
-        self.buffers = BufferRestore(self.nets) if guard is not None else None
+        # A skipped update puts the networks' buffers back too (BatchNorm statistics); only with the guard.
+        self.buffers = BufferRestore(self.nets if guard is not None else {})
         self._steppers = {name: direct_stepper(accelerator, opt) for name, opt in self.optimizers.items()}
         self._tickers = {name: scheduler_stepper(accelerator, sched) for name, sched in self.schedulers.items()}
         # Accelerate's autocast() is a nullcontext without mixed precision, after a generator-based
@@ -73,7 +70,6 @@ class PhaseRunner:
         self._autocast = accelerator.autocast if accelerator.native_amp else contextlib.nullcontext
         self.k = accelerator.gradient_accumulation_steps
         self._distributed = accelerator.use_distributed
-        self._one_process = accelerator.num_processes == 1
         self.updates = {name: 0 for name in self.nets}  # optimizer updates of each network (version of G's samples)
         self.phase_runs: dict[str, int] = {phase.name: 0 for phase in plan.phases}
         self.lr_used: dict[str, float] = {}
@@ -104,15 +100,12 @@ class PhaseRunner:
     def _run_phase(self, phase: Phase, keep_graph: bool) -> None:
         acc = self.accelerator
         net, optimizer = self.nets[phase.net], self.optimizers[phase.net]
-        buffers = self.buffers
         if phase.new_data:
-            if buffers is not None:
-                buffers.save_hoisted() if keep_graph else buffers.drop_hoisted()
+            self.buffers.save_hoisted(keep_graph)
             self.window = [self._draw_micro_batch(keep_graph)]  # the rest are drawn as they are needed
         elif not self.window:
             raise PhaseError(f"phase {phase.name!r} reuses the current window, but no phase has drawn data yet")
-        if buffers is not None:
-            buffers.save(uses_hoisted_forward=phase.net == GENERATOR)
+        self.buffers.save(uses_hoisted_forward=phase.net == GENERATOR)
         self.ctx.phase = phase
         total = None
         others = [name for name in self.nets if name != phase.net]
@@ -139,32 +132,28 @@ class PhaseRunner:
         self._update(phase, net, optimizer, total)
 
     def _update(self, phase: Phase, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> None:
-        """Guard, clip, step, tick, zero_grad: the window ended on the sync micro-batch."""
+        """Verdict, clip, step or skip, tick, zero_grad: the window ended on the sync micro-batch."""
         name = phase.net
-        flag = self._skip_flag(name, optimizer, window_loss, phase.new_data)
+        skip = self._verdict(name, optimizer, window_loss, phase.new_data)
         max_norm = self.clip_norms.get(name)
         if max_norm is not None:
             # fp16: the GradScaler is shared by all optimizers; unscale only this network's
             # gradients (accelerator.clip_grad_norm_ would unscale every optimizer).
             self.accelerator.unscale_gradients(optimizer=optimizer)
-            self._log_grad_norm(name, torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm), flag)
+            self._log_grad_norm(name, torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm), skip)
         elif self.measure_grad_norm:  # the log interval's last step only: foreach norms on the device, no host read
             norm = torch.nn.utils.get_total_norm([p.grad for p in self._trainable[name] if p.grad is not None])
             scale = None if self.accelerator.scaler is None else self.accelerator.scaler._get_scale_async()
-            self._log_grad_norm(name, norm if scale is None else norm / scale, flag)  # fp16: still scaled here
+            self._log_grad_norm(name, norm if scale is None else norm / scale, skip)  # fp16: still scaled here
         if phase.tick_scheduler:  # this step's lr, before the scheduler moves it
             self.lr_used[f"lr/{name}"] = optimizer.param_groups[0]["lr"]
         stepper = self._steppers[name]
         scale_before = self.fp16_skips.before()
-        if flag is None:
+        if skip is None:
             stepper.step()
-        else:
-            self.skippable.step(stepper, flag)  # skipped on the device if the flag is set
-            # ... and the buffers the phase's forward passes changed are put back (BatchNorm statistics)
-            if flag is True:
-                self.buffers.restore()
-            elif isinstance(flag, torch.Tensor):
-                self.buffers.restore_where(flag)
+        else:  # skipped on the device where the verdict is set, and the buffers the forwards changed put back
+            self.skippable.step(stepper, skip)
+            self.buffers.restore_where(skip)
         self.fp16_skips.after(name, scale_before)
         if phase.tick_scheduler:
             self._tickers[name]()  # a skipped update (guard or fp16 overflow) still uses up its step of the schedule
@@ -172,48 +161,22 @@ class PhaseRunner:
         self.updates[name] += 1
         self.phase_runs[phase.name] += 1
 
-    def _log_grad_norm(self, name: str, norm: torch.Tensor, flag: torch.Tensor | bool | None) -> None:
+    def _log_grad_norm(self, name: str, norm: torch.Tensor, skip: torch.Tensor | None) -> None:
         """``grad_norm/<net>`` of the updates that were kept: a non-finite norm is a skipped update (the guard's
         or an fp16 overflow the scaler skips) and must not turn the interval's mean into inf/NaN."""
-        keep = torch.isfinite(norm)
-        if isinstance(flag, torch.Tensor):
-            keep = keep & (flag == 0)
-        elif flag:  # skipped, read on the host
-            keep = torch.zeros_like(keep)
+        keep = torch.isfinite(norm) if skip is None else torch.isfinite(norm) & (skip == 0)
         self.means.add(f"grad_norm/{name}", norm, keep=keep)
 
-    def _skip_flag(self, name: str, optimizer: Any, window_loss: torch.Tensor,
-                   new_data: bool) -> torch.Tensor | bool | None:
-        """The divergence guard's verdict on this update: a 0-dim device tensor, 1.0 = skip, agreed by all
-        ranks on the device (an all-reduce, no host sync), counted by the guard; on a CPU a bool (read on
-        the host, where that waits for nothing). None without the guard. The guard also learns whether the
-        real data held NaN/inf values (counted on the host after a skip; on a device, a flag per window)."""
-        guard = self.guard
-        if guard is None:
+    def _verdict(self, name: str, optimizer: Any, window_loss: torch.Tensor, new_data: bool) -> torch.Tensor | None:
+        """The divergence guard's verdict on this update (a 0-dim device tensor, 1.0 = skip, agreed by all
+        ranks and counted, no host sync), or None without the guard."""
+        if self.guard is None:
             return None
-        acc = self.accelerator
         # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
-        check_grads = acc.scaler is None
-        if self._one_process and self.skippable.reads_on_host(window_loss):  # one CPU process: no flag tensor
-            verdict = non_finite_on_host(self._trainable[name], window_loss, check_grads)
-            if verdict is not None:
-                guard.record(name, verdict)
-                if verdict:
-                    guard.record_bad_data(name, [micro.real for micro in self.window], self.ctx.step + 1)
-                return verdict
-        flag = non_finite_flag(self._trainable[name], window_loss, check_grads=check_grads)
-        if acc.num_processes > 1:  # a local NaN loss must skip the update on every rank alike
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if self.skippable.reads_on_host(flag):  # a CPU tensor: reading it waits for nothing
-            flag = bool(flag)
-            if flag:
-                guard.record_bad_data(name, [micro.real for micro in self.window], self.ctx.step + 1)
-        else:
-            self.skippable.mark_gradients(optimizer, flag)  # fp16: the scaler will see it
-            if new_data:
-                guard.watch_data([micro.real for micro in self.window])
-        guard.record(name, flag)
-        return flag
+        grads = [p.grad for p in self._trainable[name] if p.grad is not None] if self.accelerator.scaler is None else []
+        skip = self.guard.verdict(name, window_loss, grads, [micro.real for micro in self.window] if new_data else ())
+        self.skippable.mark_gradients(optimizer, skip)  # fp16: the scaler will see it
+        return skip
 
     # -- data -----------------------------------------------------------------------------------
     def _draw_micro_batch(self, keep_graph: bool) -> MicroBatch:
@@ -253,6 +216,29 @@ class PhaseRunner:
         if self.augmentation is not None:
             self.augmentation.load_state_dict(state.get("augment"))
         self.fp16_skips.load_state_dict(state.get("fp16_skips"))
+
+
+def direct_stepper(accelerator: Any, optimizer: Any) -> Any:
+    """What the runner calls ``step()``/``zero_grad()`` on: the torch optimizer itself where Accelerate's
+    wrapper would add nothing but cost, else the wrapper.
+
+    The runner steps only at the end of an accumulation window (``sync_gradients`` is true), and
+    without a GradScaler ``AcceleratedOptimizer.step`` then just calls the inner ``step()`` (XLA aside),
+    after two package lookups (``is_lomo_available``: an ``importlib`` search of ``sys.path``, ~0.5 ms
+    each on a 2-core CPU, a quarter of a small GAN's step); its ``zero_grad`` inspects the inner
+    method's signature on every call. With fp16 (the scaler steps, unscales and detects overflow
+    there) or XLA (gradients are reduced there) the wrapper is kept.
+    """
+    from accelerate.utils import DistributedType
+
+    inner = inner_optimizer(optimizer)
+    if inner is optimizer or accelerator.scaler is not None or accelerator.distributed_type == DistributedType.XLA:
+        return optimizer
+    try:
+        accepts_set_to_none = "set_to_none" in inspect.signature(inner.zero_grad).parameters
+    except (TypeError, ValueError):
+        accepts_set_to_none = False
+    return inner if accepts_set_to_none else optimizer
 
 
 def _G_follows(due: list[Phase], index: int) -> bool:
