@@ -73,9 +73,9 @@ def test_the_phase_list_of_the_r3gan_recipe_and_its_lazy_form():
     assert [p.name for p in default_phases(TrainConfig(r2_gamma=1.0, r1_every=4))] == ["D", "R2", "G"]
 
 
-def make_trainer(folder, images, batch_size, steps, **overrides) -> GANTrainer:
+def make_trainer(folder, images, batch_size, steps, models=make_models, **overrides) -> GANTrainer:
     reset_accelerate_state()
-    G, D = make_models(0)
+    G, D = models(0)
     latents = TableLatents(4096)
     options = dict(loss="rpgan", r1_gamma=2.0, r2_gamma=1.0, r1_every=1, lr_G=1e-2, lr_D=1e-2, warmup_ratio=0.4)
     config = TrainConfig(max_steps=steps, batch_size=batch_size, z_dim=4, log_every=1, sample_every=1000,
@@ -98,9 +98,9 @@ def test_accumulation_equals_larger_batch(tmp_path, k, r1_every):
     assert_close_dicts(params(small.D), params(big.D), atol=1e-10)
 
 
-def plain_rpgan_loop(images, batch, steps, gamma1=2.0, gamma2=1.0, lr=1e-2, warmup=0.4):
+def plain_rpgan_loop(images, batch, steps, gamma1=2.0, gamma2=1.0, lr=1e-2, warmup=0.4, models=make_models):
     """R3GAN's step by hand: D on RpGAN + R1 + R2 from the same two forwards, then G through a frozen D."""
-    G, D = make_models(0)
+    G, D = models(0)
     latents = TableLatents(4096)
     opt_G = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999), fused=True)  # as gan_accel builds it
     opt_D = torch.optim.Adam(D.parameters(), lr=lr, betas=(0.5, 0.999), fused=True)
