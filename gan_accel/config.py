@@ -54,6 +54,7 @@ class TrainConfig:
     clip_grad_norm_G: float | None = None
     clip_grad_norm_D: float | None = None
     r1_gamma: float | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
+    r2_gamma: float | None = None  # R2 penalty gamma/2 * E|grad D(G(z))|^2 on G's samples, taken with R1 (r1_every)
     r1_every: int = 16  # R1 runs every N-th D step, with its loss multiplied by N (StyleGAN2's lazy R1)
     gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
     num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
@@ -116,7 +117,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None:
                 _require_positive_float(name, value, hint="or None to disable clipping")
-        for name in ("r1_gamma", "gp_weight"):
+        for name in ("r1_gamma", "r2_gamma", "gp_weight"):
             value = getattr(self, name)
             if value is not None:
                 _require_positive_float(name, value, hint="or None to disable the penalty")
@@ -289,7 +290,7 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
                    "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model", "augment")
 NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
-_PRESENCE = ("r1_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
+_PRESENCE = ("r1_gamma", "r2_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
 
 
 def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:

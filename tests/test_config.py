@@ -27,7 +27,7 @@ from gan_accel.objectives.losses import nonsaturating_d, nonsaturating_g
         ("log_every", 0, "expected an integer >= 1"),
         ("grad_accum_steps", 0, "expected an integer >= 1"),
         ("n_critic", 0, "expected an integer >= 1"),
-        ("loss", "vanilla", "choose one of hinge, least_squares, nonsaturating, wasserstein"),
+        ("loss", "vanilla", "choose one of hinge, least_squares, nonsaturating, rpgan, wasserstein"),
         ("loss", 3, "pass a name"),
         ("mixed_precision", "fp8", "choose one of no, bf16, fp16"),
         ("mixed_precision", "bfloat16", "choose one of no, bf16, fp16"),

@@ -55,5 +55,5 @@ def test_mean_of_micro_batch_losses_equals_loss_of_whole_batch(logits):
 
 
 def test_unknown_loss_name_lists_the_choices():
-    with pytest.raises(ValueError, match="choose one of hinge, least_squares, nonsaturating, wasserstein"):
+    with pytest.raises(ValueError, match="choose one of hinge, least_squares, nonsaturating, rpgan, wasserstein"):
         get_loss("vanilla")

@@ -3,7 +3,8 @@
 A :class:`Phase` is one optimizer update of one network: its loss (a function of the step's
 context), how often it runs, a loss gain and whether it ticks its network's scheduler. One *step*
 of the run is one pass over the list. The default list is D ``n_critic`` times, then G; lazy R1 is
-one more phase after each D (every 16th time, gain 16, no scheduler tick), as in StyleGAN2.
+one more phase after each D (every 16th time, gain 16, no scheduler tick), as in StyleGAN2; R2 joins
+it. RpGAN's G phase reads D's logits on the window's real images too (the ones D just saw).
 
 Data: a phase with ``new_data=True`` starts a new *window* (``grad_accum_steps`` fresh
 micro-batches of real data and latents); every other phase reuses the current window, so G trains
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from ..errors import PhaseError
 from ..objectives.adversarial import discriminator_loss, generator_loss, sum_losses
-from ..objectives.regularizers import gradient_penalty, r1_penalty
+from ..objectives.regularizers import gradient_penalty, r1_penalty, r2_penalty
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
@@ -77,32 +78,35 @@ class Phase:
             raise PhaseError(f"phase {self.name!r}: gain={self.gain!r} must be a finite number > 0")
 
 
-def r1_phase(gamma: float, every: int = 16, name: str = "R1") -> Phase:
-    """Lazy R1 (StyleGAN2): every ``every``-th D step, loss gain ``every``, no scheduler tick."""
-    return Phase(name=name, net=DISCRIMINATOR, loss=r1_penalty(gamma), every=every, gain=float(every),
-                 tick_scheduler=False, double_backward=True)
+def r1_phase(gamma: float | None, every: int = 16, name: str | None = None, r2_gamma: float | None = None) -> Phase:
+    """Lazy R1 (StyleGAN2): every ``every``-th D step, loss gain ``every``, no scheduler tick; with
+    ``r2_gamma`` also R2 on G's samples (named ``"R1R2"``, or ``"R2"`` with ``gamma=None``)."""
+    terms = ([r1_penalty(gamma)] if gamma else []) + ([r2_penalty(r2_gamma)] if r2_gamma else [])
+    if not terms:
+        raise PhaseError("r1_phase needs gamma > 0 (R1), r2_gamma > 0 (R2) or both")
+    name = name or "R1" * bool(gamma) + "R2" * bool(r2_gamma)
+    return Phase(name=name, net=DISCRIMINATOR, loss=sum_losses(*terms) if len(terms) > 1 else terms[0], every=every,
+                 gain=float(every), tick_scheduler=False, double_backward=True)
 
 
 def default_phases(config: "TrainConfig") -> list[Phase]:
     """The phase list a :class:`~gan_accel.TrainConfig` describes.
 
-    D (``n_critic`` times, each on new data), with the WGAN-GP penalty and a non-lazy R1
-    (``r1_every=1``) added to its loss; a lazy R1 phase after each D when ``r1_every > 1``; then G.
+    D (``n_critic`` times, each on new data), with the WGAN-GP penalty and, when ``r1_every=1``, R1
+    and R2 taken from D's own forwards; a lazy R1 (and R2) phase after each D when ``r1_every > 1``; then G.
     """
-    loss = config.loss_fn
-    d_terms = [discriminator_loss(loss, config.class_loss_weight)]
+    lazy = config.r1_every > 1 and bool(config.r1_gamma or config.r2_gamma)
+    gammas = (0.0, 0.0) if config.r1_every > 1 else (config.r1_gamma or 0.0, config.r2_gamma or 0.0)
+    d_loss = discriminator_loss(config.loss_fn, config.class_loss_weight, *gammas)
     if config.gp_weight:
-        d_terms.append(gradient_penalty(config.gp_weight))
-    lazy_r1 = bool(config.r1_gamma) and config.r1_every > 1
-    if config.r1_gamma and not lazy_r1:
-        d_terms.append(r1_penalty(config.r1_gamma))
-    d_phase = Phase(DISCRIMINATOR, DISCRIMINATOR, sum_losses(*d_terms) if len(d_terms) > 1 else d_terms[0], new_data=True,
-                    double_backward=len(d_terms) > 1)
-    r1 = r1_phase(config.r1_gamma, config.r1_every) if lazy_r1 else None
+        d_loss = sum_losses(d_loss, gradient_penalty(config.gp_weight))
+    d_phase = Phase(DISCRIMINATOR, DISCRIMINATOR, d_loss, new_data=True,
+                    double_backward=bool(config.gp_weight) or any(gammas))
+    penalties = r1_phase(config.r1_gamma, config.r1_every, r2_gamma=config.r2_gamma) if lazy else None
     phases: list[Phase] = []
     for _ in range(config.n_critic):
-        phases += [d_phase, r1] if r1 is not None else [d_phase]
-    phases.append(Phase(GENERATOR, GENERATOR, generator_loss(loss, config.class_loss_weight)))
+        phases += [d_phase, penalties] if penalties is not None else [d_phase]
+    phases.append(Phase(GENERATOR, GENERATOR, generator_loss(config.loss_fn, config.class_loss_weight)))
     return phases
 
 

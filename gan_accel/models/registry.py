@@ -7,7 +7,8 @@ what a run writes into its config (``config.model``) and what sampling rebuilds 
 version that reads it.
 
 Families: ``"dcgan"`` (:mod:`~gan_accel.models.dcgan`, :mod:`~gan_accel.models.conditional`; 28, 32
-and 64 px) and ``"resnet"`` (:mod:`~gan_accel.models.resnet`; 28 to 256 px). A spec without
+and 64 px), ``"resnet"`` (:mod:`~gan_accel.models.resnet`; 28 to 256 px) and ``"r3gan"``
+(:mod:`~gan_accel.models.r3gan`; 28 to 256 px). A spec without
 ``"family"`` is one the example scripts wrote before there were families: a DCGAN, conditional when
 it says ``"conditional": true``.
 """
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from torch import nn
 
 from ..errors import ConfigError
-from . import dcgan, resnet
+from . import dcgan, r3gan, resnet
 from .conditional import POSITIONS, ConditionalDCGANGenerator, ProjectionDiscriminator
 from .dcgan import DCGANDiscriminator, DCGANGenerator
 from .resnet import ResNetDiscriminator, ResNetGenerator
@@ -71,6 +72,16 @@ def _resnet_D(s: dict[str, Any]) -> nn.Module:
                                num_classes=s["num_classes"])
 
 
+def _r3gan_G(s: dict[str, Any]) -> nn.Module:
+    return r3gan.R3GANGenerator(z_dim=s["z_dim"], width=s["width"], image_size=s["image_size"],
+                                channels=s["channels"], num_classes=s["num_classes"], blocks=s["blocks"])
+
+
+def _r3gan_D(s: dict[str, Any]) -> nn.Module:
+    return r3gan.R3GANDiscriminator(width=s["d_width"], image_size=s["image_size"], channels=s["channels"],
+                                    num_classes=s["num_classes"], blocks=s["blocks"])
+
+
 FAMILIES: dict[str, Family] = {
     "dcgan": Family("dcgan", dcgan.SUPPORTED_SIZES, _dcgan_options, _dcgan_G, _dcgan_D, default_z_dim=100,
                     default_width=lambda size: 64),  # the paper's width
@@ -78,6 +89,9 @@ FAMILIES: dict[str, Family] = {
     # 32 at 28 px, MNIST's size, where G already has 128 channels at 7x7.
     "resnet": Family("resnet", resnet.SUPPORTED_SIZES, lambda s: {"d_width": s["width"], "norm": "batch"},
                      _resnet_G, _resnet_D, default_z_dim=128, default_width=lambda size: 32 if size == 28 else 64),
+    # R3GAN's blocks at resnet's widths per scale; not yet chosen by measurement.
+    "r3gan": Family("r3gan", r3gan.SUPPORTED_SIZES, lambda s: {"d_width": s["width"], "blocks": 2}, _r3gan_G,
+                    _r3gan_D, default_z_dim=64, default_width=lambda size: 32 if size == 28 else 64),
 }
 
 
@@ -161,7 +175,7 @@ def _check_values(fam: Family, spec: dict[str, Any]) -> None:
         others = [f for f in FAMILIES.values() if size in f.resolutions]
         hint = f": use --model {others[0].name} for {size} px" if others else ""
         raise ConfigError(f"the {fam.name} family makes {_sizes(fam.resolutions)} px images, not {size!r}{hint}")
-    for key in ("z_dim", "width", "channels") + (("d_width",) if "d_width" in spec else ()):
+    for key in ("z_dim", "width", "channels") + tuple(k for k in ("d_width", "blocks") if k in spec):
         if not _positive_int(spec[key]):
             raise ConfigError(f"{key}={spec[key]!r} in the {fam.name} model spec must be an integer >= 1")
     if spec["num_classes"] is not None and not _positive_int(spec["num_classes"]):

@@ -1,5 +1,5 @@
 """What the networks minimise: adversarial losses (pure functions of logits), the phase losses built
-from them, and the gradient penalties (R1, WGAN-GP) that become phases or terms of one.
+from them, and the gradient penalties (R1, R2, WGAN-GP) that become phases or terms of one.
 
 Nothing here knows about Accelerate or about the models: a phase loss receives a
 :class:`~gan_accel.engine.context.StepContext` and calls the networks through it.
@@ -7,7 +7,7 @@ Nothing here knows about Accelerate or about the models: a phase loss receives a
 
 from .adversarial import discriminator_loss, generator_loss, sum_losses
 from .losses import LOSSES, GANLoss, get_loss
-from .regularizers import gradient_penalty, r1_penalty, scaled_input_gradients
+from .regularizers import gradient_penalty, r1_penalty, r2_penalty, scaled_input_gradients
 
 __all__ = [
     "GANLoss",
@@ -17,6 +17,7 @@ __all__ = [
     "generator_loss",
     "sum_losses",
     "r1_penalty",
+    "r2_penalty",
     "gradient_penalty",
     "scaled_input_gradients",
 ]

@@ -8,38 +8,39 @@ discriminator's loss never reaches the generator.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from .losses import GANLoss
+from .regularizers import PhaseLoss, zero_centred
 
 if TYPE_CHECKING:  # the engine depends on objectives, never the other way round
     from ..engine.context import StepContext
 
-PhaseLoss = Callable[["StepContext"], Tensor]
 
-
-def discriminator_loss(loss: GANLoss, class_weight: float = 0.0) -> PhaseLoss:
+def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: float = 0.0,
+                       r2_gamma: float = 0.0) -> PhaseLoss:
     """D's adversarial loss on real images and G's (detached) images; logs the mean logits.
 
     ``class_weight > 0`` (a conditional run) adds ``class_weight`` times the cross-entropy of D's
     class logits (see :meth:`StepContext.class_logits`) on the *real* images and their labels, as
     an auxiliary classifier (AC-GAN, Odena et al. 2017, trained on real data only): D learns what
     each class looks like, and G's class loss (see :func:`generator_loss`) pulls its samples there.
+
+    ``r1_gamma`` / ``r2_gamma`` add the zero-centred penalties on the real / fake images, taken from
+    the same two forwards of D as the loss (R3GAN's D step): the images get ``requires_grad``, and the
+    loss itself gives every parameter of D its gradient (what DDP needs; see regularizers.py).
     """
 
     def adversarial_d(ctx: "StepContext") -> Tensor:
-        if class_weight:
-            real_classes = ctx.class_logits(ctx.real, ctx.real_labels)
-            real_logits = _column(real_classes, ctx.real_labels)
-            fake_logits = _column(ctx.class_logits(ctx.fake, ctx.fake_labels), ctx.fake_labels)
-        else:
-            real_logits = ctx.discriminate(ctx.real, ctx.real_labels)
-            fake_logits = ctx.discriminate(ctx.fake, ctx.fake_labels)
-        ctx.observe_real(real_logits)  # an adaptive augmentation's statistic
+        real = ctx.real.detach().requires_grad_(True) if r1_gamma else ctx.real
+        fake = ctx.fake.detach().to(ctx.real.dtype).requires_grad_(True) if r2_gamma else ctx.fake
+        real_logits, real_classes = _judge(ctx, real, ctx.real_labels, class_weight)
+        fake_logits, _ = _judge(ctx, fake, ctx.fake_labels, class_weight)
+        ctx.observe_real(real_logits.detach())  # an adaptive augmentation's statistic
         ctx.log("D(x)", real_logits.mean())
         ctx.log("D(G(z))", fake_logits.mean())
         total = loss.d_loss(real_logits, fake_logits)
@@ -47,26 +48,46 @@ def discriminator_loss(loss: GANLoss, class_weight: float = 0.0) -> PhaseLoss:
             class_loss = F.cross_entropy(real_classes.float(), ctx.real_labels)
             ctx.log("class_loss/real", class_loss.detach())
             total = total + class_weight * class_loss
+        for gamma, logits, x, key in ((r1_gamma, real_logits, real, "R1"), (r2_gamma, fake_logits, fake, "R2")):
+            if gamma:
+                penalty = zero_centred(ctx, logits, x, gamma)
+                ctx.log(f"penalty/{key}", penalty.detach())
+                total = total + penalty
         return total
 
-    adversarial_d.__qualname__ = f"discriminator_loss({loss.name}" + (f", class {class_weight})" if class_weight else ")")
+    terms = [f"class {class_weight}" * bool(class_weight), f"R1 {r1_gamma:g}" * bool(r1_gamma),
+             f"R2 {r2_gamma:g}" * bool(r2_gamma)]
+    adversarial_d.__qualname__ = f"discriminator_loss({', '.join([loss.name] + [t for t in terms if t])})"
     return adversarial_d
 
 
 def generator_loss(loss: GANLoss, class_weight: float = 0.0) -> PhaseLoss:
     """G's adversarial loss through the (frozen) discriminator; ``class_weight > 0`` adds that times
-    the cross-entropy of D's class logits on G's samples against the labels G was given."""
+    the cross-entropy of D's class logits on G's samples against the labels G was given. A
+    relativistic loss (RpGAN) also judges the real images D just saw, detached: G's loss reads them."""
 
     def adversarial_g(ctx: "StepContext") -> Tensor:
+        logits, classes = _judge(ctx, ctx.fake, ctx.fake_labels, class_weight)
+        if loss.relativistic:
+            total = loss.g_loss(logits, _judge(ctx, ctx.real, ctx.real_labels, class_weight)[0].detach())
+        else:
+            total = loss.g_loss(logits)
         if not class_weight:
-            return loss.g_loss(ctx.discriminate(ctx.fake, ctx.fake_labels))
-        classes = ctx.class_logits(ctx.fake, ctx.fake_labels)
+            return total
         class_loss = F.cross_entropy(classes.float(), ctx.fake_labels)
         ctx.log("class_loss/fake", class_loss.detach())
-        return loss.g_loss(_column(classes, ctx.fake_labels)) + class_weight * class_loss
+        return total + class_weight * class_loss
 
     adversarial_g.__qualname__ = f"generator_loss({loss.name}" + (f", class {class_weight})" if class_weight else ")")
     return adversarial_g
+
+
+def _judge(ctx: "StepContext", x: Tensor, labels: Tensor | None, class_weight: float) -> tuple[Tensor, Tensor | None]:
+    """D's logit per sample and, with a class loss, its (N, K) class logits: one forward for both."""
+    if not class_weight:
+        return ctx.discriminate(x, labels), None
+    classes = ctx.class_logits(x, labels)
+    return _column(classes, labels), classes
 
 
 def _column(logits: Tensor, labels: Tensor) -> Tensor:

@@ -23,13 +23,16 @@ Tensor = torch.Tensor
 class GANLoss:
     """A discriminator objective and the matching generator objective, both to be minimised.
 
-    ``d_loss(real_logits, fake_logits)`` and ``g_loss(fake_logits)`` return scalar tensors.
-    Pass your own instance as ``TrainConfig(loss=GANLoss("mine", d_fn, g_fn))``.
+    ``d_loss(real_logits, fake_logits)`` and ``g_loss(fake_logits)`` return scalar tensors; a
+    ``relativistic`` loss's G also reads D's (detached) logits on the real batch:
+    ``g_loss(fake_logits, real_logits)``. Pass your own instance as
+    ``TrainConfig(loss=GANLoss("mine", d_fn, g_fn))``.
     """
 
     name: str
     d_loss: Callable[[Tensor, Tensor], Tensor]
-    g_loss: Callable[[Tensor], Tensor]
+    g_loss: Callable[..., Tensor]
+    relativistic: bool = False
 
 
 def nonsaturating_d(real: Tensor, fake: Tensor) -> Tensor:
@@ -67,6 +70,17 @@ def least_squares_g(fake: Tensor) -> Tensor:
     return 0.5 * (fake - 1.0).pow(2).mean()
 
 
+def rpgan_d(real: Tensor, fake: Tensor) -> Tensor:
+    """Relativistic pairing (RpGAN; Jolicoeur-Martineau 2019, R3GAN): softplus(-(D(x_i) - D(G(z_i)))),
+    averaged over the pairs (sample i of the real batch with sample i of the fake one)."""
+    return F.softplus(fake - real).mean()
+
+
+def rpgan_g(fake: Tensor, real: Tensor) -> Tensor:
+    """RpGAN's generator: softplus(-(D(G(z_i)) - D(x_i))), D's loss with the roles swapped."""
+    return rpgan_d(fake, real)
+
+
 LOSSES: dict[str, GANLoss] = {
     loss.name: loss
     for loss in (
@@ -74,6 +88,7 @@ LOSSES: dict[str, GANLoss] = {
         GANLoss("hinge", hinge_d, negated_fake_g),
         GANLoss("wasserstein", wasserstein_d, negated_fake_g),
         GANLoss("least_squares", least_squares_d, least_squares_g),
+        GANLoss("rpgan", rpgan_d, rpgan_g, relativistic=True),
     )
 }
 

@@ -1,4 +1,4 @@
-"""Gradient penalties on D's input: R1 (Mescheder et al. 2018) and WGAN-GP (Gulrajani et al. 2017).
+"""Gradient penalties on D's input: R1 and R2 (Mescheder et al. 2018) and WGAN-GP (Gulrajani et al. 2017).
 
 Three rules make them correct in every setting the engine supports:
 
@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 
-from .adversarial import PhaseLoss
-
 if TYPE_CHECKING:
     from ..engine.context import StepContext
 
+PhaseLoss = Callable[["StepContext"], Tensor]
 EpsilonSampler = Callable[[int, Tensor], Tensor]
 
 
@@ -51,18 +50,29 @@ def scaled_input_gradients(output: Tensor, inputs: Tensor, scaler: Any | None = 
     return grad * scale.double().reciprocal().to(grad.dtype)
 
 
+def zero_centred(ctx: "StepContext", logits: Tensor, x: Tensor, gamma: float) -> Tensor:
+    """``gamma / 2 * E_i |grad_x D(x_i)|^2`` from D's ``logits`` on ``x`` (a leaf with ``requires_grad``)."""
+    return ctx.input_gradients(logits.sum(), x).square().flatten(1).sum(1).mean() * (gamma / 2)
+
+
 def r1_penalty(gamma: float) -> PhaseLoss:
-    """``gamma / 2 * E_x |grad_x D(x)|^2`` on real data (conditioned on the real labels, if any)."""
+    """R1: ``gamma / 2 * E_x |grad_x D(x)|^2`` on real data (conditioned on the real labels, if any)."""
+    return _penalty(gamma, on_fakes=False)
 
-    def r1(ctx: "StepContext") -> Tensor:
-        x = ctx.real.detach().requires_grad_(True)
-        logits = ctx.discriminate(x, ctx.real_labels)
-        grad = ctx.input_gradients(logits.sum(), x)
-        penalty = grad.square().flatten(1).sum(1).mean() * (gamma / 2)
-        return penalty + logits.sum() * 0.0  # every D parameter gets a gradient (see the module doc)
 
-    r1.__qualname__ = f"r1_penalty(gamma={gamma:g})"
-    return r1
+def r2_penalty(gamma: float) -> PhaseLoss:
+    """R2: ``gamma / 2 * E_z |grad D(G(z))|^2`` at G's (detached) samples, judged with G's labels."""
+    return _penalty(gamma, on_fakes=True)
+
+
+def _penalty(gamma: float, on_fakes: bool) -> PhaseLoss:
+    def penalty(ctx: "StepContext") -> Tensor:
+        x = (ctx.fake.to(ctx.real.dtype) if on_fakes else ctx.real).detach().requires_grad_(True)
+        logits = ctx.discriminate(x, ctx.fake_labels if on_fakes else ctx.real_labels)
+        return zero_centred(ctx, logits, x, gamma) + logits.sum() * 0.0  # every D parameter gets a gradient
+
+    penalty.__qualname__ = f"{'r2' if on_fakes else 'r1'}_penalty(gamma={gamma:g})"
+    return penalty
 
 
 def uniform_epsilon(batch_size: int, like: Tensor) -> Tensor:
