@@ -137,9 +137,8 @@ class CacheFolder:
         scan_data = self.read_json(self.scan_json)
         if scan_data is None:
             start = time.perf_counter()
-            result = scan(source, entries)
-            scan_data = {"source": source.description, "items": result.items,
-                         "skipped": [[s.name, s.reason] for s in result.skipped],
+            items, skipped = scan(source, entries)
+            scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped],
                          "seconds": round(time.perf_counter() - start, 3)}
             self.write_json(self.scan_json, scan_data)
         return scan_data

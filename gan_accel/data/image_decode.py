@@ -42,7 +42,6 @@ from PIL import (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin
 from ..errors import DataError
 
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")  # JPEG also opens MPO files
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jpe", ".jfif", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 CROPS = ("center", "random")
 BACKGROUNDS = {"white": 255, "black": 0}
 RANDOM_CROP_MAX_ASPECT = 1.5
@@ -288,8 +287,8 @@ def decode_image(fp: str | os.PathLike | IO[bytes], prep: Preprocessing) -> np.n
     return np.ascontiguousarray(array)
 
 
-def decode_bytes_or_path(item: Any, prep: Preprocessing) -> np.ndarray:
-    """:func:`decode_image` of a path, of bytes, or of a Hugging Face image cell ``{"bytes", "path"}``."""
+def as_file(item: Any) -> Any:
+    """A path or file for Pillow from a path, a file, bytes, or a Hugging Face image cell ``{"bytes", "path"}``."""
     import io
 
     if isinstance(item, dict):
@@ -298,4 +297,9 @@ def decode_bytes_or_path(item: Any, prep: Preprocessing) -> np.ndarray:
         item = io.BytesIO(item)
     if item is None:
         raise ValueError("empty image cell")
-    return decode_image(item, prep)
+    return item
+
+
+def decode_bytes_or_path(item: Any, prep: Preprocessing) -> np.ndarray:
+    """:func:`decode_image` of anything :func:`as_file` takes."""
+    return decode_image(as_file(item), prep)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .image_decode import mode_family, read_header
+from .image_decode import as_file, mode_family, read_header
 from .image_sources import Entry, HFSource, ImageSource, folder_classes
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
@@ -82,15 +82,6 @@ class ScanReport:
         return (f"gan_accel: warning: skipped {len(self.skipped):,} of {self.files:,} files that are not readable "
                 f"images ({kind_text}): {names}{more}{tail}")
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ScanReport":
-        data = dict(data)
-        data["skipped"] = [SkippedFile(**s) for s in data.get("skipped", [])]
-        return cls(**data)
-
 
 def skip_reason(error: BaseException) -> str:
     """A short reason for a file that failed to open or decode."""
@@ -106,16 +97,9 @@ def skip_reason(error: BaseException) -> str:
     return f"truncated or corrupt: {text}"
 
 
-@dataclass
-class ScanResult:
-    """Per readable image: its entry index, header (w, h, mode) and whether it is grey; and the skipped files."""
-
-    items: list[tuple[int, int, int, str, bool]]  # (entry index, width, height, mode, grey)
-    skipped: list[SkippedFile]
-
-
-def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
-    """Read every candidate's header (no decoding); see the module docstring."""
+def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int, int, str, bool]], list[SkippedFile]]:
+    """Read every candidate's header (no decoding; see the module docstring): per readable image its entry
+    index, header (width, height, mode) and whether it is grey; and the skipped files."""
     items: list[tuple[int, int, int, str, bool]] = []
     skipped: list[SkippedFile] = []
     cells: Iterable[Any] = source.cells() if isinstance(source, HFSource) else (None for _ in entries)
@@ -124,7 +108,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
             skipped.append(SkippedFile(entry.name, "not an image: empty file"))
             continue
         try:
-            handle = _as_file(cell) if cell is not None else source.open(entry.name)
+            handle = as_file(cell if cell is not None else source.open(entry.name))
             (width, height, mode), grey = read_header(handle)
         except MemoryError:
             raise
@@ -132,19 +116,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
             skipped.append(SkippedFile(entry.name, skip_reason(error)))
             continue
         items.append((index, width, height, mode, grey))
-    return ScanResult(items, skipped)
-
-
-def _as_file(cell: Any) -> Any:
-    import io
-
-    if isinstance(cell, dict):
-        cell = cell.get("bytes") or cell.get("path")
-    if isinstance(cell, (bytes, bytearray)):
-        return io.BytesIO(cell)
-    if cell is None:
-        raise ValueError("empty image cell")
-    return cell
+    return items, skipped
 
 
 def size_summary(items: list[tuple[int, int, int, str, bool]]) -> dict[str, Any]:
