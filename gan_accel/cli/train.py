@@ -117,6 +117,7 @@ def train(args: argparse.Namespace) -> int:
     """The command: the run folder, the model and resolution, the data, the config, then training."""
     import torch
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
     from ..engine import GANTrainer
     from ..engine.launch import check_launch, describe_launch
@@ -132,9 +133,9 @@ def train(args: argparse.Namespace) -> int:
         args.channels = args.channels or recorded_spec.get("channels")
     family = args.model or ("resnet" if args.resolution and args.resolution > DCGAN_LARGEST else "dcgan")
     overrides = check_model(args, family)
-    # The processes of the launch, before the data (one process per machine builds its cache); the
-    # trainer builds the Accelerator on the same state once the config is known.
-    processes = PartialState()
+    # The processes of the launch, before the data (one process per machine builds its cache); the trainer
+    # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
+    processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     check_launch(processes)
     log = processes.print
     data = open_data(args, family, processes, log)
