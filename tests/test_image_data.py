@@ -581,3 +581,26 @@ def test_two_processes_one_builds_both_memory_map_the_same_bytes(tmp_path: Path)
     assert [len(r["batches"]) for r in records] == [2, 2]  # 8 images, batch 2 per process: 2 batches each
     assert not set(records[0]["batches"]) & set(records[1]["batches"])  # each process its own share
     assert records[0]["error"] == records[1]["error"] and "fewer than one batch of 200" in records[0]["error"]
+
+
+def test_one_listing_and_one_scan_serve_every_preprocessing(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    from gan_accel.data import Preprocessing, scan_images
+    from gan_accel.data.image_sources import FolderSource
+
+    root = _labelled_folder(tmp_path / "data")
+    listings: list[int] = []
+    real_entries = FolderSource.entries
+    monkeypatch.setattr(FolderSource, "entries", lambda self: (listings.append(1), real_entries(self))[1])
+    images = scan_images(root, cache_dir=cache)
+    assert images.sizes == [(24, 18)] * 6
+    centre = images.open(Preprocessing(R), log=None)
+    grey = images.open(Preprocessing(16, 1, "random"), log=None)
+    assert listings == [1], "the folder is listed once, whatever is opened from the scan"
+    assert centre.prep == Preprocessing(R, 3) and grey.prep.channels == 1 and len(centre) == len(grey) == 6
+    # The real images for evaluation: the cache's rows and a fresh decode of the same files agree.
+    per_item = images.open(Preprocessing(R), memory_budget=0, log=None)
+    assert centre.cached and not per_item.cached
+    assert torch.equal(centre.real_images(4, seed=3), per_item.real_images(4, seed=3))
+    assert grey.real_images(10).shape == (6, 1, 16, 16)  # centre crops, at most every image
+    with pytest.raises(DataError, match="crop 'middle' is unknown"):
+        Preprocessing(R, crop="middle")
