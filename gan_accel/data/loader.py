@@ -201,17 +201,9 @@ class UInt8Collate:
         return (x, labels.to(torch.int64)) if self.has_labels else x
 
 
-def make_dataloader(
-    images_uint8: Tensor,
-    labels: Tensor,
-    batch_size: int,
-    shuffle: bool = True,
-    drop_last: bool = True,
-    num_workers: int = 0,
-    *,
-    generator: torch.Generator | None = None,
-    pin_memory: bool = False,
-) -> DataLoader:
+def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True,
+                    drop_last: bool = True, num_workers: int = 0, *, generator: torch.Generator | None = None,
+                    pin_memory: bool = False) -> DataLoader:
     """Fast loader over uint8 images: batches of ``(float32 (B,C,H,W) in [-1, 1], int64 (B,))``.
 
     A genuine ``DataLoader`` on purpose: ``accelerator.prepare`` only shards DataLoaders, and it
@@ -219,15 +211,7 @@ def make_dataloader(
     ``drop_last=True`` by default because GAN steps with BatchNorm dislike a tiny final batch.
     Pass a seeded ``generator`` for a reproducible shuffle.
     """
-    return DataLoader(
-        UInt8ImageDataset(images_uint8, labels),
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        num_workers=num_workers,
-        collate_fn=UInt8Collate(),
-        generator=generator,
-        pin_memory=pin_memory,
-        # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
-        persistent_workers=num_workers > 0,
-    )
+    # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
+    return DataLoader(UInt8ImageDataset(images_uint8, labels), batch_size=batch_size, shuffle=shuffle,
+                      drop_last=drop_last, num_workers=num_workers, collate_fn=UInt8Collate(), generator=generator,
+                      pin_memory=pin_memory, persistent_workers=num_workers > 0)
