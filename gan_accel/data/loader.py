@@ -99,14 +99,15 @@ class UInt8ImageDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor | None]:
         idx = torch.as_tensor(indices, dtype=torch.long)
-        if isinstance(self.array, Tensor):
-            images = self.array.index_select(0, idx)
+        array = self.array
+        if isinstance(array, Tensor):
+            images = array.index_select(0, idx)
         else:  # fancy indexing copies: the batch owns its memory
-            images = torch.from_numpy(self.array[idx.numpy()])
+            images = torch.from_numpy(array[idx.numpy()])
         if self.strips is not None:
-            strips = self.strips[idx]
+            strips = self.strips.index_select(0, idx)
             images = random_window(images, strips[:, 0], strips[:, 1].bool(), self.resolution, _rng(self.generator))
-        return images, None if self.labels is None else self.labels[idx]
+        return images, None if self.labels is None else self.labels.index_select(0, idx)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor | None]:
         images, labels = self.__getitems__([index])
