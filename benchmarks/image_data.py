@@ -142,7 +142,7 @@ def wait_share(data: Any, width: int, batch: int, steps: int, warmup: int, worke
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     torch.manual_seed(0)
-    r, c = data.resolution, data.channels
+    r, c = data.prep.resolution, data.prep.channels
     G = DCGANGenerator(z_dim=100, width=width, image_size=r, channels=c)
     D = DCGANDiscriminator(width=width, image_size=r, channels=c)
     clock = StepClock(warmup)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cached = open_image_data(sources["folder"], args.resolution, cache_dir=cache, log=None)
         per_item = open_image_data(sources["folder"], args.resolution, cache_dir=cache, memory_budget=0, log=None)
-        print(f"| data path (DCGAN width {args.width}, {args.resolution} px, {cached.channels} channels, batch "
+        print(f"| data path (DCGAN width {args.width}, {args.resolution} px, {cached.prep.channels} channels, batch "
               f"{args.batch_size}) | data wait share of a step | step ms (median) | training images/s | target "
               f"<= {TARGET_WAIT_SHARE:.0%} |")
         print("|---|---:|---:|---:|---|")

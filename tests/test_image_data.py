@@ -46,7 +46,7 @@ def _fit(img: Image.Image) -> np.ndarray:
 
 
 def _decode(path: Path, channels: int, **kwargs) -> np.ndarray:
-    return image_decode.decode_image(path, R, channels, **kwargs)
+    return image_decode.decode_image(path, image_decode.Preprocessing(R, channels, **kwargs))
 
 
 def _rows(data) -> np.ndarray:
@@ -490,11 +490,11 @@ def test_channels_default_to_what_the_data_has(tmp_path: Path, cache: Path) -> N
     grey = tmp_path / "grey"
     _save(grey / "a.png", Image.fromarray(_pattern(20, 20, 1, channels=1)))
     _save(grey / "b.gif", Image.fromarray(_pattern(20, 20, 2)).convert("L").convert("P"))  # a grey palette
-    assert _open(grey, cache).channels == 1
+    assert _open(grey, cache).prep.channels == 1
     _save(grey / "c.png", Image.fromarray(_pattern(20, 20, 3)))
     mixed = _open(grey, cache)
-    assert mixed.channels == 3 and _rows(mixed).shape[1] == 3
-    assert _open(grey, cache, channels=1).channels == 1
+    assert mixed.prep.channels == 3 and _rows(mixed).shape[1] == 3
+    assert _open(grey, cache, channels=1).prep.channels == 1
 
 
 @pytest.mark.parametrize("size", [(40, 20), (20, 40)])
@@ -524,16 +524,17 @@ def test_check_resume_refuses_changed_data_in_one_line(tmp_path: Path, cache: Pa
     root = _labelled_folder(tmp_path / "data")
     run = tmp_path / "run"
     _open(root, cache).write_run_files(run)
-    assert _open(root, cache).check_resume(run)
+    saved = json.loads((run / "data.json").read_text())
+    assert _open(root, cache).check_resume(saved)
     _save(root / "dogs" / "new.png", Image.fromarray(_pattern(20, 20, 50)))
     changed = _open(root, cache)
     with pytest.raises(DataError, match="changed since this run started") as error:
-        changed.check_resume(run)
+        changed.check_resume(saved)
     assert "images 6 -> 7" in str(error.value) and "--allow-data-change" in str(error.value)
     lines: list[str] = []
-    assert changed.check_resume(run, allow_changed=True, log=lines.append) is False
+    assert changed.check_resume(saved, allow_changed=True, log=lines.append) is False
     assert len(lines) == 1 and lines[0].startswith("gan_accel: warning: the training data changed")
-    assert _open(root, cache).check_resume(tmp_path / "elsewhere")  # no data.json: nothing to compare
+    assert _open(root, cache).check_resume(None)  # no data.json: nothing to compare
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -580,3 +581,26 @@ def test_two_processes_one_builds_both_memory_map_the_same_bytes(tmp_path: Path)
     assert [len(r["batches"]) for r in records] == [2, 2]  # 8 images, batch 2 per process: 2 batches each
     assert not set(records[0]["batches"]) & set(records[1]["batches"])  # each process its own share
     assert records[0]["error"] == records[1]["error"] and "fewer than one batch of 200" in records[0]["error"]
+
+
+def test_one_listing_and_one_scan_serve_every_preprocessing(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    from gan_accel.data import Preprocessing, scan_images
+    from gan_accel.data.image_sources import FolderSource
+
+    root = _labelled_folder(tmp_path / "data")
+    listings: list[int] = []
+    real_entries = FolderSource.entries
+    monkeypatch.setattr(FolderSource, "entries", lambda self: (listings.append(1), real_entries(self))[1])
+    images = scan_images(root, cache_dir=cache)
+    assert images.sizes == [(24, 18)] * 6
+    centre = images.open(Preprocessing(R), log=None)
+    grey = images.open(Preprocessing(16, 1, "random"), log=None)
+    assert listings == [1], "the folder is listed once, whatever is opened from the scan"
+    assert centre.prep == Preprocessing(R, 3) and grey.prep.channels == 1 and len(centre) == len(grey) == 6
+    # The real images for evaluation: the cache's rows and a fresh decode of the same files agree.
+    per_item = images.open(Preprocessing(R), memory_budget=0, log=None)
+    assert centre.cached and not per_item.cached
+    assert torch.equal(centre.real_images(4, seed=3), per_item.real_images(4, seed=3))
+    assert grey.real_images(10).shape == (6, 1, 16, 16)  # centre crops, at most every image
+    with pytest.raises(DataError, match="crop 'middle' is unknown"):
+        Preprocessing(R, crop="middle")

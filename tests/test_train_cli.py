@@ -194,7 +194,7 @@ def test_the_default_output_folder_is_named_after_the_data(tmp_path, monkeypatch
     code, _, err = gan_accel(["train", "--data", "holiday photos", "--steps", "1", *TINY], capsys)
     assert code == 0, err[-3000:]
     assert (tmp_path / "runs" / "holiday photos" / "generator" / "model.safetensors").is_file()
-    from gan_accel.cli.train_setup import default_output_dir
+    from gan_accel.cli.train import default_output_dir
 
     assert default_output_dir("hf:user/pets:train") == "runs/pets" and default_output_dir("a/b.zip") == "runs/b"
 

@@ -17,16 +17,33 @@ examples/dcgan_mnist.py, with the same names and meanings. Defaults: docs/own-im
 Every mistake (an empty folder, fewer images than a batch, a ZIP that is not one, no image column, a
 resolution the model cannot make, --conditional without labels, data changed under a resumed run) is
 one ``error:`` line, exit 2, before anything is written into the run folder.
+
+The default rules (docs/own-images.md says the same):
+
+* **The model**: ``--model``, else ``dcgan`` up to 64 px and ``resnet`` above (a resolution only the
+  residual family makes).
+* **The resolution**: ``--resolution``, else the largest size the model makes that is at most the
+  median short side of the readable images (the smallest size it makes when they are all smaller: they
+  are upscaled). Without ``--model`` that is at most 64 px: a first run that finishes.
+* **The channels**: ``--channels``, else 1 when every image is grayscale, else 3.
+* **Resuming** (``--resume`` of the run's own checkpoints) takes the model family, the resolution and the
+  channels the run recorded when they are not given, so the same command continues the same networks.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..augment import AUGMENTS
+from ..callbacks import Callback
 from ..config import TrainConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+from ..models import default_spec, supported_resolutions
 from .arguments import fraction, nonnegative_float, positive_int
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
@@ -36,7 +53,8 @@ if TYPE_CHECKING:
 # The MNIST examples' defaults (docs/benchmarks.md), until an ablation on other images says otherwise.
 DEFAULT_STEPS = 5000
 DEFAULT_R1_GAMMA = {False: 0.1, True: 0.0}
-FEATURES = ("auto", "inception", "random")  # --eval-features (gan_accel/cli/train_eval.py)
+FEATURES = ("auto", "inception", "random")  # --eval-features
+DCGAN_LARGEST = max(supported_resolutions("dcgan"))
 
 
 def add_parser(commands: Any) -> None:
@@ -96,78 +114,214 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(run=train)
 
 
-def provisional_config(args: argparse.Namespace, family: str) -> TrainConfig:
-    """The config from the flags alone, validated before the data is read (classes and length come later)."""
-    from . import train_setup as setup
-
-    if args.r1_gamma is None:
-        args.r1_gamma = DEFAULT_R1_GAMMA[args.conditional]
-    fields = {**config_fields(args), "z_dim": setup.z_dim_of(args, family)}
-    return TrainConfig(**fields, augment=args.augment, augment_p=args.augment_p, ada_target=args.ada_target)
-
-
-def finish_config(config: TrainConfig, args: argparse.Namespace, spec: dict[str, Any], data: "ImageData",
-                  batches: int, processes: int) -> None:
-    """The settings that depend on the data: classes, length, the networks' spec and what the run records."""
-    from .train_setup import data_extra
-
-    if args.conditional:
-        classes = spec["num_classes"]
-        config.num_classes = classes
-        config.num_samples = classes * max(1, min(8, 256 // classes))  # one grid row per class
-        config.label_distribution = args.label_distribution or "data"
-        config.class_loss_weight = 1.0 if args.class_weight is None else args.class_weight
-    config.max_steps = steps_for(args, batches // processes, DEFAULT_STEPS, processes)
-    config.model = spec  # what gan-accel sample and export rebuild G from; fixed on resume
-    config.extra = {**data_extra(data), "num_processes": processes}
-    config.validate()
-
-
 def train(args: argparse.Namespace) -> int:
-    """The command: decide (model, resolution, data, run folder), then train; see the module docstring."""
+    """The command: the run folder, the model and resolution, the data, the config, then training."""
     import torch
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
-    from ..engine import GANTrainer, build_accelerator
-    from ..engine.launch import describe_launch
+    from ..engine import GANTrainer
+    from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
-    from . import train_setup as setup
-    from .train_eval import build_evaluator
 
     if args.fork and args.resume is None:
         raise ConfigError("--fork needs --resume PATH: the checkpoint of another run to start this one from")
-    args.output_dir = args.output_dir or setup.default_output_dir(args.data)
-    setup.fill_from_run(args)
-    family = setup.family_of(args)
-    setup.check_model(args, family)
-    config = provisional_config(args, family)
-    setup.check_run_folder(args)
-    accelerator = build_accelerator(config)
-    log = accelerator.print
-    data = setup.open_data(args, family, accelerator, log)
-    spec = setup.model_spec(args, family, data)
-    if args.resume is not None:
-        data.check_resume(args.output_dir, allow_changed=args.allow_data_change, log=log)
+    args.output_dir = args.output_dir or default_output_dir(args.data)
+    recorded_spec, recorded_data = check_run_folder(args)
+    if recorded_spec is not None:  # resuming: --model, --resolution and --channels left out are the run's own
+        args.model = args.model or recorded_spec["family"]
+        args.resolution = args.resolution or recorded_spec.get("image_size")
+        args.channels = args.channels or recorded_spec.get("channels")
+    family = args.model or ("resnet" if args.resolution and args.resolution > DCGAN_LARGEST else "dcgan")
+    overrides = check_model(args, family)
+    # The processes of the launch, before the data (one process per machine builds its cache); the trainer
+    # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
+    # torch's collective timeout bounds the data build's waits too (gan_accel.ending).
+    processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"),
+                             timeout=timedelta(seconds=args.collective_timeout))
+    check_launch(processes)
+    log = processes.print
+    data = open_data(args, family, processes, log)
+    data.check_resume(recorded_data, allow_changed=args.allow_data_change, log=log)
+    spec = default_spec(family, data.prep.resolution, data.prep.channels,
+                        len(data.class_names) if args.conditional else None, **overrides)
     loader = data.dataloader(args.batch_size, random_flip=args.random_flip, seed=args.seed)
-    finish_config(config, args, spec, data, len(loader), accelerator.num_processes)
-    callbacks: list[Any] = [setup.RunDataFiles(data)]
+    callbacks: list[Any] = [RunDataFiles(data)]
+    extra = {**data_extra(data), "num_processes": processes.num_processes}
     if args.eval_every:
-        evaluator, features = build_evaluator(args, data, accelerator, log)
+        evaluator, extra["eval_features"] = build_evaluator(args, data, processes.device, log)
         callbacks.append(evaluator)
-        config.extra["eval_features"] = features
+    config = build_config(args, spec, len(loader) // processes.num_processes, processes.num_processes, extra)
 
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
     G, D = build_models(spec)
-    trainer = GANTrainer(G, D, loader, config, accelerator=accelerator, callbacks=callbacks)
+    trainer = GANTrainer(G, D, loader, config, callbacks=callbacks)
     classes = f", {spec['num_classes']} classes" if args.conditional else ""
     log(f"gan_accel: {family} G and D (width {spec['width']}, z {spec['z_dim']}) at {spec['image_size']} px, "
-        f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {args.batch_size} x {args.grad_accum} images per "
-        f"process; {describe_launch(accelerator)}; output in {config.output_dir}")
+        f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {args.batch_size} x {args.grad_accum} "
+        f"images per process; {describe_launch(trainer.accelerator)}; output in {config.output_dir}")
     metrics = trainer.fit(resume_from=args.resume, fork=args.fork)
     # One line per process, so a multi-process launch shows that every rank trained its share.
-    print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
+    print(f"process {processes.process_index}/{processes.num_processes}: {trainer.step} steps, "
           f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)
     log("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
     log(f"next: gan-accel sample {config.output_dir} --num 64 --out grid.png; share it: gan-accel export "
         f"{config.output_dir} EXPORT_DIR")
-    accelerator.wait_for_everyone()
+    trainer.accelerator.wait_for_everyone()
     return 0
+
+
+def default_output_dir(data: str) -> str:
+    """``runs/<name>``: the data folder's or ZIP's name, or the Hugging Face dataset's (``hf:user/pets:train`` -> pets)."""
+    text = str(data).rstrip("/\\")
+    if text.startswith("hf:"):
+        text = re.sub(r":[^/\\:]*$", "", text[3:]) if text.count(":") > 1 else text[3:]
+    name = Path(text).stem or Path(text).resolve().name
+    return f"runs/{name or 'images'}"
+
+
+def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The one look at ``--output-dir``, read-only and before the data: a new run does not land on another; a
+    resume names a checkpoint, and gives the networks' spec and the data record (``data.json``) the run kept."""
+    from ..state.checkpoint import resolve_resume
+    from ..state.layout import CONFIG, DATA_RECORD, read_json
+    from ..state.run_folder import RunFolder
+
+    if args.resume is None:
+        RunFolder(args.output_dir, writer=False).check_new_run(args.overwrite)
+        return None, None
+    resolve_resume(args.resume, args.output_dir)
+    if args.fork:  # a new run: nothing of the folder to go on with
+        return None, None
+    folder = Path(args.output_dir)
+    try:
+        spec = read_json(folder / CONFIG).get("model")
+    except (OSError, ValueError, AttributeError):
+        spec = None
+    try:
+        record = json.loads((folder / DATA_RECORD).read_text())
+    except FileNotFoundError:
+        record = None  # trained on something else: nothing to compare
+    except (OSError, ValueError) as error:
+        raise DataError(f"{folder / DATA_RECORD} cannot be read ({error}): restore it, or start a new run") from None
+    return (spec if isinstance(spec, dict) and "family" in spec else None), record
+
+
+def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
+    """Before the data: the model flags that fit ``family`` (as spec keys), and the family makes
+    ``--resolution`` when it is given; one line for a flag that does not fit."""
+    if not args.conditional:
+        for flag, value in (("--label-column", args.label_column), ("--label-distribution", args.label_distribution),
+                            ("--class-weight", args.class_weight), ("--d-position", args.d_position)):
+            if value is not None:
+                raise ConfigError(f"{flag} is a setting of a class-conditional run: add --conditional (labels from "
+                                  "class subfolders or a class column), or leave it out")
+    overrides: dict[str, Any] = {key: value for key, value in (("width", args.width), ("z_dim", args.z_dim))
+                                 if value is not None}
+    if family == "dcgan":
+        if args.spectral_norm:
+            overrides["spectral_norm"] = True
+        if args.d_position is not None:
+            overrides["d_position"] = args.d_position
+    elif args.spectral_norm:
+        raise ConfigError("--spectral-norm: the resnet family's D is always spectrally normalised; leave the flag out")
+    elif args.d_position is not None:
+        raise ConfigError("--d-position sets the dcgan family's conditional D: leave it out with --model resnet")
+    if args.resolution is not None:
+        default_spec(family, args.resolution, args.channels or 3, 2 if args.conditional else None, **overrides)
+    return overrides
+
+
+def default_resolution(family: str, sizes: list[tuple[int, int]]) -> tuple[int, str]:
+    """The largest size ``family`` makes at or below the images' median short side (the lower middle one
+    for an even count; the smallest size when they are all smaller), and one line saying why."""
+    made = supported_resolutions(family)
+    if not sizes:
+        return made[0], ""
+    side = sorted(min(w, h) for w, h in sizes)[(len(sizes) - 1) // 2]
+    fitting = [size for size in made if size <= side]
+    chosen = fitting[-1] if fitting else made[0]
+    why = "the largest" if fitting else "the smallest (the images are upscaled)"
+    return chosen, (f"gan_accel: {chosen} px: {why} size the {family} family makes for images whose median short "
+                    f"side is {side} px (choose with --resolution)")
+
+
+def open_data(args: argparse.Namespace, family: str, processes: Any, log: Callable[[str], Any]) -> ImageData:
+    """List and scan the data once, choose the resolution when it is not given, and open it."""
+    from ..data import Preprocessing, scan_images
+
+    images = scan_images(args.data, "required" if args.conditional else "none", split=args.split,
+                         image_column=args.image_column, label_column=args.label_column, cache_dir=args.cache_dir,
+                         accelerator=processes)
+    resolution = args.resolution
+    if resolution is None:
+        resolution, why = default_resolution(family, images.sizes)
+        if why:
+            log(why)
+    data = images.open(Preprocessing(resolution, args.channels, args.crop, args.background),
+                       batch_size=args.batch_size, log=log)
+    if args.conditional and len(data.class_names or []) < 2:
+        raise DataError(f"a conditional run needs at least 2 classes, and {data.report.source} has "
+                        f"{len(data.class_names or [])}: add classes, or train unconditionally")
+    return data
+
+
+def data_extra(data: ImageData) -> dict[str, Any]:
+    """What the run's config records about its data (``config.extra``)."""
+    return {"dataset": Path(data.report.source).name or data.report.source, "data_source": data.report.source,
+            "data_fingerprint": data.fingerprint, "images": len(data),
+            "classes": len(data.class_names) if data.class_names else None, "channels": data.prep.channels,
+            "resolution": data.prep.resolution, "crop": data.prep.crop}
+
+
+def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, processes: int,
+                 extra: dict[str, Any]) -> TrainConfig:
+    """The run's config, once, from the flags and the data (the networks' spec, the batches per epoch)."""
+    fields = config_fields(args)
+    if args.r1_gamma is None:
+        fields["r1_gamma"] = DEFAULT_R1_GAMMA[args.conditional] or None
+    if args.conditional:
+        classes = spec["num_classes"]
+        fields.update(num_classes=classes, num_samples=classes * max(1, min(8, 256 // classes)),  # a row per class
+                      label_distribution=args.label_distribution or "data",
+                      class_loss_weight=1.0 if args.class_weight is None else args.class_weight)
+    fields.update(z_dim=spec["z_dim"], max_steps=steps_for(args, batches, DEFAULT_STEPS, processes), model=spec,
+                  extra=extra, augment=args.augment, augment_p=args.augment_p, ada_target=args.ada_target)
+    return TrainConfig(**fields)
+
+
+def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any,
+                    log: Callable[[str], Any]) -> tuple[Any, str]:
+    """The :class:`~gan_accel.callbacks.Evaluator` of ``--eval-every``, and the name of its feature space: real
+    features computed once, from up to :data:`REFERENCE_IMAGES` images (a fixed, seeded choice, centre crops)."""
+    from ..callbacks import Evaluator
+    from ..data import uint8_to_float
+    from ..eval import compute_features
+    from ..eval.random_features import choose_features
+
+    features, logits, name = choose_features(args.eval_features, device, log)
+    real = data.real_images(seed=args.seed)
+    # a chunk at a time in float: 10,000 images at 256 px would be 7.9 GB as one float tensor
+    reference = compute_features(features, (uint8_to_float(part) for part in real.split(250)))
+    log(f"gan_accel: evaluation every {args.eval_every} steps: {args.eval_samples} samples against {len(real)} real "
+        f"images in {name} features")
+    return Evaluator(features, reference, every=args.eval_every, num_samples=args.eval_samples, metric="fd",
+                     logits=logits, seed=1234), name
+
+
+class RunDataFiles(Callback):
+    """Writes the data's files into the run folder as training starts (``data.json``, ``class_names.json``,
+    ``skipped_files.txt``: :meth:`ImageData.write_run_files`) and records them at step 0, so a branch
+    never moves them aside and ``--overwrite`` removes them with the rest of the run."""
+
+    def __init__(self, data: ImageData) -> None:
+        self.data = data
+
+    def on_fit_start(self, trainer: Any) -> None:
+        from ..ending import run_together
+
+        def write() -> None:
+            for path in self.data.write_run_files(trainer.output_dir):
+                trainer.control.record_file(path, 0)
+
+        run_together(trainer.accelerator, write, main_only=True)

@@ -6,9 +6,10 @@ Nothing here is imported by the engine: any ``DataLoader`` works with :class:`~g
 
 from .digits import synthetic_digits
 from .image_cache import default_cache_root
+from .image_data import ImageData, ImageScan, open_image_data, scan_images
+from .image_decode import Preprocessing
 from .image_scan import ScanReport, SkippedFile
-from .images import ImageData, open_image_data
-from .loader import UInt8ImageDataset, collate_uint8_batch, make_dataloader, uint8_to_float
+from .loader import UInt8Collate, UInt8ImageDataset, make_dataloader, uint8_to_float
 from .mnist import MNIST_FILES, DatasetInfo, DatasetUnavailableError, load_mnist_uint8, resolve_dataset
 from .toy import ring_centres, ring_of_gaussians
 
@@ -16,11 +17,13 @@ __all__ = [
     "DatasetInfo",
     "DatasetUnavailableError",
     "ImageData",
+    "ImageScan",
     "MNIST_FILES",
+    "Preprocessing",
     "ScanReport",
     "SkippedFile",
+    "UInt8Collate",
     "UInt8ImageDataset",
-    "collate_uint8_batch",
     "default_cache_root",
     "load_mnist_uint8",
     "make_dataloader",
@@ -28,6 +31,7 @@ __all__ = [
     "open_image_data",
     "ring_centres",
     "ring_of_gaussians",
+    "scan_images",
     "synthetic_digits",
     "uint8_to_float",
 ]

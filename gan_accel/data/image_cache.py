@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import DataError
 from ..state.files import atomic_path, temporary_name
 from . import image_decode
-from .image_decode import RANDOM_CROP_MAX_ASPECT
-from .image_scan import SkippedFile, skip_reason
-from .image_sources import ImageSource
+from .image_decode import Preprocessing
+from .image_scan import SkippedFile, scan, skip_reason
+from .image_sources import Entry, ImageSource
 
 CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
 
@@ -63,14 +64,29 @@ def scan_key(identity: dict[str, Any], entries: Sequence[Any]) -> str:
     return digest.hexdigest()
 
 
-def prep_name(resolution: int, channels: int, crop: str, background: str) -> str:
-    """The name of one preprocessing's files, e.g. ``64px-3ch-center-white``."""
-    return f"{resolution}px-{channels}ch-{crop}-{background}"
+def default_memory_budget() -> int:
+    """A quarter of the machine's physical memory (4 GiB where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
 
 
-def strip_width(resolution: int, crop: str) -> int:
-    """The stored width: R for a centre crop, the longest strip for a random crop."""
-    return resolution if crop == "center" else math.floor(resolution * RANDOM_CROP_MAX_ASPECT)
+def within_budget(prep: Preprocessing, count: int, budget: int) -> tuple[bool, str]:
+    """Whether ``count`` images decoded with ``prep`` fit the memory budget, and why not."""
+    size = prep.bytes_for(count)
+    if budget <= 0:
+        return False, "caching is off: memory_budget=0"
+    if size > budget:
+        return False, f"{size / 1e9:,.2f} GB decoded is more than the memory budget of {budget / 1e9:,.2f} GB"
+    return True, ""
+
+
+def cache_error(error: OSError, root: Path) -> DataError:
+    """One line for a cache that cannot be written."""
+    reason = f"{os.strerror(error.errno)}" if error.errno else (str(error) or type(error).__name__)
+    return DataError(f"cannot write the image cache at {error.filename or root}: {reason}; choose another place "
+                     "with cache_dir (or $GAN_ACCEL_CACHE)")
 
 
 class CacheFolder:
@@ -84,14 +100,17 @@ class CacheFolder:
     def scan_json(self) -> Path:
         return self.path / "scan.json"
 
-    def images(self, prep: str) -> Path:
-        return self.path / f"{prep}.npy"
+    def images(self, prep: Preprocessing) -> Path:
+        return self.path / f"{prep.name}.npy"
 
-    def strips(self, prep: str) -> Path:
-        return self.path / f"{prep}.strips.npy"
+    def strips(self, prep: Preprocessing) -> Path:
+        return self.path / f"{prep.name}.strips.npy"
 
-    def prep_json(self, prep: str) -> Path:
-        return self.path / f"{prep}.json"
+    def prep_json(self, prep: Preprocessing) -> Path:
+        return self.path / f"{prep.name}.json"
+
+    def skipped_list(self, prep: Preprocessing) -> Path:
+        return self.path / f"{prep.name}.skipped.txt"
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         """The JSON at ``path``, or None when it is missing or unreadable (then it is rebuilt)."""
@@ -104,18 +123,25 @@ class CacheFolder:
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
         write_text_atomic(path, json.dumps({"version": CACHE_VERSION, **data}))
 
-    def open_images(self, prep: str, rows: int) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """The cached arrays, memory-mapped read-only, or None when absent or not of ``rows`` rows."""
+    def has_images(self, prep: Preprocessing, rows: int) -> bool:
+        """Whether the cached array is there, uint8 and of ``rows`` rows (memory-mapped to look: nothing read)."""
         try:
             images = np.load(self.images(prep), mmap_mode="r", allow_pickle=False)
-            strips = None
-            if self.strips(prep).exists():
-                strips = np.load(self.strips(prep), allow_pickle=False)
         except (OSError, ValueError):
-            return None
-        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[0] != rows:
-            return None
-        return images, strips
+            return False
+        return images.dtype == np.uint8 and images.ndim == 4 and images.shape[0] == rows
+
+    def scan(self, source: ImageSource, entries: list[Entry]) -> dict[str, Any]:
+        """The scan of ``entries`` (:func:`~gan_accel.data.image_scan.scan`), read from the cache or made and cached:
+        ``{"source", "items": [(entry index, width, height, mode, grey), ...], "skipped": [[name, reason], ...]}``."""
+        scan_data = self.read_json(self.scan_json)
+        if scan_data is None:
+            start = time.perf_counter()
+            items, skipped = scan(source, entries)
+            scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped],
+                         "seconds": round(time.perf_counter() - start, 3)}
+            self.write_json(self.scan_json, scan_data)
+        return scan_data
 
 
 def free_bytes(path: Path) -> int:
@@ -131,17 +157,15 @@ def free_bytes(path: Path) -> int:
 class _DecodeJob(Dataset):
     """One decode per index, for the cache build (in DataLoader workers when there are many images)."""
 
-    def __init__(self, source: ImageSource, names: Sequence[str], resolution: int, channels: int, crop: str,
-                 background: str) -> None:
-        self.source, self.names = source, names
-        self.args = (resolution, channels, crop, background)
+    def __init__(self, source: ImageSource, names: Sequence[str], prep: Preprocessing) -> None:
+        self.source, self.names, self.prep = source, names, prep
 
     def __len__(self) -> int:
         return len(self.names)
 
     def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            return index, image_decode.decode_bytes_or_path(self.source.open(self.names[index]), *self.args), ""
+            return index, image_decode.decode_bytes_or_path(self.source.open(self.names[index]), self.prep), ""
         except MemoryError:
             raise
         except Exception as error:  # Pillow raises many types for corrupt data; any of them means "skip this file"
@@ -152,23 +176,22 @@ def _single_thread(_: int) -> None:
     torch.set_num_threads(1)  # decoding workers need no intra-op threads of their own
 
 
-def build_images(folder: CacheFolder, prep: str, source: ImageSource, names: Sequence[str], resolution: int,
-                 channels: int, crop: str, background: str, workers: int,
+def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, names: Sequence[str], workers: int,
                  progress: Callable[[int], Any] | None = None) -> list[tuple[int, SkippedFile]]:
     """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (position, reason) of failures.
 
     Written to a temporary file and renamed: a build cut short leaves no cache behind. With
     ``workers > 0`` the decoding runs in that many DataLoader worker processes.
     """
-    n, width = len(names), strip_width(resolution, crop)
+    n = len(names)
     final = folder.images(prep)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(final)
     failed: list[tuple[int, SkippedFile]] = []
     try:
-        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, channels, resolution, width))
-        strips = np.zeros((n, 2), dtype=np.int16) if crop == "random" else None
-        job = _DecodeJob(source, names, resolution, channels, crop, background)
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, prep.channels, prep.resolution, prep.width))
+        strips = np.zeros((n, 2), dtype=np.int16) if prep.crop == "random" else None
+        job = _DecodeJob(source, names, prep)
         if workers > 0:
             results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
                                                          worker_init_fn=_single_thread) for item in batch)

@@ -17,7 +17,7 @@ One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow:
   then crop the centre, without rounding the intermediate size).
 * ``crop="random"``: the image is resized so its short side is R and its long side is kept up to
   ``RANDOM_CROP_MAX_ASPECT`` x R (longer images lose their ends first); the R x R window is chosen per
-  draw, at batch time (see :mod:`gan_accel.data.images`).
+  draw, at batch time (see :mod:`gan_accel.data.loader`).
 * JPEG: libjpeg decodes at 1/2, 1/4 or 1/8 scale when the result still has at least 2R pixels on the
   short side (Pillow's ``draft``): a large photo costs a fraction of its full decode, and the Lanczos
   resample from >= 2R keeps the quality.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from dataclasses import dataclass, replace
 from typing import IO, Any, NamedTuple
 
 import numpy as np
@@ -38,14 +39,61 @@ from PIL import Image, ImageOps
 from PIL import (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin, TiffImagePlugin,  # noqa: F401
                  WebPImagePlugin)
 
+from ..errors import DataError
+
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")  # JPEG also opens MPO files
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jpe", ".jfif", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 CROPS = ("center", "random")
 BACKGROUNDS = {"white": 255, "black": 0}
 RANDOM_CROP_MAX_ASPECT = 1.5
 GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _TAIL = 4096  # bytes read from the end of a file to find its format's end marker
+MIN_RESOLUTION, MAX_RESOLUTION = 8, 4096
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How every image becomes a square uint8 array: its side, its channels, the crop and the background.
+
+    ``channels=None`` is "what the data has" (1 when every image is grayscale, else 3), settled by
+    :meth:`for_data` once the scan is known. Invalid settings are one :class:`DataError` line.
+    """
+
+    resolution: int
+    channels: int | None = None
+    crop: str = "center"
+    background: str = "white"
+
+    def __post_init__(self) -> None:
+        r = self.resolution
+        if isinstance(r, bool) or not isinstance(r, int) or not MIN_RESOLUTION <= r <= MAX_RESOLUTION:
+            raise DataError(f"resolution {r!r} cannot be used: choose a whole number of pixels from "
+                            f"{MIN_RESOLUTION} to {MAX_RESOLUTION} (one the model can make)")
+        if self.channels not in (None, 1, 3):
+            raise DataError(f"channels {self.channels!r} cannot be used: choose 1 (grayscale) or 3 (RGB), or leave "
+                            "it out to use what the data has")
+        if self.crop not in CROPS:
+            raise DataError(f"crop {self.crop!r} is unknown: choose {' or '.join(CROPS)}")
+        if self.background not in BACKGROUNDS:
+            raise DataError(f"background {self.background!r} is unknown: choose {' or '.join(BACKGROUNDS)}")
+
+    def for_data(self, grey: bool) -> "Preprocessing":
+        """The channels settled: the given ones, else 1 when every image is grey, else 3."""
+        return self if self.channels is not None else replace(self, channels=1 if grey else 3)
+
+    @property
+    def name(self) -> str:
+        """The name of this preprocessing's cache files, e.g. ``64px-3ch-center-white``."""
+        return f"{self.resolution}px-{self.channels}ch-{self.crop}-{self.background}"
+
+    @property
+    def width(self) -> int:
+        """The stored width: R for a centre crop, the longest strip for a random crop."""
+        return self.resolution if self.crop == "center" else math.floor(self.resolution * RANDOM_CROP_MAX_ASPECT)
+
+    def bytes_for(self, count: int) -> int:
+        """The size of ``count`` decoded images (channels settled)."""
+        return count * (self.channels or 3) * self.resolution * self.width
 
 
 class ImageHeader(NamedTuple):
@@ -210,20 +258,20 @@ def _draft(img: Image.Image, resolution: int) -> None:
             img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
 
 
-def decode_image(fp: str | os.PathLike | IO[bytes], resolution: int, channels: int, crop: str = "center",
-                 background: str = "white") -> np.ndarray:
+def decode_image(fp: str | os.PathLike | IO[bytes], prep: Preprocessing) -> np.ndarray:
     """Decode one image file to uint8 (channels, H, W): (channels, R, R) for ``crop="center"``.
 
     For ``crop="random"``: the image with its short side R and its long side up to 1.5 R, in its
     own orientation (the R x R window is chosen later, per draw).
     Raises Pillow's errors (``OSError``, ``ValueError``, ...) for an unreadable file.
     """
+    resolution, channels = prep.resolution, prep.channels or 3
     with open_image(fp) as img:
         _draft(img, resolution)
         img = ImageOps.exif_transpose(img)  # loads the pixels
-        img = to_working_mode(img, channels, BACKGROUNDS[background])
+        img = to_working_mode(img, channels, BACKGROUNDS[prep.background])
         width, height = img.size
-        if crop == "center":
+        if prep.crop == "center":
             img = img.resize((resolution, resolution), Image.LANCZOS, box=centre_square(width, height))
         else:
             box, length = strip_size(width, height, resolution)
@@ -239,8 +287,8 @@ def decode_image(fp: str | os.PathLike | IO[bytes], resolution: int, channels: i
     return np.ascontiguousarray(array)
 
 
-def decode_bytes_or_path(item: Any, resolution: int, channels: int, crop: str, background: str) -> np.ndarray:
-    """:func:`decode_image` of a path, of bytes, or of a Hugging Face image cell ``{"bytes", "path"}``."""
+def as_file(item: Any) -> Any:
+    """A path or file for Pillow from a path, a file, bytes, or a Hugging Face image cell ``{"bytes", "path"}``."""
     import io
 
     if isinstance(item, dict):
@@ -249,4 +297,9 @@ def decode_bytes_or_path(item: Any, resolution: int, channels: int, crop: str, b
         item = io.BytesIO(item)
     if item is None:
         raise ValueError("empty image cell")
-    return decode_image(item, resolution, channels, crop, background)
+    return item
+
+
+def decode_bytes_or_path(item: Any, prep: Preprocessing) -> np.ndarray:
+    """:func:`decode_image` of anything :func:`as_file` takes."""
+    return decode_image(as_file(item), prep)

@@ -1,4 +1,4 @@
-"""The scan: which candidate files are readable images, what they are, and what will be trained on.
+"""The scan: which candidate files are readable images, what they are, and what will be trained on (with labels).
 
 The scan opens every candidate's header and, for PNG, JPEG and WebP, checks its end marker (a file
 cut short lacks it); it decodes nothing. A file that is not an image, cannot be read or is truncated
@@ -9,14 +9,15 @@ DataLoader workers) skips and counts whatever else is broken.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .image_decode import read_header
-from .image_sources import Entry, HFSource, ImageSource
+from .image_decode import as_file, mode_family, read_header
+from .image_sources import Entry, HFSource, ImageSource, folder_classes
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
 
@@ -81,15 +82,6 @@ class ScanReport:
         return (f"gan_accel: warning: skipped {len(self.skipped):,} of {self.files:,} files that are not readable "
                 f"images ({kind_text}): {names}{more}{tail}")
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ScanReport":
-        data = dict(data)
-        data["skipped"] = [SkippedFile(**s) for s in data.get("skipped", [])]
-        return cls(**data)
-
 
 def skip_reason(error: BaseException) -> str:
     """A short reason for a file that failed to open or decode."""
@@ -105,16 +97,9 @@ def skip_reason(error: BaseException) -> str:
     return f"truncated or corrupt: {text}"
 
 
-@dataclass
-class ScanResult:
-    """Per readable image: its entry index, header (w, h, mode) and whether it is grey; and the skipped files."""
-
-    items: list[tuple[int, int, int, str, bool]]  # (entry index, width, height, mode, grey)
-    skipped: list[SkippedFile]
-
-
-def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
-    """Read every candidate's header (no decoding); see the module docstring."""
+def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int, int, str, bool]], list[SkippedFile]]:
+    """Read every candidate's header (no decoding; see the module docstring): per readable image its entry
+    index, header (width, height, mode) and whether it is grey; and the skipped files."""
     items: list[tuple[int, int, int, str, bool]] = []
     skipped: list[SkippedFile] = []
     cells: Iterable[Any] = source.cells() if isinstance(source, HFSource) else (None for _ in entries)
@@ -123,7 +108,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
             skipped.append(SkippedFile(entry.name, "not an image: empty file"))
             continue
         try:
-            handle = _as_file(cell) if cell is not None else source.open(entry.name)
+            handle = as_file(cell if cell is not None else source.open(entry.name))
             (width, height, mode), grey = read_header(handle)
         except MemoryError:
             raise
@@ -131,19 +116,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> ScanResult:
             skipped.append(SkippedFile(entry.name, skip_reason(error)))
             continue
         items.append((index, width, height, mode, grey))
-    return ScanResult(items, skipped)
-
-
-def _as_file(cell: Any) -> Any:
-    import io
-
-    if isinstance(cell, dict):
-        cell = cell.get("bytes") or cell.get("path")
-    if isinstance(cell, (bytes, bytearray)):
-        return io.BytesIO(cell)
-    if cell is None:
-        raise ValueError("empty image cell")
-    return cell
+    return items, skipped
 
 
 def size_summary(items: list[tuple[int, int, int, str, bool]]) -> dict[str, Any]:
@@ -154,3 +127,64 @@ def size_summary(items: list[tuple[int, int, int, str, bool]]) -> dict[str, Any]
     smallest = min(sizes, key=lambda s: (s[0] * s[1], s))
     largest = max(sizes, key=lambda s: (s[0] * s[1], s))
     return {"min": list(smallest), "max": list(largest), "common": [[w, h, n] for (w, h), n in sizes.most_common(5)]}
+
+
+def skipped_text(skipped: Sequence[SkippedFile]) -> str:
+    """The full list of skipped files: one "name<TAB>reason" line each."""
+    return "".join(f"{s.name}\t{s.reason}\n" for s in skipped)
+
+
+@dataclass
+class Selection:
+    """The images trained on, chosen from a scan: their entry positions, labels and the report."""
+
+    report: ScanReport
+    positions: list[int]  # entry index of each image used
+    labels: np.ndarray | None  # int64 (N,), None without labels
+    class_names: list[str] | None
+    upscaled: int  # images whose short side is below the resolution
+
+
+def select(scan_data: dict[str, Any], source: ImageSource, names: list[str], labels_mode: str, resolution: int,
+           failed: Sequence[Sequence[str]] = ()) -> Selection:
+    """From the scan (and the cache build's failures): the images used, their labels, and the report."""
+    items = [tuple(item) for item in scan_data["items"]]
+    skipped = [SkippedFile(*s) for s in scan_data["skipped"]]
+    positions = [item[0] for item in items]
+    class_names: list[str] | None = None
+    reason = ""
+    label_ids: list[int] | None = None
+    if labels_mode != "none":
+        given = source.labels()
+        if given is not None:
+            all_ids, class_names = given
+            label_ids = [all_ids[p] for p in positions]
+        elif source.has_folder_layout:
+            class_of, reason = folder_classes([names[p] for p in positions])
+            if class_of is not None:
+                class_names = sorted(set(class_of))
+                index = {name: i for i, name in enumerate(class_names)}
+                label_ids = [index[c] for c in class_of]
+        else:
+            reason = f"{source.description} has no class column (name one with --label-column)"
+    failed_names = {name for name, _ in failed}
+    if failed_names:
+        keep = [i for i, p in enumerate(positions) if names[p] not in failed_names]
+        items = [items[i] for i in keep]
+        positions = [positions[i] for i in keep]
+        label_ids = None if label_ids is None else [label_ids[i] for i in keep]
+        skipped = skipped + [SkippedFile(name, why) for name, why in failed]
+    classes = None
+    if class_names is not None and label_ids is not None:
+        counts = np.bincount(np.asarray(label_ids, dtype=np.int64), minlength=len(class_names))
+        classes = {name: int(n) for name, n in zip(class_names, counts)}
+    modes = Counter(mode_family(mode, grey) for _, _, _, mode, grey in items)
+    report = ScanReport(
+        source=source.description, files=len(names), count=len(items), sizes=size_summary(items), modes=dict(modes),
+        grey=bool(items) and all(item[4] for item in items), classes=classes,
+        no_labels_reason="" if classes else (reason or ("labels='none'" if labels_mode == "none" else "")),
+        skipped=skipped,
+    )
+    labels = None if label_ids is None else np.asarray(label_ids, dtype=np.int64)
+    upscaled = sum(1 for _, w, h, _, _ in items if min(w, h) < resolution)
+    return Selection(report, positions, labels, class_names, upscaled)

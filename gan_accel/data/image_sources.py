@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import DataError
+from ..errors import DataError, GanAccelError
 
 IGNORED_NAMES = frozenset({"__MACOSX", "Thumbs.db", "desktop.ini", "ehthumbs.db"})
 DATASETS_HINT = "pip install 'gan_accel[datasets]'"
@@ -325,3 +325,53 @@ def pick_split(dataset: Any, split: str | None, description: str) -> tuple[Any, 
     if chosen not in splits:
         raise DataError(f"{description} has the splits {', '.join(splits)}: choose one (hf:NAME:SPLIT or split=...)")
     return pick_split(dataset[chosen], None, f"{description} [{chosen}]")
+
+
+def resolve_source(source: Any, *, split: str | None = None, image_column: str | None = None,
+                   label_column: str | None = None, use_labels: bool = True, accelerator: Any = None) -> ImageSource:
+    """A folder, a ``.zip``, ``hf:NAME[:SPLIT]`` / ``hf:FOLDER[:SPLIT]``, or a ``datasets`` object, as a source."""
+    if not isinstance(source, (str, os.PathLike)):
+        import_datasets()
+        dataset, description = pick_split(source, split, f"the {type(source).__name__} passed")
+        return HFSource(dataset, description, image_column, label_column, use_labels)
+    text = os.fspath(source)
+    if text.startswith("hf:"):
+        import contextlib
+
+        first = accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext()
+        error: GanAccelError | None = None
+        with first:  # the first process downloads into the Hugging Face cache, the others then read it
+            try:
+                loaded, description = load_hf(text, split)
+            except GanAccelError as caught:  # caught inside: escaping would skip the block's closing barrier
+                error = caught
+        if accelerator is not None and accelerator.num_processes > 1:
+            from ..ending import raise_together
+
+            raise_together(accelerator, error)
+        elif error is not None:
+            raise error
+        dataset, description = pick_split(loaded, split, description)
+        return HFSource(dataset, description, image_column, label_column, use_labels)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return FolderSource(path)
+    if not path.exists():
+        raise DataError(f"{path} does not exist: pass a folder of images, a .zip of them, or hf:NAME for a "
+                        "Hugging Face dataset")
+    try:
+        is_zip = path.suffix.lower() == ".zip" or zipfile.is_zipfile(path)
+    except OSError:
+        is_zip = False
+    if is_zip:
+        return ZipSource(path)
+    raise DataError(f"{path} is a file, not a folder of images or a .zip: pass the folder that holds the images")
+
+
+def list_source(source: ImageSource) -> list[Entry]:
+    """The source's listing; one-line :class:`DataError` when it holds no files."""
+    entries = source.entries()
+    if not entries:
+        raise DataError(f"{source.description} holds no files (hidden files are ignored): pass the folder that holds "
+                        "the images")
+    return entries

@@ -1,7 +1,7 @@
-"""A fast in-memory loader for uint8 images.
+"""The datasets and the collate behind every loader: uint8 images in, float32 batches in [-1, 1] out.
 
-The fast path keeps the whole data set in memory as uint8 (47 MB for MNIST) and converts to float in
-[-1, 1] once per *batch*. torchvision's usual path builds a PIL image and runs ``ToTensor`` +
+The whole data set stays uint8 (in memory, or memory-mapped from the image cache) and is converted to
+float once per *batch*: torchvision's usual path builds a PIL image and runs ``ToTensor`` +
 ``Normalize`` for every item, which costs more CPU time than a small GAN step on a GPU.
 
 ``make_dataloader`` returns a real ``torch.utils.data.DataLoader`` so ``accelerator.prepare`` can shard
@@ -10,12 +10,25 @@ it like any other loader; all state lives in the dataset and ``collate_fn``, whi
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from ..errors import DataError
+from . import image_decode
+from .image_decode import Preprocessing
+from .image_scan import skip_reason
+from .image_sources import ImageSource
+
+_REPLACEMENT_TRIES = 16  # consecutive unreadable items before the per-item path gives up
+_FAILURES_LOGGED = 5  # per process: the first few files that turned bad are named on stderr
 
 
 def uint8_to_float(images: Tensor) -> Tensor:
@@ -23,58 +36,175 @@ def uint8_to_float(images: Tensor) -> Tensor:
     return images.float().div(127.5).sub(1)
 
 
-class UInt8ImageDataset(Dataset):
-    """Map-style dataset over uint8 images (N, C, H, W) and labels (N,), with a batched fetch.
+def _rng(private: torch.Generator) -> torch.Generator | None:
+    """The generator for augmentation: the worker's own (seeded per worker by the DataLoader) inside a
+    DataLoader worker, else ``private``. Never the main process's global generator: drawing from it would
+    shift the training noise."""
+    return None if get_worker_info() is not None else private
 
-    ``__getitems__`` is PyTorch's batched-fetch hook: when a dataset defines it, the DataLoader's map
-    fetcher calls it once per batch with the list of indices instead of calling ``__getitem__`` per
-    index, so a batch is one ``index_select`` rather than B Python calls plus a stack.
+
+def random_window(images: Tensor, lengths: Tensor, portrait: Tensor, resolution: int,
+                  generator: torch.Generator | None) -> Tensor:
+    """R x R windows at random offsets of uint8 strips (B, C, R, W) whose first ``lengths`` columns are real;
+    strips stored transposed (``portrait``) are turned back."""
+    b, c = images.shape[:2]
+    room = (lengths.to(torch.float64) - resolution + 1).clamp_min(1)
+    offsets = (torch.rand(b, generator=generator, dtype=torch.float64) * room).long()
+    index = (offsets[:, None] + torch.arange(resolution))[:, None, None, :].expand(b, c, resolution, resolution)
+    out = torch.gather(images, 3, index)
+    if bool(portrait.any()):
+        out[portrait] = out[portrait].transpose(-1, -2).contiguous()
+    return out
+
+
+class UInt8ImageDataset(Dataset):
+    """uint8 images (N, C, H, W), in memory or memory-mapped from a ``.npy`` file, with optional labels (N,).
+
+    ``__getitems__`` is PyTorch's batched-fetch hook: the DataLoader calls it once per batch with the
+    list of indices, so a batch is one gather rather than B Python calls plus a stack. With ``strips``
+    (the image cache's ``crop="random"``: each row's real length and orientation) a batch is an R x R
+    window of each strip, drawn anew each time. A file-backed array is opened lazily in each process
+    (DataLoader workers included), never pickled.
     """
 
-    def __init__(self, images: Tensor, labels: Tensor) -> None:
-        if images.dtype != torch.uint8 or images.dim() != 4:
-            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
-        if labels.dim() != 1 or labels.shape[0] != images.shape[0]:
-            raise ValueError(f"labels must be (N,) with N={images.shape[0]}, got {tuple(labels.shape)}")
-        self.images = images.contiguous()
-        self.labels = labels.to(torch.int64)
+    def __init__(self, images: Tensor | str | os.PathLike, labels: Any = None, *, strips: np.ndarray | None = None,
+                 resolution: int = 0, seed: int = 0) -> None:
+        self.path: Path | None = None
+        self._array: Tensor | np.ndarray | None = None
+        if isinstance(images, Tensor):
+            if images.dtype != torch.uint8 or images.dim() != 4:
+                raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+            if labels is not None and (labels.dim() != 1 or labels.shape[0] != images.shape[0]):
+                raise ValueError(f"labels must be (N,) with N={images.shape[0]}, got {tuple(labels.shape)}")
+            self._array = images.contiguous()
+        else:
+            self.path = Path(images)
+        self.labels = None if labels is None else torch.as_tensor(labels).to(torch.int64)
+        self.strips = None if strips is None else torch.as_tensor(strips.astype(np.int64))
+        self.resolution = resolution
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_array": None} if self.path is not None else self.__dict__
+
+    @property
+    def array(self) -> Tensor | np.ndarray:
+        """The images: the tensor, or the read-only memory map of the file."""
+        if self._array is None:
+            self._array = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        return self._array
 
     def __len__(self) -> int:
-        return self.images.shape[0]
+        return int(self.array.shape[0])
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return self.images[index], self.labels[index]
-
-    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor | None]:
         idx = torch.as_tensor(indices, dtype=torch.long)
-        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
+        array = self.array
+        if isinstance(array, Tensor):
+            images = array.index_select(0, idx)
+        else:  # fancy indexing copies: the batch owns its memory
+            images = torch.from_numpy(array[idx.numpy()])
+        if self.strips is not None:
+            strips = self.strips.index_select(0, idx)
+            images = random_window(images, strips[:, 0], strips[:, 1].bool(), self.resolution, _rng(self.generator))
+        return images, None if self.labels is None else self.labels.index_select(0, idx)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor | None]:
+        images, labels = self.__getitems__([index])
+        return images[0], None if labels is None else labels[0]
 
 
-def collate_uint8_batch(batch: Any) -> tuple[Tensor, Tensor]:
-    """Turn a fetched batch into ``(float32 images in [-1, 1], int64 labels)``.
+class DecodedImages(Dataset):
+    """Decodes each item when it is drawn (sets larger than the memory budget), in DataLoader workers.
 
-    Accepts the ``(images, labels)`` pair from ``__getitems__`` or, should a wrapper hide that hook,
-    a list of per-item pairs. Module-level (not a lambda) so worker processes can pickle it.
+    A file that fails now although the scan read it (deleted, truncated, replaced during training) is
+    skipped: it is flagged in shared memory (every worker then skips it at once, and :attr:`failures`
+    counts each such file once) and the next readable item is returned instead, so a batch keeps its size.
     """
-    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], Tensor) and batch[0].dim() == 4:
-        images, labels = batch
-    else:
-        images = torch.stack([item[0] for item in batch])
-        labels = torch.stack([torch.as_tensor(item[1]) for item in batch])
-    return uint8_to_float(images), labels.to(torch.int64)
+
+    def __init__(self, source: ImageSource, names: Sequence[str], labels: np.ndarray | None, prep: Preprocessing,
+                 seed: int = 0) -> None:
+        import multiprocessing
+
+        self.source, self.names, self.prep = source, list(names), prep
+        self.labels = None if labels is None else torch.as_tensor(labels, dtype=torch.int64)
+        self.generator = torch.Generator().manual_seed(seed)
+        # One flag per item in shared memory: every worker sees which files went bad (and skips them at
+        # once), and the main process counts them. Inherited by the workers, whatever their start method.
+        self.bad = multiprocessing.get_context("spawn").RawArray("b", max(1, len(self.names)))
+        self._logged = 0
+
+    @property
+    def failures(self) -> int:
+        """Distinct files that failed since the scan (counted over all worker processes)."""
+        return int(np.frombuffer(self.bad, dtype=np.int8).sum())
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def _decode(self, index: int) -> Tensor:
+        images = torch.from_numpy(image_decode.decode_bytes_or_path(self.source.open(self.names[index]), self.prep))
+        if self.prep.crop == "random":
+            portrait = images.shape[1] > images.shape[2]
+            strip = images.transpose(1, 2) if portrait else images
+            images = random_window(strip[None].contiguous(), torch.tensor([strip.shape[-1]]), torch.tensor([portrait]),
+                                   self.prep.resolution, _rng(self.generator))[0]
+        return images
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor | None]:
+        tries = 0
+        for step in range(len(self.names)):
+            current = (index + step) % len(self.names)
+            if self.bad[current]:
+                continue
+            try:
+                images = self._decode(current)
+            except MemoryError:
+                raise
+            except Exception as error:  # any Pillow error on a file that changed: skip it, count it
+                self.bad[current] = 1
+                tries += 1
+                if tries >= _REPLACEMENT_TRIES:
+                    break
+                if self._logged < _FAILURES_LOGGED:
+                    self._logged += 1
+                    print(f"gan_accel: warning: skipped {self.names[current]} ({skip_reason(error)}; it was readable "
+                          "when the data was scanned)", file=sys.stderr)
+                continue
+            return images, None if self.labels is None else self.labels[current]
+        raise DataError(f"{tries} images in a row from {self.names[index]} on can no longer be read (the data is "
+                        f"changing under training): restore {self.source.description} and resume")
 
 
-def make_dataloader(
-    images_uint8: Tensor,
-    labels: Tensor,
-    batch_size: int,
-    shuffle: bool = True,
-    drop_last: bool = True,
-    num_workers: int = 0,
-    *,
-    generator: torch.Generator | None = None,
-    pin_memory: bool = False,
-) -> DataLoader:
+class UInt8Collate:
+    """Fetched items -> ``(float32 (B, C, H, W) in [-1, 1], int64 labels)``, or the images alone without labels.
+
+    Accepts the ``(images, labels)`` pair of ``__getitems__`` or a list of per-item pairs. ``random_flip``
+    mirrors each image left-right with probability 1/2, on the uint8 batch (one ``where`` for the batch).
+    A class, not a closure, so DataLoader workers can pickle it.
+    """
+
+    def __init__(self, has_labels: bool = True, random_flip: bool = False, seed: int = 0) -> None:
+        self.has_labels, self.random_flip = has_labels, random_flip
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch: Any) -> Tensor | tuple[Tensor, Tensor]:
+        if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], Tensor) and batch[0].dim() == 4:
+            images, labels = batch
+        else:  # per-item fetches: a list of (image, label)
+            images = torch.stack([item[0] for item in batch])
+            labels = torch.stack([torch.as_tensor(item[1]) for item in batch]) if self.has_labels else None
+        if self.random_flip:
+            flip = torch.rand(images.shape[0], generator=_rng(self.generator)) < 0.5
+            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        # uint8_to_float's arithmetic, in place: one float allocation per batch instead of three
+        x = images.float().div_(127.5).sub_(1)
+        return (x, labels.to(torch.int64)) if self.has_labels else x
+
+
+def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True,
+                    drop_last: bool = True, num_workers: int = 0, *, generator: torch.Generator | None = None,
+                    pin_memory: bool = False) -> DataLoader:
     """Fast loader over uint8 images: batches of ``(float32 (B,C,H,W) in [-1, 1], int64 (B,))``.
 
     A genuine ``DataLoader`` on purpose: ``accelerator.prepare`` only shards DataLoaders, and it
@@ -82,15 +212,7 @@ def make_dataloader(
     ``drop_last=True`` by default because GAN steps with BatchNorm dislike a tiny final batch.
     Pass a seeded ``generator`` for a reproducible shuffle.
     """
-    return DataLoader(
-        UInt8ImageDataset(images_uint8, labels),
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        num_workers=num_workers,
-        collate_fn=collate_uint8_batch,
-        generator=generator,
-        pin_memory=pin_memory,
-        # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
-        persistent_workers=num_workers > 0,
-    )
+    # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
+    return DataLoader(UInt8ImageDataset(images_uint8, labels), batch_size=batch_size, shuffle=shuffle,
+                      drop_last=drop_last, num_workers=num_workers, collate_fn=UInt8Collate(), generator=generator,
+                      pin_memory=pin_memory, persistent_workers=num_workers > 0)

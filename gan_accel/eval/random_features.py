@@ -26,6 +26,8 @@ compare settings on your data; for a number others can compare with, use Incepti
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,3 +87,24 @@ class RandomConvFeatures(nn.Module):
 def random_conv_extractor(device: str | torch.device = "cpu") -> RandomConvFeatures:
     """The fixed random network of this module, on ``device``."""
     return RandomConvFeatures().to(device)
+
+
+INCEPTION_NAME = "inception-v3-2048"
+
+
+def choose_features(choice: str, device: Any, log: Callable[[str], Any]) -> tuple[nn.Module, Any, str]:
+    """(features, logits or None, the feature space's name) for ``choice``: "inception" (torch-fidelity's
+    Inception-v3, which must load here), "random" (:func:`random_conv_extractor`), or "auto" (Inception when
+    it loads, else the random network, said in one line)."""
+    from .inception import InceptionUnavailable, inception_extractor
+
+    if choice in ("auto", "inception"):
+        try:
+            net = inception_extractor(device=device)
+            return net, net.logits, INCEPTION_NAME
+        except InceptionUnavailable as error:
+            if choice == "inception":
+                raise
+            log(f"gan_accel: evaluation in the features of a fixed random network ({NAME}), not Inception "
+                f"({error}); its scores compare runs on this data with each other, they are not FIDs")
+    return random_conv_extractor(device), None, NAME

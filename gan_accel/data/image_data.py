@@ -1,0 +1,375 @@
+"""Train on your own images: a folder, a ZIP or a Hugging Face dataset, listed once, scanned once, decoded once.
+
+    data = open_image_data("photos/", resolution=64)      # list, scan, check, cache (or not), report
+    loader = data.dataloader(batch_size=64, random_flip=True)
+    # batches: float32 (B, C, R, R) in [-1, 1], and int64 labels when the data has classes
+
+Or in two steps, when the resolution depends on the images (``gan-accel train``'s default):
+
+    images = scan_images("photos/")                       # list the source, scan every header (cached)
+    data = images.open(Preprocessing(choose(images.sizes)))
+
+1. **List** the source (:mod:`~gan_accel.data.image_sources`: names, sizes, modification times; nothing
+   opened) and hash the listing into the cache key (:mod:`~gan_accel.data.image_cache`).
+2. **Scan** every candidate's header (:mod:`~gan_accel.data.image_scan`): files that are not images,
+   unreadable or truncated are skipped, listed, and named in one warning line. Everything the user can
+   fix (no readable image, no labels for ``labels="required"``, fewer images than a batch, ...) is one
+   :class:`~gan_accel.errors.DataError` line, before any pixel is decoded.
+3. **Decode once**: a set whose uint8 array fits ``memory_budget`` (default: a quarter of the machine's
+   memory) is decoded into the cache, then every process memory-maps that file: one copy in the page
+   cache, shared by all processes, and a batch is one gather. A larger set (or no room on disk) is
+   decoded per item in DataLoader workers instead; a file that turns bad after the scan is then
+   skipped, counted (:attr:`ImageData.failed_during_training`) and replaced by the next readable item.
+
+Under ``accelerate launch``, pass ``accelerator``: the first process on each machine scans and builds
+while the others wait (:mod:`~gan_accel.data.build_once`), then every process reads the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import DataError
+from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
+from . import image_cache, image_decode
+from .build_once import build_once, builder_of
+from .image_cache import CacheFolder, cache_error, default_cache_root, default_memory_budget, within_budget
+from .image_decode import Preprocessing
+from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
+from .image_sources import Entry, ImageSource, list_source, resolve_source
+from .loader import DecodedImages, UInt8Collate, UInt8ImageDataset
+
+LABEL_MODES = ("auto", "none", "required")
+EVAL_IMAGES = 10_000  # real images evaluation compares samples with (gan-accel train --eval-every, eval --data)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass
+class ImageData:
+    """A scanned image set, ready to load: see :func:`open_image_data` (which builds it)."""
+
+    source: ImageSource
+    report: ScanReport
+    names: list[str]  # the images trained on, in order (row i of the data set)
+    labels: np.ndarray | None  # int64 (N,), None without labels
+    class_names: list[str] | None
+    prep: Preprocessing  # channels settled
+    fingerprint: str  # changes when the files or the preprocessing change
+    cache: CacheFolder
+    cached: bool  # True: the memory-mapped cache; False: decoded per item in DataLoader workers
+    note: str  # why the set is not cached ("" when it is)
+    upscaled: int = 0  # images whose short side is below the resolution
+    num_processes: int = 1
+    process_index: int = 0
+    _dataset: Dataset | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:  # the default would print every name and label
+        p = self.prep
+        return (f"ImageData({self.report.source!r}, {len(self):,} images, {p.channels}x{p.resolution}x{p.resolution}, "
+                f"crop={p.crop!r}, classes={len(self.class_names or [])}, "
+                f"{'cached' if self.cached else 'per item'}, fingerprint={self.fingerprint!r})")
+
+    @property
+    def skipped_files(self) -> list[SkippedFile]:
+        """Every candidate file not trained on, with its reason (scan and cache build)."""
+        return list(self.report.skipped)
+
+    @property
+    def skipped_list_path(self) -> Path:
+        """The full list of skipped files, as the cache keeps it."""
+        return self.cache.skipped_list(self.prep)
+
+    def dataset(self, seed: int = 0) -> Dataset:
+        """The uint8 dataset behind :meth:`dataloader`: items ``(uint8 (C, R, R), label or None)``."""
+        if self._dataset is None:
+            if self.cached:
+                strips = np.load(self.cache.strips(self.prep), allow_pickle=False) if self.prep.crop == "random" else None
+                self._dataset = UInt8ImageDataset(self.cache.images(self.prep), self.labels, strips=strips,
+                                                  resolution=self.prep.resolution, seed=seed)
+            else:
+                self._dataset = DecodedImages(self.source, self.names, self.labels, self.prep, seed)
+        return self._dataset
+
+    @property
+    def failed_during_training(self) -> int:
+        """Files skipped because they failed after the scan (per-item path; always 0 for the cache)."""
+        dataset = self._dataset
+        return dataset.failures if isinstance(dataset, DecodedImages) else 0
+
+    def dataloader(self, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, random_flip: bool = False,
+                   num_workers: int | None = None, seed: int = 0, generator: torch.Generator | None = None,
+                   pin_memory: bool = False) -> DataLoader:
+        """Batches of ``(float32 (B, C, R, R) in [-1, 1], int64 labels)`` (images alone without labels).
+
+        ``num_workers`` defaults to 0 for the cache (a batch is one memory copy: worker processes would
+        only add transfers) and to the cores per process, at most 8, for per-item decoding. Augmentation
+        (``random_flip``, ``crop="random"``) draws from its own generator seeded by ``seed``: the
+        training noise is not shifted. Raises :class:`DataError` when the data holds fewer images than
+        one batch on every process.
+        """
+        if batch_size < 1:
+            raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        needed = batch_size * self.num_processes if drop_last else self.num_processes
+        if len(self) < needed:
+            per = f" ({self.num_processes} processes x {batch_size})" if self.num_processes > 1 else ""
+            raise DataError(f"{self.report.source} has {len(self):,} usable images, fewer than one batch of "
+                            f"{needed:,}{per}: lower --batch-size or add images")
+        if num_workers is None:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+            num_workers = 0 if self.cached else max(1, min(8, _cpus() // max(1, local)))
+        if generator is None:
+            generator = torch.Generator().manual_seed(seed)
+        # Augmentation seeds differ per process: each process flips and crops its own share independently.
+        augment_seed = (seed + 1) * 1_000_003 + self.process_index
+        return DataLoader(
+            self.dataset(augment_seed), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+            num_workers=num_workers, collate_fn=UInt8Collate(self.labels is not None, random_flip, augment_seed + 1),
+            generator=generator, pin_memory=pin_memory, persistent_workers=num_workers > 0,
+        )
+
+    def real_images(self, count: int = EVAL_IMAGES, seed: int = 0) -> torch.Tensor:
+        """``count`` images (at most all) as uint8 (N, C, R, R), for evaluation: a fixed choice by ``seed``,
+        centre crops, no flips, the same on every process."""
+        chosen = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:count]
+        rows = np.sort(chosen.numpy())
+        if self.cached and self.prep.crop == "center":  # the memory-mapped cache holds exactly these crops
+            array = np.load(self.cache.images(self.prep), mmap_mode="r", allow_pickle=False)
+            return torch.from_numpy(np.ascontiguousarray(array[rows]))
+        centre, decoded = replace(self.prep, crop="center"), []
+        for row in rows:
+            try:
+                decoded.append(image_decode.decode_bytes_or_path(self.source.open(self.names[int(row)]), centre))
+            except Exception:  # a file that turned bad after the scan: training skips it too
+                continue
+        return torch.from_numpy(np.stack(decoded))
+
+    def describe(self) -> str:
+        """One line: what will be trained on and how it is loaded."""
+        p = self.prep
+        path = f"memory-mapped from {self.cache.images(p)}" if self.cached else \
+            f"decoded per item in DataLoader workers ({self.note})"
+        up = f"; {self.upscaled:,} smaller than {p.resolution} px are upscaled" if self.upscaled else ""
+        return (f"gan_accel: data: {self.report.summary()} -> {len(self):,} images of {p.channels} channel"
+                f"{'s' if p.channels > 1 else ''} at {p.resolution}x{p.resolution} ({p.crop} crop{up}), {path}")
+
+    def run_record(self) -> dict[str, Any]:
+        """What a run folder keeps about its data (``data.json``): enough to refuse changed data on resume."""
+        return {"source": self.report.source, "fingerprint": self.fingerprint, "images": len(self),
+                "resolution": self.prep.resolution, "channels": self.prep.channels, "crop": self.prep.crop,
+                "background": self.prep.background, "class_names": self.class_names, "classes": self.report.classes,
+                "skipped": len(self.report.skipped)}
+
+    def write_run_files(self, folder: str | os.PathLike) -> list[Path]:
+        """Write ``data.json`` (:meth:`run_record`), ``class_names.json`` (with labels) and
+        ``skipped_files.txt`` (when files were skipped: "name<TAB>reason" lines) into a run folder."""
+        folder = Path(folder)
+        files = {DATA_RECORD: json.dumps(self.run_record(), indent=2) + "\n"}
+        if self.class_names is not None:
+            files[CLASS_NAMES] = json.dumps(self.class_names, indent=2) + "\n"
+        if self.report.skipped:
+            files[SKIPPED_FILES] = skipped_text(self.report.skipped)
+        for name, text in files.items():
+            image_cache.write_text_atomic(folder / name, text)
+        return [folder / name for name in files]
+
+    def check_resume(self, saved: dict[str, Any] | None, allow_changed: bool = False,
+                     log: Callable[[str], Any] | None = print) -> bool:
+        """Compare with the :meth:`run_record` a run kept (its ``data.json``); True when the data is the same.
+
+        Changed data raises :class:`DataError` (one line saying what changed and how to go on) unless
+        ``allow_changed``, which logs one warning line instead. No record (a run trained on something
+        else) is accepted.
+        """
+        if saved is None or saved.get("fingerprint") == self.fingerprint:
+            return True
+        now = self.run_record()
+        changes = [f"{key} {saved.get(key)!r} -> {now[key]!r}" for key in
+                   ("source", "images", "resolution", "channels", "crop", "background", "class_names")
+                   if saved.get(key) != now[key]]
+        what = "; ".join(changes) if changes else "files were added, removed or modified"
+        message = f"the training data changed since this run started ({what})"
+        if not allow_changed:
+            raise DataError(f"{message}: restore it, or pass --allow-data-change to go on with the data as it is now")
+        if log is not None:
+            log(f"gan_accel: warning: {message}; going on with the data as it is now (--allow-data-change)")
+        return False
+
+
+@dataclass
+class ImageScan:
+    """A source listed and scanned (headers only), before a preprocessing is chosen: see :func:`scan_images`."""
+
+    source: ImageSource
+    entries: list[Entry]
+    cache: CacheFolder
+    key: str
+    scan: dict[str, Any]  # what :meth:`CacheFolder.scan` returns
+    labels: str
+    accelerator: Any = None
+    builder: tuple[bool, str] = (True, "")
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """(width, height) of every readable image."""
+        return [(int(item[1]), int(item[2])) for item in self.scan["items"]]
+
+    def open(self, prep: Preprocessing, *, batch_size: int | None = None, memory_budget: int | None = None,
+             build_workers: int | None = None, log: Callable[[str], Any] | None = print) -> ImageData:
+        """Check the scanned images, decode them with ``prep`` into the cache when they fit, and describe them
+        (the arguments are :func:`open_image_data`'s)."""
+        acc = self.accelerator
+        speaker = log is not None and (acc is None or acc.is_main_process)
+        say = log if speaker else (lambda _line: None)
+        names = [e.name for e in self.entries]
+        chosen = select(self.scan, self.source, names, self.labels, prep.resolution)
+        self._check(chosen, batch_size)  # on every process: the same scan, the same line
+        prep = prep.for_data(chosen.report.grey)
+        within, note = within_budget(prep, chosen.report.count,
+                                     default_memory_budget() if memory_budget is None else memory_budget)
+        cached = False
+        if within:
+            build_once(acc, self.builder, "decode", lambda: self._decode(prep, chosen, build_workers, say),
+                       lambda error: cache_error(error, self.cache.root))
+            done = self.cache.read_json(self.cache.prep_json(prep))
+            if done is None:
+                raise DataError(f"the image cache {self.cache.prep_json(prep)} is missing: the data changed while it "
+                                "was being read, or the cache was removed; start again")
+            cached, note = bool(done["cached"]), done["note"]
+            if cached and not self.cache.has_images(prep, done["rows"]):
+                raise DataError(f"the image cache {self.cache.images(prep)} is missing or incomplete: remove "
+                                f"{self.cache.path} and start again")
+            if done["failed"]:
+                chosen = select(self.scan, self.source, names, self.labels, prep.resolution, done["failed"])
+        if self.builder[0]:  # the full list the warning line points to
+            image_cache.write_text_atomic(self.cache.skipped_list(prep), skipped_text(chosen.report.skipped))
+        fingerprint = hashlib.sha256(f"{self.key}\0{prep.name}\0{image_cache.CACHE_VERSION}".encode()).hexdigest()[:16]
+        data = ImageData(source=self.source, report=chosen.report, names=[names[p] for p in chosen.positions],
+                         labels=chosen.labels, class_names=chosen.class_names, prep=prep, fingerprint=fingerprint,
+                         cache=self.cache, cached=cached, note=note, upscaled=chosen.upscaled)
+        if acc is not None:
+            data.num_processes, data.process_index = acc.num_processes, acc.process_index
+        for line in (data.describe(), data.report.skipped_warning(str(data.skipped_list_path))):
+            if line:  # the summary, and the one warning line when files were skipped
+                say(line)
+        return data
+
+    def _check(self, chosen: Selection, batch_size: int | None) -> None:
+        report, where = chosen.report, self.source.description
+        if report.count == 0:
+            examples = ", ".join(f"{s.name} ({s.reason})" for s in report.skipped[:3])
+            raise DataError(f"{where} holds no readable image among its {len(self.entries):,} files (e.g. "
+                            f"{examples}): pass a folder of PNG, JPEG, WebP, BMP, GIF or TIFF images")
+        if self.labels == "required" and chosen.labels is None:
+            raise DataError(f"a conditional run needs labels, and {where} has none ({report.no_labels_reason}): put "
+                            "each class's images in a subfolder named after it, name a class column with "
+                            "--label-column, or train unconditionally")
+        processes = self.accelerator.num_processes if self.accelerator is not None else 1
+        if batch_size is not None and report.count < batch_size * processes:
+            raise DataError(f"{where} has {report.count:,} readable images, fewer than one batch of "
+                            f"{batch_size * processes:,}: lower --batch-size or add images")
+
+    def _decode(self, prep: Preprocessing, chosen: Selection, workers: int | None, say: Callable[[str], Any]) -> None:
+        """On the builder: decode the chosen images into the cache, unless a complete cache is there."""
+        cache = self.cache
+        done = cache.read_json(cache.prep_json(prep))
+        if done is not None and done["cached"] and cache.has_images(prep, done["rows"]):
+            return  # a complete cache: nothing is decoded again
+        n = len(chosen.positions)
+        size, free = prep.bytes_for(n), image_cache.free_bytes(cache.path)
+        if free < size * 1.05 + (64 << 20):
+            note = f"{size / 1e9:,.2f} GB decoded does not fit the {free / 1e9:,.2f} GB free at {cache.root}"
+            cache.write_json(cache.prep_json(prep), {"cached": False, "note": note, "rows": 0, "failed": []})
+            return
+        workers = workers if workers is not None else (min(8, _cpus()) if n >= 2048 else 0)
+        say(f"gan_accel: decoding {n:,} images into the cache {cache.images(prep)} ({size / 1e6:,.1f} MB), "
+            f"{workers or 'no'} worker processes ...")
+        start = time.perf_counter()
+        failures = image_cache.build_images(cache, prep, self.source, [self.entries[p].name for p in chosen.positions],
+                                            workers, progress=lambda k: say(f"gan_accel: ... {k:,} of {n:,} decoded"))
+        seconds = time.perf_counter() - start
+        failed = [(s.name, s.reason) for _, s in failures]
+        say(f"gan_accel: cached {n - len(failed):,} images in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} images/s)")
+        if len(failed) == n:
+            raise DataError(f"none of the {n:,} images of {self.source.description} could be decoded (e.g. "
+                            f"{failed[0][0]}: {failed[0][1]}): check the files")
+        cache.write_json(cache.prep_json(prep), {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
+
+
+def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,
+                image_column: str | None = None, label_column: str | None = None,
+                cache_dir: str | os.PathLike | None = None, accelerator: Any = None) -> ImageScan:
+    """List ``source`` and scan every candidate's header, once (the scan is cached); the arguments are
+    :func:`open_image_data`'s. Raises :class:`DataError` for a missing or empty source."""
+    if labels not in LABEL_MODES:
+        raise DataError(f"labels {labels!r} is unknown: choose {', '.join(LABEL_MODES)}")
+    src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
+                         use_labels=labels != "none", accelerator=accelerator)
+    entries = list_source(src)
+    key = image_cache.scan_key(src.identity(), entries)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    cache, builder = CacheFolder(root, key), builder_of(accelerator)
+    build_once(accelerator, builder, "scan", lambda: cache.scan(src, entries), lambda error: cache_error(error, root))
+    scan = cache.read_json(cache.scan_json)
+    if scan is None:
+        raise DataError(f"the scan of {src.description} is missing from {cache.path}: the data changed while it "
+                        "was being read, or the cache was removed; start again")
+    return ImageScan(src, entries, cache, key, scan, labels, accelerator, builder)
+
+
+def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: int | None = None,
+                    crop: str = "center", labels: str = "auto", *, split: str | None = None,
+                    image_column: str | None = None, label_column: str | None = None, background: str = "white",
+                    cache_dir: str | os.PathLike | None = None, memory_budget: int | None = None,
+                    batch_size: int | None = None, accelerator: Any = None, build_workers: int | None = None,
+                    log: Callable[[str], Any] | None = print) -> ImageData:
+    """Scan an image source, check it, decode it into the cache when it fits, and describe it.
+
+    Args:
+        source: a folder (recursive), a ``.zip``, ``"hf:NAME[:SPLIT]"`` (a Hugging Face Hub dataset),
+            ``"hf:FOLDER[:SPLIT]"`` (the ``imagefolder`` builder on a local folder), or a
+            ``datasets.Dataset`` / ``DatasetDict``. See :mod:`gan_accel.data.image_sources` for the class rule.
+        resolution, channels, crop, background: the :class:`~gan_accel.data.image_decode.Preprocessing`:
+            the side R of the square images (8 to 4096); 1 or 3 channels (None: 1 when every image is
+            grayscale, else 3); "center" (the central square) or "random" (a random R x R window of the
+            image resized so its short side is R, long side kept up to 1.5 R; chosen anew at every draw);
+            what transparent pixels become, "white" or "black".
+        labels: "auto" (classes when the source has them), "none", or "required" (a conditional run:
+            data without classes is a :class:`DataError`).
+        split, image_column, label_column: for Hugging Face datasets (columns found by feature type:
+            ``Image`` and ``ClassLabel``, when not named).
+        cache_dir: the cache root (default :func:`~gan_accel.data.image_cache.default_cache_root`).
+        memory_budget: the largest uint8 array (bytes) decoded into the cache; larger sets are decoded
+            per item in DataLoader workers. Default: a quarter of the physical memory; 0: never cache.
+        batch_size: when given, fewer images than one batch on every process is refused before decoding.
+        accelerator: under ``accelerate launch``: one process per machine builds, the others wait.
+        build_workers: processes decoding the cache build (default: the cores, at most 8, from 2,048 images).
+        log: where the summary and the warning lines go (the main process only); None: silent.
+
+    Raises:
+        DataError: one line naming the problem and the fix (missing or empty source, not a ZIP, no
+            readable image, no labels with ``labels="required"``, fewer images than a batch, bad settings).
+    """
+    prep = Preprocessing(resolution, channels, crop, background)  # bad settings: one line before any listing
+    images = scan_images(source, labels, split=split, image_column=image_column, label_column=label_column,
+                         cache_dir=cache_dir, accelerator=accelerator)
+    return images.open(prep, batch_size=batch_size, memory_budget=memory_budget, build_workers=build_workers, log=log)
