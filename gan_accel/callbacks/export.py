@@ -22,4 +22,3 @@ class WeightsExporter(Callback):
         if trainer.accelerator.is_main_process:
             metadata = {"config": trainer.config.to_dict(), "step": trainer.step, "ema": trainer.ema is not None}
             save_weights(trainer.sampling_generator(), trainer.output_dir / self.filename, metadata)
-            trainer.control.record_file(trainer.output_dir / self.filename)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..augment import AUGMENTS
 from ..config import TrainConfig
-from ..errors import ConfigError
 from ..scripts import fraction, nonnegative_float, positive_int
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
@@ -133,8 +132,6 @@ def train(args: argparse.Namespace) -> int:
     from . import train_setup as setup
     from .train_eval import build_evaluator
 
-    if args.fork and args.resume is None:
-        raise ConfigError("--fork needs --resume PATH: the checkpoint of another run to start this one from")
     args.output_dir = args.output_dir or setup.default_output_dir(args.data)
     setup.fill_from_run(args)
     family = setup.family_of(args)
@@ -162,7 +159,7 @@ def train(args: argparse.Namespace) -> int:
     log(f"gan_accel: {family} G and D (width {spec['width']}, z {spec['z_dim']}) at {spec['image_size']} px, "
         f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {args.batch_size} x {args.grad_accum} images per "
         f"process; {describe_launch(accelerator)}; output in {config.output_dir}")
-    metrics = trainer.fit(resume_from=args.resume, fork=args.fork)
+    metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
           f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)

@@ -31,7 +31,7 @@ from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
 from ..state.checkpoint import resolve_resume
 from ..state.layout import CONFIG, read_json
-from ..state.run_folder import RunFolder
+from ..state.run_folder import check_new_run
 
 DCGAN_LARGEST = max(supported_resolutions("dcgan"))
 
@@ -46,8 +46,8 @@ def default_output_dir(data: str) -> str:
 
 
 def recorded_spec(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The networks' spec the run in ``--output-dir`` recorded, when resuming it (not a fork); else None."""
-    if args.resume is None or args.fork:
+    """The networks' spec the run in ``--output-dir`` recorded, when resuming it; else None."""
+    if args.resume is None:
         return None
     try:
         spec = read_json(Path(args.output_dir) / CONFIG).get("model")
@@ -128,7 +128,7 @@ def check_run_folder(args: argparse.Namespace) -> None:
     if args.resume is not None:
         resolve_resume(args.resume, args.output_dir)
     else:
-        RunFolder(args.output_dir, writer=False).check_new_run(args.overwrite)
+        check_new_run(args.output_dir)
 
 
 def open_data(args: argparse.Namespace, family: str, accelerator: Any, log: Callable[[str], Any]) -> ImageData:
@@ -165,15 +165,10 @@ def data_extra(data: ImageData) -> dict[str, Any]:
 
 class RunDataFiles(Callback):
     """Writes the data's files into the run folder as training starts (``data.json``, ``class_names.json``,
-    ``skipped_files.txt``: :meth:`ImageData.write_run_files`) and records them at step 0, so a branch
-    never moves them aside and ``--overwrite`` removes them with the rest of the run."""
+    ``skipped_files.txt``: :meth:`ImageData.write_run_files`)."""
 
     def __init__(self, data: ImageData) -> None:
         self.data = data
 
     def on_fit_start(self, trainer: Any) -> None:
-        def write() -> None:
-            for path in self.data.write_run_files(trainer.output_dir):
-                trainer.control.record_file(path, 0)
-
-        run_together(trainer.accelerator, write, main_only=True)
+        run_together(trainer.accelerator, lambda: self.data.write_run_files(trainer.output_dir), main_only=True)
