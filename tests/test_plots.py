@@ -111,6 +111,4 @@ def test_a_run_redraws_its_plot_at_every_sample_interval_and_records_it(tmp_path
     assert len({digest for _, digest in watcher.seen}) == 3  # new rows, new picture
     plot = tmp_path / "run" / "training_plot.png"
     assert Image.open(plot).size == plot_size()
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["files"]["training_plot.png"] == 12
-    assert "training_plot.png" in RUN_FILES  # overwrite and branches treat it as the run's
+    assert "training_plot.png" in RUN_FILES  # a name of the run's own: gan-accel --out refuses it in a run folder
