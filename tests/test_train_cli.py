@@ -272,7 +272,7 @@ def test_a_folder_holding_a_run_is_refused_before_the_data_is_read(rgb_run, tmp_
     _, out = rgb_run
     before = snapshot(out)
     line = error_line(["train", "--data", tmp_path / "nowhere", "--output-dir", out, *TINY], capsys)
-    assert "already holds a run" in line and "--resume latest" in line
+    assert f"{out} holds a run: continue it with `--resume latest`" in line and "gan-accel never deletes a run" in line
     assert snapshot(out) == before
 
 
