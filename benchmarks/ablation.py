@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import time
 
 import torch
@@ -55,7 +56,8 @@ def main() -> None:
     config = TrainConfig(max_steps=a.steps, batch_size=a.batch, lr_G=a.lr, lr_D=a.lr, ema_decay=a.ema or None,
                          lr_schedule=a.schedule, warmup_ratio=a.warmup, loss=a.loss, sample_every=10**6,
                          log_every=100, checkpoint_every=10**6, output_dir=f"runs/ablation/{a.name}",
-                         overwrite=True, progress_bar=False)
+                         progress_bar=False)
+    shutil.rmtree(config.output_dir, ignore_errors=True)  # this benchmark's own folder: each run starts afresh
     start = time.perf_counter()
     trainer = GANTrainer(G, D, make_dataloader(images, labels, a.batch), config)
     trainer.fit()

@@ -1710,7 +1710,7 @@ def sec_quickstart(run: Run, s: Section, report: Report) -> None:
     fast_steps = max(1, round(base_steps / ratio))
     compile_fast = run.cuda or not run.quick
     bf16 = "bf16" if not run.cuda or torch.cuda.is_bf16_supported() else "no"
-    common = ["--data-dir", run.data_dir, "--overwrite", "--no-progress"] + (["--eval"] if evaluate else [])
+    common = ["--data-dir", run.data_dir, "--no-progress"] + (["--eval"] if evaluate else [])
     if not mnist:  # no download attempt (a GPU machine here has no network): the offline digits at once
         common += ["--dataset", "digits"]
     defaults = [] if run.cuda and not run.quick else ["--steps", str(base_steps), "--sample-every", str(every_sample),

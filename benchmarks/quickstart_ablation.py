@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -48,9 +49,10 @@ def train(name: str, flags: str, seed: int, data_dir: str, out: Path) -> dict:
     result_file = folder / "ablation.json"
     if result_file.exists():  # already trained: keep it (rerun with a fresh --out to train again)
         return json.loads(result_file.read_text())
+    shutil.rmtree(folder, ignore_errors=True)  # an unfinished run of this benchmark: trained again from the start
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "examples" / "dcgan_mnist.py"), "--data-dir", data_dir, "--dataset", "mnist",
-           "--output-dir", str(folder), "--overwrite", "--no-progress", "--seed", str(seed), *shlex.split(BASE_FLAGS), *shlex.split(flags)]
+           "--output-dir", str(folder), "--no-progress", "--seed", str(seed), *shlex.split(BASE_FLAGS), *shlex.split(flags)]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     record = {"name": name, "flags": flags, "seed": seed, "seconds": time.perf_counter() - start}
@@ -63,6 +65,7 @@ def train_plain(seconds: float, seed: int, data_dir: str, out: Path) -> dict:
     result_file = folder / "ablation.json"
     if result_file.exists():
         return json.loads(result_file.read_text())
+    shutil.rmtree(folder, ignore_errors=True)  # an unfinished run of this benchmark: trained again from the start
     folder.mkdir(parents=True, exist_ok=True)
     code = (f"import sys, torch; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); torch.set_num_threads(1)\n"
             "from quality_vs_plain import plain_dcgan\n"

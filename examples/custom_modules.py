@@ -127,8 +127,7 @@ class InterpolationStrip(Callback):
         weights = torch.linspace(0, 1, self.points).view(1, -1, 1)
         lines = (start.unsqueeze(1) * (1 - weights) + end.unsqueeze(1) * weights).flatten(0, 1)
         images = trainer.generate(lines)
-        path = save_grid(images, trainer.output_dir / f"interpolation_{trainer.step:06d}.png", nrow=self.points)
-        trainer.control.record_file(path)  # the run's own file: overwrite and branches handle it
+        save_grid(images, trainer.output_dir / f"interpolation_{trainer.step:06d}.png", nrow=self.points)
         E = trainer.accelerator.unwrap_model(trainer.networks["E"])
         with torch.no_grad():
             error = F.mse_loss(E(images.to(next(E.parameters()).device)).cpu(), lines).item()
@@ -153,7 +152,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-every", type=positive_int, default=500)
     parser.add_argument("--log-every", type=positive_int, default=100)
     parser.add_argument("--resume", default=None, metavar="latest|PATH")
-    parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 
@@ -167,7 +165,7 @@ def train(args: argparse.Namespace) -> int:
     config = TrainConfig(max_steps=args.steps, batch_size=args.batch_size, z_dim=args.z_dim, lr_G=args.lr,
                          lr_D=args.lr, lr_schedule="constant", warmup_ratio=0.0, ema_decay=0.99,
                          sample_every=args.sample_every, log_every=args.log_every, output_dir=args.output_dir,
-                         seed=args.seed, overwrite=args.overwrite, progress_bar=not args.no_progress)
+                         seed=args.seed, progress_bar=not args.no_progress)
     accelerator = build_accelerator(config)
     data = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
     loader = make_dataloader(data.images, data.labels, args.batch_size)

@@ -23,7 +23,7 @@ from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.engine.launch import describe_launch
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
-from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_run_flags, check_run_flags,
+from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_run_flags,
                                        config_fields, steps_for)
 from gan_accel.cli.arguments import ArgumentParser, positive_int
 from gan_accel.ending import run_script
@@ -57,7 +57,6 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
         add_conditional_flags(model)
     args = parser.parse_args(argv)
     args.conditional = conditional
-    check_run_flags(parser, args)
     return args
 
 
@@ -105,7 +104,7 @@ def train(args: argparse.Namespace) -> int:
         f"{args.batch_size} x {args.grad_accum} images per process; {describe_launch(accelerator)}; output in "
         f"{config.output_dir}"
     )
-    metrics = trainer.fit(resume_from=args.resume, fork=args.fork)
+    metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
           f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)

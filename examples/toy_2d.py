@@ -49,7 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=positive_int, default=200)
     parser.add_argument("--num-eval", type=positive_int, default=5000, help="samples scored at the end")
     parser.add_argument("--resume", default=None, metavar="latest|PATH")
-    parser.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 
@@ -65,7 +64,7 @@ def train(args: argparse.Namespace) -> int:
         lr_D=args.lr_d, betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule="constant",
         warmup_ratio=0.0, r1_gamma=args.r1_gamma or None, r1_every=args.r1_every, ema_decay=args.ema_decay or None,
         sample_every=args.sample_every, log_every=args.log_every, num_samples=1000, output_dir=args.output_dir,
-        seed=args.seed, overwrite=args.overwrite, progress_bar=not args.no_progress, checkpoint_every=args.steps,
+        seed=args.seed, progress_bar=not args.no_progress, checkpoint_every=args.steps,
         extra={"data": "ring of 8 Gaussians, radius 2, std 0.02",
                "networks": {"z_dim": args.z_dim, "width": args.width, "depth": args.depth}},
     )

@@ -75,7 +75,6 @@ class TrainConfig:
     gif_frames: int = 100  # at most this many frames in progress.gif, evenly spaced over the run
     log_every: int = 50
     output_dir: str = "runs/gan"
-    overwrite: bool = False  # replace a previous run in output_dir instead of refusing
     checkpoint_every: int = 1000  # steps between checkpoints (one is always written at the end)
     keep_checkpoints: int = 2  # the newest K complete checkpoints are kept
     nan_guard: bool = True  # skip non-finite updates on the device; counters read at log rows and checkpoints
@@ -289,7 +288,7 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 # clipping, penalty weights, ...) may change on resume and is applied from that step on.
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
                    "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model", "augment")
-NOT_COMPARED = ("output_dir", "overwrite")  # where the run is and how it was started, not what it trains
+NOT_COMPARED = ("output_dir",)  # where the run is, not what it trains
 _PRESENCE = ("r1_gamma", "r2_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
 
 

@@ -92,11 +92,11 @@ def cond_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def branched_run(tmp_path_factory):
-    """4 steps, then a resume of step 2's checkpoint to step 4 again: a branch."""
-    out = tmp_path_factory.mktemp("cli") / "branched"
-    train(out)
-    train(out, resume_from=str(out / "checkpoints" / CK2))
+def resumed_run(tmp_path_factory):
+    """2 steps, then resumed to 4 steps."""
+    out = tmp_path_factory.mktemp("cli") / "resumed"
+    train(out, steps=2)
+    train(out, resume_from="latest")
     return out
 
 
@@ -322,7 +322,7 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     ("missing", "nowhere does not exist: pass a run folder (the --output-dir of a training run) or one of its "
                 "checkpoints/checkpoint_<step> folders"),
     ("a-file", "config.json is a file, not a run folder or a checkpoint folder: pass the folder that holds it"),
-    ("not-a-run", "photos is not a gan_accel run folder (it has none of config.json, manifest.json"),
+    ("not-a-run", "photos is not a gan_accel run folder (it has none of config.json, history.jsonl"),
     ("checkpoints-folder", "is the folder of a run's checkpoints: pass the run folder"),
     ("partial", f"{CK2} is not a complete checkpoint (no COMPLETE marker: still being written, or cut short by a "
                 f"crash): pass a complete one"),
@@ -413,7 +413,7 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert [c["name"] for c in report["checkpoints"]] == [p.name for p in list_checkpoints(run)]
     assert report["best"] == json.loads((run / "best.json").read_text())
     assert report["eval"] == json.loads((run / "eval.json").read_text())
-    assert report["status"]["state"] == "finished" and report["branches"] == []
+    assert report["status"]["state"] == "finished"
     assert [e["event"] for e in report["history"]] == ["start"]
     assert report["config"]["ema_decay"] == 0.5 and report["config"]["model"] == MODEL
     assert report["export"] == {"path": str(run / "generator"), "step": 4, "ema": True}
@@ -431,20 +431,15 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert "model: DCGAN width 4, 28x28x1, data test-noise" in lines
 
 
-def test_info_shows_branches_and_the_history(branched_run, capsys):
-    code, out, _ = cli(["info", branched_run, "--json"], capsys)
+def test_info_shows_the_history(resumed_run, capsys):
+    code, out, _ = cli(["info", resumed_run, "--json"], capsys)
     report = json.loads(out)
-    assert code == 0 and [e["event"] for e in report["history"]] == ["start", "branch"]
-    branch_event = report["history"][1]
-    [branch] = report["branches"]
-    assert branch_event["step"] == 2 and branch_event["moved_aside"] == branch["folder"]
-    assert [c["name"] for c in branch["checkpoints"]] == [CK4]
-    aside = read_metrics(Path(branch["folder"]) / "metrics.jsonl")
-    assert branch["metrics_rows"] == len(aside) and [r["step"] for r in aside] == [3, 4]
-    assert [r["step"] for r in read_metrics(branched_run / "metrics.jsonl")] == [1, 2, 3, 4]  # the branch redone
-    code, text, _ = cli(["info", branched_run], capsys)
-    assert f"branch at step 2 from {CK2}; later files moved to {branch['folder']}" in text
-    assert f"  {branch['folder']}: {CK4}, 2 metrics row(s) to step 4" in text
+    assert code == 0 and [e["event"] for e in report["history"]] == ["start", "resume"]
+    resume = report["history"][1]
+    assert resume["step"] == 2 and resume["changes"] == {"max_steps": [2, 4]} and "config" not in report["history"][0]
+    assert [r["step"] for r in read_metrics(resumed_run / "metrics.jsonl")] == [1, 2, 3, 4]
+    code, text, _ = cli(["info", resumed_run], capsys)
+    assert f"resume at step 2 from {CK2}: max_steps 2 -> 4" in text
 
 
 class InfoDuringTraining(Callback):
@@ -510,24 +505,6 @@ def test_plot_writes_the_runs_picture_and_never_replaces_an_out(ema_run, tmp_pat
     from gan_accel.pictures.training_plot import plot_run  # the picture is plot_run's, as the run draws it
 
     assert plot_run(run, out=tmp_path / "direct.png").read_bytes() == (tmp_path / "p.png").read_bytes()
-
-
-def test_plot_replaces_only_the_plot_the_run_recorded(ema_run, tmp_path, capsys):
-    pytest.importorskip("gan_accel.pictures.training_plot")
-    run = tmp_path / "run"
-    shutil.copytree(ema_run[0], run)
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert "training_plot.png" in manifest["files"]
-    del manifest["files"]["training_plot.png"]  # a run that drew none (an older run, or the plot callback off)
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    (run / "training_plot.png").write_bytes(b"mine")
-    line = error_line(["plot", run], capsys)
-    assert "training_plot.png is not the run's own (its manifest.json does not record it)" in line
-    assert "pass --out PATH.png" in line and (run / "training_plot.png").read_bytes() == b"mine"
-    (run / "training_plot.png").unlink()
-    line = error_line(["plot", run], capsys)
-    assert "has drawn no training_plot.png of its own yet" in line and not (run / "training_plot.png").exists()
-    assert cli(["plot", run, "--out", tmp_path / "p.png"], capsys)[0] == 0
 
 
 # -- the installed command -------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_an_unconditional_run_ignores_labels_and_refuses_a_label_sampler(tmp_pat
     trainer = GANTrainer(G, D, make_loader(images, 4, make_labels(32)), config(tmp_path, num_classes=None))
     trainer.fit()  # (images, labels) pairs train an unconditional GAN as before
     with pytest.raises(ValueError, match="label_sampler is given but config.num_classes is None"):
-        GANTrainer(*make_models(dtype=torch.float32), make_loader(images, 4), config(tmp_path, num_classes=None, overwrite=True),
+        GANTrainer(*make_models(dtype=torch.float32), make_loader(images, 4), config(tmp_path / 'other', num_classes=None),
                    label_sampler=lambda n, d: torch.zeros(n, dtype=torch.long))
 
 

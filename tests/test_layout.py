@@ -133,7 +133,7 @@ def test_the_run_folder_names_are_written_in_one_module():
     from gan_accel.state import layout
 
     names = {value for key, value in vars(layout).items() if key.isupper() and isinstance(value, str) and "." in value}
-    assert {"metrics.jsonl", "model.safetensors", "config.json", "best.json", "manifest.json"} <= names
+    assert {"metrics.jsonl", "model.safetensors", "config.json", "best.json", "history.jsonl"} <= names
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "layout.py":

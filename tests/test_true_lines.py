@@ -164,23 +164,11 @@ def test_a_deleted_engine_state_is_a_damaged_checkpoint_not_fewer_processes(exam
     assert "fewer processes" not in line and f"complete ones: {CK2}" in line
 
 
-def test_a_missing_manifest_resumes_the_folders_own_checkpoint(example_run, tmp_path, capsys):
-    run = damaged_copy(example_run, tmp_path)
-    run_id = json.loads((run / "manifest.json").read_text())["run_id"]
-    (run / "manifest.json").unlink()
-    assert run_main_ok(load_example("dcgan_mnist"), [*TINY, "--steps", "6", "--output-dir", str(run), "--data-dir",
-                                                     str(tmp_path / "nodata"), "--resume", "latest"], capsys) == 0
-    assert json.loads((run / "manifest.json").read_text())["run_id"] == run_id  # the checkpoint's run, again
-    assert (run / "checkpoints" / "checkpoint_00000006" / "COMPLETE").is_file()
-
-
-def test_a_checkpoint_of_another_run_in_this_folder_is_not_said_to_belong_to_it(example_run, tmp_path, capsys):
-    run = damaged_copy(example_run, tmp_path)
-    manifest = json.loads((run / "manifest.json").read_text())
-    (run / "manifest.json").write_text(json.dumps({**manifest, "run_id": "another"}))
-    code, line = resume_line(run, capsys)
-    assert code == 2 and "was written by run" in line and f"but the run in {run} is another" in line
-    assert "belongs to the run in" not in line
+def test_an_older_checkpoint_of_the_folder_is_refused_naming_the_fork(example_run, capsys):
+    older = example_run / "checkpoints" / CK2
+    code, line = resume_line(example_run, capsys, resume=str(older))
+    assert code == 2 and f"{older} is an older checkpoint of the run in {example_run}, which has gone on to {CK4}" in line
+    assert f"`--resume {older} --output-dir NEW`" in line and "`--resume latest`" in line
 
 
 def test_resume_of_the_checkpoints_folder_names_its_checkpoints(example_run, capsys):

@@ -148,8 +148,7 @@ class Evaluator(Callback):
         if not trainer.accelerator.is_main_process:
             return
         name = self.best["checkpoint"]
-        path = write_json(trainer.output_dir / BEST, {**self.best, "checkpoint": name and f"checkpoints/{name}"})
-        trainer.control.record_file(path, self.best["step"])
+        write_json(trainer.output_dir / BEST, {**self.best, "checkpoint": name and f"checkpoints/{name}"})
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -7,8 +7,8 @@
 
 Bounded (``TrainConfig``): ``gif_frames`` caps the GIF's frames, chosen evenly spaced over the run
 (:func:`gif_steps`) and written one at a time; ``keep_samples`` keeps the newest K step-stamped
-files and prunes older ones, except the grids the GIF will show. Pruning removes only files the run
-recorded (through ``trainer.control.discard_file``), never a file of the user's.
+files and prunes older ones, except the grids the GIF will show: a run's only deletions besides its
+own pruned checkpoints (its folder holds only its own files: a new run starts in an empty one).
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ class SampleSaver(Callback):
                  if path.suffix == ".png"}
         if final.suffix == ".png" and grids:
             frames = [grids[step] for step in gif_steps(grids, trainer.config.gif_frames)]
-            trainer.control.record_file(save_gif(frames, trainer.output_dir / PROGRESS_GIF))
+            save_gif(frames, trainer.output_dir / PROGRESS_GIF)
 
     def prune(self, trainer: "GANTrainer") -> None:
-        """With ``keep_samples``: ask to remove the step-stamped samples older than the newest K, except those
-        ``progress.gif`` will show (:func:`scheduled_gif_steps`). Only files the run recorded are removed."""
+        """With ``keep_samples``: remove the step-stamped samples older than the newest K, except those
+        ``progress.gif`` will show (:func:`scheduled_gif_steps`)."""
         config = trainer.config
         if config.keep_samples is None:
             return
@@ -128,15 +128,10 @@ class SampleSaver(Callback):
         for old in sorted(found)[:-config.keep_samples]:
             if old not in shown:
                 for path in found[old]:
-                    trainer.control.discard_file(path)
+                    path.unlink(missing_ok=True)
 
     def write(self, trainer: "GANTrainer", stem: str) -> Path:
-        """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``, recorded as the run's."""
-        path = self._write(trainer, stem)
-        trainer.control.record_file(path)
-        return path
-
-    def _write(self, trainer: "GANTrainer", stem: str) -> Path:
+        """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``."""
         samples = trainer.generate()
         kind = self.kind if self.kind != "auto" else self.kind_for(samples)
         if kind == "grid":  # a conditional run: one row per class

@@ -15,8 +15,7 @@ callback, ``trackers``, then drives them:
   that also destroys the process group, which a later ``fit()`` of the same trainer still needs.
 
 Trackers live on the main process only (``init_trackers`` runs there), so every event is a no-op on
-the others. Files of the trackers that write locally go under ``<run>/trackers/``, which the run
-records as its own (``overwrite`` removes it with the rest of the run).
+the others. Files of the trackers that write locally go under ``<run>/trackers/``.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float
 def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Per-tracker arguments so files land in the run folder and a resumed run continues the tracker's run.
 
-    TensorBoard: ``purge_step`` (events past the checkpoint, from a crash or an abandoned branch, are hidden);
+    TensorBoard: ``purge_step`` (events past the checkpoint, from a crash, are hidden);
     W&B: the run folder's id with ``resume="allow"``, files under ``<run>/trackers`` unless ``WANDB_DIR`` is
     set; DVCLive: ``<run>/trackers/dvclive``, resumed; MLflow and Aim: the run id saved in ``runs.json``.
     """
@@ -177,7 +176,6 @@ class TrackerLogger(Callback):
         for tracker in self._owned:
             _store_config(tracker, hyperparameters, continued=tracker_name(tracker) in ids)
         _write_ids(folder, project, {**ids, **_run_ids(self._owned)})
-        trainer.control.record_file(folder, step=0)  # appended to by every resume: never moved aside with a branch
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
         values = metric_values(row)

@@ -32,6 +32,6 @@ class TrainingPlot(Callback):
         logger = trainer.callbacks.get("metrics_logger")
         log = trainer.output_dir / getattr(logger, "filename", METRICS)
         rows = [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]  # a row cut
-        # short by a crash is skipped (the run repairs the log when it opens the folder; info names it)
+        # short by a crash is skipped (info names it)
         if rows:
-            trainer.control.record_file(plot_metrics(rows, trainer.output_dir / self.filename))
+            plot_metrics(rows, trainer.output_dir / self.filename)

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Callable
 from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints
 from ..state.files import temporary_name, write_failure_reason
-from ..state.paths import managing_run
+from ..state.run_folder import managing_run
 from ..state.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
                             TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
 
@@ -95,24 +95,23 @@ def resolve_run(argument: str | os.PathLike, command: str) -> Path:
 # -- new outputs -----------------------------------------------------------------------------------
 def check_new_output(out: Path, flag: str = "--out") -> None:
     """``out`` can be created: it does not exist, its folder exists and is writable, and it is not in a folder
-    a run manages (its ``checkpoints/`` or ``trackers/``, see :mod:`gan_accel.state.paths`). Nothing is made."""
+    a run manages (its ``checkpoints/`` or ``trackers/``, see :mod:`gan_accel.state.run_folder`). Nothing is made."""
     if os.path.lexists(out):
         kind = "folder" if out.is_dir() else "file"
         raise CommandError(f"{flag} {out}: that {kind} exists, and gan-accel never replaces anything; choose a new "
                            "path (or move the old one away)")
     owner = managing_run(out)
-    if owner is not None:  # a run prunes, moves or removes what is there: these files could be deleted by it
-        raise CommandError(f"{flag} {out}: that is inside {owner[0] / owner[1]}, which the run in {owner[0]} manages "
-                           "(it prunes and moves what is there), so these files could be deleted by it; choose a "
-                           f"path outside {owner[0] / owner[1]}")
+    if owner is not None:  # the run writes and prunes what is there
+        raise CommandError(f"{flag} {out}: that is inside {owner[0] / owner[1]}, which belongs to the run in "
+                           f"{owner[0]} (it writes and prunes what is there); choose a path outside it")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.exists():
         raise CommandError(f"{flag} {out}: its folder {parent} does not exist; create it first, or choose another path")
     if not parent.is_dir():
         raise CommandError(f"{flag} {out}: {parent} is not a folder; choose another path")
     if is_run_folder(parent) and (out.name in RUN_FILES or any(fnmatch(out.name, p) for p in RUN_PATTERNS)):
-        raise CommandError(f"{flag} {out}: that name is one of the run's own in its folder, and a file the run did not "
-                           "record there would make a later --overwrite refuse; choose another name or folder")
+        raise CommandError(f"{flag} {out}: that name is one of the run's own in its folder, which the run may replace "
+                           "or prune; choose another name or folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CommandError(f"{flag} {out}: cannot write in {parent}: Permission denied (EACCES); choose a folder "
                            "you can write to")

@@ -1,9 +1,8 @@
 """``gan-accel info RUN``: what a run folder holds, read-only (also while the run is training).
 
 The config's key fields, the steps done of ``max_steps``, the last metrics row, the checkpoints,
-the best checkpoint (``best.json``), the evaluation results (``eval.json``), the branches (what a
-resume of an older checkpoint moved to ``checkpoints/abandoned/``) and the run's history
-(``history.jsonl``: starts, resumes, branches, forks, overwrites, config changes). ``--json``
+the best checkpoint (``best.json``), the evaluation results (``eval.json``) and the run's history
+(``history.jsonl``: its start or fork, its resumes, their config changes). ``--json``
 prints the same as one JSON object. Nothing in the folder is written, locked or created.
 """
 
@@ -18,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GanAccelError
-from ..state.checkpoint import is_complete, list_checkpoints, read_marker
-from ..state.layout import (ABANDONED, BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_root,
-                            checkpoint_step, read_json, read_metrics_tolerant)
 from ..ending import printable
+from ..state.checkpoint import list_checkpoints, read_marker
+from ..state.layout import (BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_step, read_json,
+                            read_json_lines, read_metrics_tolerant)
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
@@ -33,7 +32,7 @@ EXTRA_FIELDS = ("dataset", "num_processes")
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "info", help="describe a run folder: config, steps, last metrics, checkpoints, best, evaluation, branches",
+        "info", help="describe a run folder: config, steps, last metrics, checkpoints, best, evaluation, history",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", metavar="RUN", help="a run folder (the --output-dir of a training run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -80,7 +79,6 @@ def describe_run(run: Path) -> dict[str, Any]:
         "best": best,
         "eval": _json_file(run / EVAL, notes),
         "export": export,
-        "branches": _branches(run),
         "history": _history(run / HISTORY, notes),
         "notes": notes,
     }
@@ -130,37 +128,11 @@ def _checkpoint(path: Path) -> dict[str, Any]:
             "num_processes": marker.get("num_processes")}
 
 
-def _branches(run: Path) -> list[dict[str, Any]]:
-    """What resumes of older checkpoints moved aside: one entry per ``checkpoints/abandoned/<label>/``."""
-    root = checkpoint_root(run) / ABANDONED
-    if not root.is_dir():
-        return []
-    branches = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        rows, _ = read_metrics_tolerant(folder / METRICS)
-        checkpoints = sorted((p for p in folder.iterdir() if is_complete(p)), key=lambda p: p.name)
-        branches.append({"folder": str(folder), "checkpoints": [_checkpoint(p) for p in checkpoints],
-                         "metrics_rows": len(rows), "last_metrics_step": rows[-1].get("step") if rows else None,
-                         "files": sorted(p.name for p in folder.iterdir() if not is_complete(p))})
-    return branches
-
-
 def _history(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    events = []
-    if not path.is_file():
-        return events
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except (ValueError, RecursionError):
-            entry = None
-        if not isinstance(entry, dict):
-            notes.append(f"{HISTORY}: an unreadable line skipped")
-            continue
+    events, skipped = read_json_lines(path)
+    notes += [f"{HISTORY}: an unreadable line skipped"] * skipped
+    for entry in events:
         entry.pop("config", None)  # the whole config of a start or fork: config.json and the checkpoints hold it
-        events.append(entry)
     return events
 
 
@@ -254,16 +226,10 @@ def _config_line(config: dict[str, Any], extra: dict[str, Any]) -> list[str]:
 def _event_line(event: dict[str, Any]) -> str:
     kind = event.get("event")
     text = f"{event.get('time', '?')} {kind}"
-    if kind in ("resume", "branch"):
+    if kind == "resume":
         text += f" at step {event.get('step')} from {Path(str(event.get('checkpoint'))).name}"
-        if event.get("moved_aside"):
-            text += f"; later files moved to {event['moved_aside']}"
     elif kind == "fork":
         text += f" from {event.get('source')} (step {event.get('step')})"
-    elif kind == "overwrite":
-        text += f": removed {len(event.get('removed') or [])} file(s) of the previous run"
-    elif kind == "config_change":
-        text += f" at step {event.get('step')}"
     changes = event.get("changes")
     if isinstance(changes, dict) and changes:
         text += ": " + ", ".join(f"{k} {_pair(v)}" for k, v in sorted(changes.items()))
@@ -312,15 +278,6 @@ def format_report(report: dict[str, Any]) -> str:
             scalars = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation.items())
                                 if isinstance(v, (int, float, str)))
             lines.append(f"evaluation ({EVAL}): {scalars}")
-    if report["branches"]:
-        lines.append("branches (moved aside by resumes of older checkpoints):")
-        for branch in report["branches"]:
-            held = ", ".join(c["name"] for c in branch["checkpoints"]) or "no checkpoint"
-            rows = f", {branch['metrics_rows']} metrics row(s) to step {branch['last_metrics_step']}" \
-                if branch["metrics_rows"] else ""
-            lines.append(f"  {branch['folder']}: {held}{rows}")
-    else:
-        lines.append("branches: none")
     if report["history"]:
         lines.append("history:")
         lines += [f"  {_event_line(event)}" for event in report["history"]]

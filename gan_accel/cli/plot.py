@@ -1,9 +1,7 @@
 """``gan-accel plot RUN [--out PATH]``: the run's metrics log drawn as one PNG.
 
 By default the picture is the run's own ``<run>/training_plot.png`` (the one its ``training_plot`` callback
-draws and records in ``manifest.json``), drawn again from the whole log. Where the run recorded no
-such file, ``--out`` is needed: a file the run did not record, named like one of its own, would make a
-later ``--overwrite`` of the folder refuse. ``--out`` names a new file; an existing one is never
+draws), drawn again from the whole log. ``--out`` names a new file instead; an existing one is never
 replaced. Works while the run trains: it only reads ``metrics.jsonl``.
 """
 
@@ -17,7 +15,6 @@ from typing import Any
 from ..pictures.training_plot import plot_run
 from ..state.files import atomic_path
 from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
-from ..state.run_folder import RunFolder
 from .common import CommandError, check_new_output, resolve_run, write_new_file
 
 
@@ -43,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         drawn = plot_run(run_dir, out=Path(scratch) / "plot.png").read_bytes()
     if out is None:
-        path = _check_own_plot(run_dir)
+        path = run_dir / TRAINING_PLOT
         with atomic_path(path) as tmp:
             tmp.write_bytes(drawn)
     else:
@@ -54,15 +51,3 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         print(f"note: {METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     return 0
-
-
-def _check_own_plot(run_dir: Path) -> Path:
-    """The default picture replaces only the plot the run itself recorded."""
-    if TRAINING_PLOT in RunFolder(run_dir, writer=False).manifest["files"]:
-        return run_dir / TRAINING_PLOT
-    if (run_dir / TRAINING_PLOT).exists():
-        raise CommandError(f"{run_dir / TRAINING_PLOT} is not the run's own (its manifest.json does not record it), and "
-                           "gan-accel never replaces anything; pass --out PATH.png")
-    raise CommandError(f"run {run_dir} has drawn no {TRAINING_PLOT} of its own yet: one written there now would be a "
-                       "file the run did not record (a later --overwrite of the folder would refuse it); pass "
-                       "--out PATH.png")

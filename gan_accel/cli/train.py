@@ -124,8 +124,6 @@ def train(args: argparse.Namespace) -> int:
     from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
 
-    if args.fork and args.resume is None:
-        raise ConfigError("--fork needs --resume PATH: the checkpoint of another run to start this one from")
     args.output_dir = args.output_dir or default_output_dir(args.data)
     recorded_spec, recorded_data = check_run_folder(args)
     if recorded_spec is not None:  # resuming: --model, --resolution and --channels left out are the run's own
@@ -160,7 +158,7 @@ def train(args: argparse.Namespace) -> int:
     log(f"gan_accel: {family} G and D (width {spec['width']}, z {spec['z_dim']}) at {spec['image_size']} px, "
         f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {args.batch_size} x {args.grad_accum} "
         f"images per process; {describe_launch(trainer.accelerator)}; output in {config.output_dir}")
-    metrics = trainer.fit(resume_from=args.resume, fork=args.fork)
+    metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {processes.process_index}/{processes.num_processes}: {trainer.step} steps, "
           f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)
@@ -183,15 +181,14 @@ def default_output_dir(data: str) -> str:
 def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The one look at ``--output-dir``, read-only and before the data: a new run does not land on another; a
     resume names a checkpoint, and gives the networks' spec and the data record (``data.json``) the run kept."""
-    from ..state.checkpoint import resolve_resume
+    from ..engine.run_open import resume_target
     from ..state.layout import CONFIG, DATA_RECORD, read_json
-    from ..state.run_folder import RunFolder
+    from ..state.run_folder import check_new_run
 
     if args.resume is None:
-        RunFolder(args.output_dir, writer=False).check_new_run(args.overwrite)
+        check_new_run(args.output_dir)
         return None, None
-    resolve_resume(args.resume, args.output_dir)
-    if args.fork:  # a new run: nothing of the folder to go on with
+    if not resume_target(args.resume, args.output_dir).continued:  # a new run: nothing of the folder to go on with
         return None, None
     folder = Path(args.output_dir)
     try:
@@ -311,8 +308,7 @@ def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any,
 
 class RunDataFiles(Callback):
     """Writes the data's files into the run folder as training starts (``data.json``, ``class_names.json``,
-    ``skipped_files.txt``: :meth:`ImageData.write_run_files`) and records them at step 0, so a branch
-    never moves them aside and ``--overwrite`` removes them with the rest of the run."""
+    ``skipped_files.txt``: :meth:`ImageData.write_run_files`)."""
 
     def __init__(self, data: ImageData) -> None:
         self.data = data
@@ -320,8 +316,4 @@ class RunDataFiles(Callback):
     def on_fit_start(self, trainer: Any) -> None:
         from ..ending import run_together
 
-        def write() -> None:
-            for path in self.data.write_run_files(trainer.output_dir):
-                trainer.control.record_file(path, 0)
-
-        run_together(trainer.accelerator, write, main_only=True)
+        run_together(trainer.accelerator, lambda: self.data.write_run_files(trainer.output_dir), main_only=True)

@@ -4,7 +4,6 @@
     run = add_run_flags(parser, output_dir="runs/x", default_steps=5000)
     model = add_model_flags(parser, width=32, z_dim=100, r1_gamma="0.1")
     args = parser.parse_args(argv)
-    check_run_flags(parser, args)
     config = TrainConfig(**config_fields(args), num_classes=None, ...)
 
 Each script adds its own flags beside these (the MNIST examples: ``--data-dir``, ``--eval``; ``gan-accel
@@ -58,11 +57,8 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
                      help="the trackers' project (experiment) name (default: the output folder's name)")
     run.add_argument("--seed", type=seed_int, default=0)
     run.add_argument("--resume", default=None, metavar="latest|PATH",
-                     help="continue a run from its newest checkpoint ('latest') or from a checkpoint folder")
-    run.add_argument("--overwrite", action="store_true",
-                     help="replace a previous run in --output-dir (removes only the files that run wrote)")
-    run.add_argument("--fork", action="store_true",
-                     help="with --resume PATH of another run folder: start a new run in --output-dir from it")
+                     help="continue the run in --output-dir ('latest'), or start a new run in an empty --output-dir "
+                          "from a checkpoint folder (PATH)")
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
     run.add_argument("--max-bad-updates", type=positive_int, default=10,
@@ -120,12 +116,6 @@ def add_conditional_flags(group: argparse._ArgumentGroup, d_position: str | None
     group.add_argument("--d-position", choices=("coords", "moments", "none"), default=d_position, help=d_position_help)
 
 
-def check_run_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Flags that only make sense together (one usage line, exit 2, from the parser)."""
-    if args.fork and args.resume is None:
-        parser.error("--fork needs --resume PATH: the checkpoint of another run to start this one from")
-
-
 def tracker_names(values: list[str]) -> tuple[str, ...]:
     """``--log-with tensorboard,mlflow wandb`` -> ``("tensorboard", "mlflow", "wandb")``."""
     return tuple(name.strip() for names in values for name in names.split(",") if name.strip())
@@ -143,7 +133,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         mixed_precision=args.mixed_precision, channels_last=args.channels_last,
         keep_freed_memory=args.keep_freed_memory, sample_every=args.sample_every, log_every=args.log_every,
         output_dir=args.output_dir, seed=args.seed, log_with=tracker_names(args.log_with),
-        tracker_project=args.tracker_project, progress_bar=not args.no_progress, overwrite=args.overwrite,
+        tracker_project=args.tracker_project, progress_bar=not args.no_progress,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         keep_samples=args.keep_samples, gif_frames=args.gif_frames, max_bad_updates=args.max_bad_updates,
         collective_timeout=args.collective_timeout,

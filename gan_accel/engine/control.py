@@ -21,7 +21,7 @@ class RunState:
 
     Attributes:
         step: steps completed (passes over the phase list; see :mod:`gan_accel.engine.phases`).
-        run_id: the run's id in its folder's ``manifest.json`` (None before ``fit``).
+        run_id: the run's id, named in its checkpoints' ``COMPLETE`` (None before ``fit``).
         resumed_from: the checkpoint this run was resumed from, if any.
         last_checkpoint: the newest complete checkpoint of this run, and the step it was written at.
         kept_checkpoints: checkpoint folder names that are never pruned (e.g. the best one by evaluation).
@@ -42,9 +42,6 @@ class Control:
     * :meth:`save_checkpoint`: write a checkpoint at this step once the current event has run (if none
       is written at this step already); :meth:`keep_checkpoint` / :meth:`release_checkpoint`: protect a
       checkpoint from pruning, or end that protection;
-    * :meth:`record_file`: a file the run wrote, for its ``manifest.json`` (``--overwrite`` removes only
-      recorded files, and a resume of an older checkpoint moves later ones aside); :meth:`discard_file`:
-      remove one of them (pruning), only if the run recorded it;
     * :meth:`checkpoint_written`: the checkpoint writer reports a complete checkpoint;
     * :meth:`stop`: checkpoint and stop after this step (as on SIGINT/SIGTERM; every process alike).
     """
@@ -52,8 +49,6 @@ class Control:
     def __init__(self) -> None:
         self.metrics: dict[str, Any] = {}
         self.keeps: list[tuple[str, bool]] = []  # (checkpoint name, keep or release), in the order asked
-        self.files: list[tuple[Path, int | None]] = []
-        self.discards: list[Path] = []
         self.written: Path | None = None
         self.checkpoint_requested = False
         self.stop_signal: int | None = None
@@ -73,14 +68,6 @@ class Control:
     def release_checkpoint(self, name: str) -> None:
         """End :meth:`keep_checkpoint`: ``name`` is pruned like any other checkpoint."""
         self.keeps.append((name, False))
-
-    def record_file(self, path: str | os.PathLike, step: int | None = None) -> None:
-        """The run wrote ``path`` (inside its folder) at ``step`` (default: the current step)."""
-        self.files.append((Path(path), step))
-
-    def discard_file(self, path: str | os.PathLike) -> None:
-        """Remove ``path``, a file the run recorded, and its manifest entry (a file it did not record stays)."""
-        self.discards.append(Path(path))
 
     def checkpoint_written(self, path: str | os.PathLike) -> None:
         """A complete checkpoint of the current step is at ``path`` (reported by the checkpoint writer)."""

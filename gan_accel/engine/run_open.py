@@ -1,114 +1,102 @@
-"""Opening the run folder at the start of ``fit``: a new run or a resume, and what the history records.
+"""Opening the run folder at the start of ``fit``: a new run, the run continued, or a fork.
 
-Every rule here keeps data: a new run never starts over another one unless asked, and then removes
-only the files that run recorded; a checkpoint is resumed only into the folder that wrote it unless
-forked; resuming an older checkpoint moves the newer ones aside (a branch); a config change on
-resume is refused or applied for real, and dated.
+One run per folder, and it only moves forward (:mod:`gan_accel.state.run_folder`):
 
-These functions take what they need and return what they decided; the trainer (``GANTrainer._open``)
-calls them on the right processes and is the one that changes its own state. Checks read the same
-files on every rank, so every process reaches the same decision.
+* ``resume_from=None``: a new run, in an absent or empty ``output_dir`` only;
+* ``"latest"`` (or the path of the folder's latest checkpoint): the run continues in place, with its run id;
+* any other checkpoint (another run's, or an older one of a run): a new run (a fork) from it, in an absent
+  or empty ``output_dir``. An older checkpoint of ``output_dir`` itself is refused, naming the fork.
+
+A config change on resume is refused or applied for real, and dated in the history. These functions take
+what they need and return what they decided; the trainer (``GANTrainer._open``) calls them on the right
+processes. Checks read the same files on every rank, so every process reaches the same decision.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..config import TrainConfig, compare_configs
 from ..errors import CheckpointError, RunFolderError
-from ..state.checkpoint import read_marker, resolve_resume
-from ..state.layout import checkpoint_root, checkpoint_run_folder
-from ..state.paths import output_dir_refusal
-from ..state.run_folder import RunFolder, listing
+from ..state.checkpoint import latest_checkpoint, read_marker, resolve_resume
+from ..state.layout import checkpoint_root
+from ..state.run_folder import check_new_run, log_event, output_dir_refusal
 from .phases import PhasePlan
 from .schedules import warmup_then_decay
 
 
 @dataclass(frozen=True)
 class ResumeTarget:
-    """A checkpoint chosen for ``fit(resume_from=...)``: where it is, and whether this run folder wrote it."""
+    """A checkpoint chosen for ``fit(resume_from=...)``: where it is, and whether the run goes on in its folder."""
 
     path: Path
-    owner: Path  # the run folder the checkpoint belongs to
-    own: bool  # written by the run in this output folder (else a fork)
+    continued: bool  # the latest checkpoint of output_dir: the same run goes on (else a fork into output_dir)
 
 
 def check_output_dir(path: Path) -> None:
-    """Main process, before anything is written: refuse an ``output_dir`` in a folder another run manages
-    (its ``checkpoints/`` or ``trackers/``), in one line naming that run (see :mod:`gan_accel.state.paths`)."""
+    """Main process, before anything is written: refuse an ``output_dir`` inside another run's ``checkpoints/``
+    or ``trackers/``, in one line naming that run."""
     why = output_dir_refusal(path)
     if why is not None:
         raise RunFolderError(why)
 
 
-def start_run(folder: RunFolder, config: TrainConfig, event: str, **fields: Any) -> str:
-    """Main process: check the folder, clear the previous run if ``overwrite`` asks, start a manifest and
-    log ``event`` (``"start"`` or ``"fork"``); returns the new run's id."""
-    folder.check_new_run(config.overwrite)
-    removed, refused = folder.clear() if config.overwrite else ([], [])
-    run_id = folder.start()
-    folder.repair_tails()  # the history survives an overwrite: a line a crash cut short is repaired first
-    if removed:
-        print(f"gan_accel: overwrite: removed {len(removed)} file(s) the previous run in {folder.path} wrote: "
-              f"{listing(removed)}")
-    if refused:
-        print(f"gan_accel: overwrite: left {len(refused)} manifest entr{'y' if len(refused) == 1 else 'ies'} "
-              f"in place (in whole or in part), not files of the run inside {folder.path}: {'; '.join(refused[:6])}"
-              + (f"; and {len(refused) - 6} more (see history.jsonl)" if len(refused) > 6 else ""))
-    if removed or refused:
-        folder.log_event("overwrite", removed=removed, **({"left": refused} if refused else {}))
-    folder.log_event(event, run_id=run_id, config=config.to_dict(), **fields)
+def start_run(output_dir: Path, config: TrainConfig) -> str:
+    """Main process: refuse a folder that is not absent or empty, then log the start of a new run there;
+    returns its new id."""
+    check_new_run(output_dir)
+    run_id = uuid.uuid4().hex
+    log_event(output_dir, "start", run_id=run_id, config=config.to_dict())
     return run_id
 
 
-def choose_checkpoint(resume_from: Any, config: TrainConfig, folder: RunFolder, fork: bool) -> ResumeTarget:
-    """Every process: the checkpoint to resume, refused in one line when it belongs to another run (without
-    ``fork``) or when its config differs in a field a run cannot change."""
-    path = resolve_resume(resume_from, config.output_dir)
-    marker = read_marker(path)
-    owner = checkpoint_run_folder(path)
-    here = owner == Path(config.output_dir).resolve()
-    # Checkpoints from before run ids existed, and run folders whose manifest is gone, are judged by where
-    # the checkpoint lies (the resume then writes a manifest with the checkpoint's run id).
-    own = marker.get("run_id") == folder.run_id if marker.get("run_id") is not None and folder.run_id is not None \
-        else here
-    if not own and not fork:
-        if here:  # in this folder, but written by another run than the one its manifest names
-            raise RunFolderError(
-                f"checkpoint {path} was written by run {marker.get('run_id')}, but the run in {owner} is "
-                f"{folder.run_id} (its manifest.json): copied in from another run? Resume this run from its own "
-                "checkpoints (--resume latest), or start a new run from this one in another folder with fork=True "
-                "(--fork --output-dir NEW)")
-        raise RunFolderError(
-            f"checkpoint {path} belongs to the run in {owner}, not to output_dir {config.output_dir}: resume it "
-            f"with output_dir={str(owner)!r} (--output-dir {owner}), or copy it into a new run folder with "
-            "fork=True (--fork)")
+def choose_checkpoint(resume_from: Any, config: TrainConfig) -> ResumeTarget:
+    """Every process: :func:`resume_target`, and a config that differs in a field a run cannot change refused."""
+    target = resume_target(resume_from, config.output_dir)
+    marker = read_marker(target.path)
     if "config" in marker:  # refuse a changed batch size or loss before loading anything
-        refuse_fixed_changes(path, marker["config"], config.to_dict())
-    return ResumeTarget(path, owner, own)
+        refuse_fixed_changes(target.path, marker["config"], config.to_dict())
+    return target
 
 
-def record_resume(folder: RunFolder, target: ResumeTarget, step: int, changes: Mapping[str, Any]) -> str:
-    """Main process, after a resume of the run's own checkpoint: move what was written after it aside
-    (a branch) and log the resume; returns the run's id."""
-    folder.adopt(read_marker(target.path).get("run_id"))  # no manifest (older, or deleted): the files become the run's
-    folder.repair_tails()  # a metrics row or history line a crash cut short: repaired once, kept aside
-    # From the abandoned folder, the current branch's checkpoint of the same step moves aside too.
-    from_root = target.path.resolve().parent == checkpoint_root(target.owner).resolve()
-    dest, moved = folder.move_aside(step if from_root else step - 1)
-    entry: dict[str, Any] = {"step": step, "checkpoint": str(target.path)}
-    if changes:
-        entry["changes"] = dict(changes)
-    branch = any("checkpoint_" in name for name in moved)  # a later checkpoint was left behind
-    if moved:
-        entry["moved_aside"] = str(dest)
-    if branch:
-        print(f"gan_accel: resuming step {step} starts a branch: the later checkpoints and samples "
-              f"were moved to {dest} (nothing was deleted); 'latest' now means this branch")
-    folder.log_event("branch" if branch else "resume", **entry)
-    return folder.run_id
+def resume_target(resume_from: Any, output_dir: str | Path) -> ResumeTarget:
+    """The checkpoint to resume and whether it continues ``output_dir``'s run or forks a new one; refused in
+    one line for an older checkpoint of ``output_dir`` or a fork into a folder that holds a run."""
+    output_dir = Path(output_dir)
+    path = resolve_resume(resume_from, output_dir)
+    latest = latest_checkpoint(output_dir)
+    if str(resume_from) == "latest" or (latest is not None and path.resolve() == latest.resolve()):
+        continued = True
+    elif path.resolve().parent == checkpoint_root(output_dir).resolve():
+        raise RunFolderError(
+            f"{path} is an older checkpoint of the run in {output_dir}, which has gone on to {latest.name}: a run "
+            f"only moves forward; continue it with `--resume latest`, or start a new run from {path.name} in a new "
+            f"folder (`--resume {path} --output-dir NEW`)")
+    else:
+        continued = False
+        try:
+            check_new_run(output_dir)
+        except RunFolderError as error:
+            raise RunFolderError(f"resuming {path} starts a new run from it, in --output-dir: {error}") from None
+    return ResumeTarget(path, continued)
+
+
+def record_resume(output_dir: Path, target: ResumeTarget, step: int, config: TrainConfig,
+                  changes: Mapping[str, Any]) -> str:
+    """Main process: log the resume (the same run) or the fork (a new run from another checkpoint) in the
+    history, with the config changes; returns the run's id (the checkpoint's, or a new one for a fork)."""
+    extra = {"changes": dict(changes)} if changes else {}
+    if target.continued:
+        run_id = read_marker(target.path).get("run_id") or uuid.uuid4().hex
+        log_event(output_dir, "resume", run_id=run_id, step=step, checkpoint=str(target.path), **extra)
+    else:
+        run_id = uuid.uuid4().hex
+        log_event(output_dir, "fork", run_id=run_id, step=step, source=str(target.path), config=config.to_dict(),
+                  **extra)
+    return run_id
 
 
 def refuse_fixed_changes(path: Path, saved: dict[str, Any], requested: dict[str, Any]) -> None:

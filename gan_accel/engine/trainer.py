@@ -39,10 +39,9 @@ from ..callbacks.base import assemble
 from ..ending import remember, run_together
 from ..config import TrainConfig, compare_configs
 from ..errors import TrainingInterrupted
-from ..state.checkpoint import load_checkpoint, read_marker
-from ..state.layout import checkpoint_step
+from ..state.checkpoint import load_checkpoint
 from ..state.lock import RunLock
-from ..state.run_folder import RunFolder
+from ..state.run_folder import check_new_run, write_description
 from .augmentation import RunAugmentation
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .conditioning import conditioning_for
@@ -53,8 +52,7 @@ from .latents import LabelSampler, LatentSampler, gaussian_latents
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
-from .run_open import (apply_schedule_changes, check_output_dir, choose_checkpoint, record_resume, refuse_fixed_changes,
-                       start_run)
+from .run_open import apply_schedule_changes, check_output_dir, choose_checkpoint, record_resume, start_run
 from .runner import PhaseRunner
 from .running_means import RunningMeans
 from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
@@ -139,22 +137,19 @@ class GANTrainer(TrainerViews):
                                   augmentation=RunAugmentation(config, accelerator))
         self.last_metrics: dict[str, float] = {}
         self._next_row: dict[str, Any] = {}  # values the callbacks logged for the next metrics row
-        # The run folder: its lock (held by the main process while fit runs), manifest and history.
-        self.lock = RunLock(self.output_dir)
-        self.run_folder = RunFolder(self.output_dir, writer=accelerator.is_main_process)
+        self.lock = RunLock(self.output_dir)  # held by the main process while fit runs
         self.fit_calls = 0
         self.callbacks = CallbackList(assemble(default_callbacks(config), callbacks, disable_callbacks,
                                                BUILTIN_CALLBACKS))
         self.callbacks.bind(self, after_each=self._apply)
 
     # -- the loop -----------------------------------------------------------------------------
-    def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None,
-            fork: bool = False) -> dict[str, float]:
+    def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None) -> dict[str, float]:
         """Train until ``config.max_steps`` steps; returns the last logged metrics.
 
-        ``resume_from``: ``"latest"`` or a checkpoint folder; the run continues exactly where it was
-        saved (same batches, same noise, same metrics). A checkpoint of another run folder is refused
-        unless ``fork=True``, which starts a new run in ``output_dir`` from it. ``stop_at_step``:
+        A new run needs an absent or empty ``output_dir``. ``resume_from``: ``"latest"`` continues the run in
+        ``output_dir`` exactly where it was saved (same batches, same noise, same metrics); any other checkpoint
+        folder starts a new run from it (a fork) in an absent or empty ``output_dir``. ``stop_at_step``:
         checkpoint and return early at that step (the schedules still run to ``max_steps``); a later
         ``fit()`` of the same trainer continues. SIGINT/SIGTERM: the current step finishes, a
         checkpoint is written, then :class:`TrainingInterrupted` is raised.
@@ -162,7 +157,7 @@ class GANTrainer(TrainerViews):
         cfg, acc, control = self.config, self.accelerator, self.control
         target = cfg.max_steps if stop_at_step is None else min(stop_at_step, cfg.max_steps)
         try:
-            self._open(resume_from, fork)
+            self._open(resume_from)
             self.fit_calls += 1
             if acc.mixed_precision == "fp16" and acc.scaler is None:
                 acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
@@ -225,48 +220,36 @@ class GANTrainer(TrainerViews):
         for name, keep in control.keeps:
             (state.kept_checkpoints.add if keep else state.kept_checkpoints.discard)(name)
         control.keeps = []
-        for path, step in control.files:
-            self.run_folder.record(path, state.step if step is None else step)
-        for path in control.discards:  # pruning: only a file the run recorded, inside its folder
-            self.run_folder.discard(path)
-        control.files, control.discards = [], []
         if control.written is not None:
             state.last_checkpoint, state.last_checkpoint_step, control.written = control.written, state.step, None
-            self.run_folder.sync_checkpoints()
 
-    def _open(self, resume_from: Any, fork: bool) -> None:
-        """Collective. Take the folder's lock, then start, continue or resume the run (engine/run_open.py)."""
-        acc, cfg, folder, state = self.accelerator, self.config, self.run_folder, self.state
-        run_together(acc, lambda: (check_output_dir(self.output_dir), self.lock.acquire()), main_only=True)
-        describe = lambda: folder.write_description(cfg, self.fixed_latents, state.step, self.fixed_labels)  # noqa: E731
+    def _open(self, resume_from: Any) -> None:
+        """Collective. Take the folder's lock, then start, continue or fork the run (engine/run_open.py)."""
+        acc, cfg, state, out = self.accelerator, self.config, self.state, self.output_dir
+        run_together(acc, lambda: check_output_dir(out), main_only=True)
+        if resume_from is None and not self.fit_calls:  # checked again under the lock; first so a refusal writes nothing
+            run_together(acc, lambda: check_new_run(out), main_only=True)
+        run_together(acc, self.lock.acquire, main_only=True)
+        describe = lambda: write_description(out, cfg, self.fixed_latents, self.fixed_labels)  # noqa: E731
         if resume_from is None:
-            if not self.fit_calls:  # a second fit() of one trainer continues its own run: nothing to check
-                state.run_id = run_together(acc, lambda: start_run(folder, cfg, "start"), main_only=True)
-            else:  # a crash of something else may have cut a line short since
-                run_together(acc, folder.repair_tails, main_only=True)
+            if not self.fit_calls:  # a second fit() of one trainer continues its own run
+                state.run_id = run_together(acc, lambda: start_run(out, cfg), main_only=True)
             run_together(acc, describe, main_only=True)
             return
-        target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg, folder, fork))
-        if fork and not target.own:
-            state.run_id = run_together(acc, lambda: start_run(folder, cfg, "fork", source=str(target.path),
-                                                               step=checkpoint_step(target.path)), main_only=True)
+        target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg))
         saved = load_checkpoint(acc, target.path, acc.process_index)
-        if "config" not in read_marker(target.path):  # a checkpoint from before the marker held the config
-            refuse_fixed_changes(target.path, saved["config"], cfg.to_dict())
         restore_engine_state(self, saved, target.path)
         _, changes = compare_configs(saved["config"], cfg.to_dict())
         notes = apply_schedule_changes(cfg, saved["config"], changes, self.runner.plan, self.optimizers,
                                        self.schedulers, self.built_from_config,
                                        scheduler_ticks_per_optimizer_step(acc), state.step)
-        state.resumed_from = state.last_checkpoint = target.path
-        state.last_checkpoint_step = state.step
-        if target.own:
-            state.run_id = run_together(acc, lambda: record_resume(folder, target, state.step, changes), main_only=True)
-        elif changes:
-            run_together(acc, lambda: folder.log_event("config_change", step=state.step, changes=changes),
-                         main_only=True)
+        state.resumed_from = target.path
+        if target.continued:  # a fork writes its first checkpoint into its own folder
+            state.last_checkpoint, state.last_checkpoint_step = target.path, state.step
+        state.run_id = run_together(acc, lambda: record_resume(out, target, state.step, cfg, changes), main_only=True)
         run_together(acc, describe, main_only=True)
-        acc.print(f"gan_accel: resumed from {target.path} at step {state.step}")
+        acc.print(f"gan_accel: resumed from {target.path} at step {state.step}"
+                  + ("" if target.continued else f", as a new run in {out}"))
         for note in notes:
             acc.print(f"gan_accel: {note}")
 

@@ -49,7 +49,7 @@ class TrainerViews:
 
     @property
     def run_id(self) -> str | None:
-        """The run's id in its folder's manifest (``state.run_id``; None on processes other than the main one)."""
+        """The run's id, named in its checkpoints (``state.run_id``; None on processes other than the main one)."""
         return self.state.run_id
 
     @property
@@ -102,7 +102,7 @@ class TrainerViews:
     def checkpoint_note(self) -> str:
         """Where the run can be resumed from, for error messages."""
         if self.state.last_checkpoint is None:
-            return ("No checkpoint of this run was written, so there is nothing to resume: start it again "
-                    "(overwrite=True, --overwrite, removes only the files it wrote).")
+            return ("No checkpoint of this run was written, so there is nothing to resume: start it again in "
+                    "another output folder (gan-accel never deletes a run).")
         return (f"The last complete checkpoint is {self.state.last_checkpoint}; resume with --resume latest "
                 "(fit(resume_from='latest')) and the same output folder.")

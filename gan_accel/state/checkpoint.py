@@ -18,20 +18,17 @@ need more is refused in one line naming it.
 Everything is first written to ``.tmp-checkpoint_<step>``. After a barrier (``save_state`` has none
 of its own, and other ranks may still be writing their RNG files) the main process writes
 ``COMPLETE`` and renames the folder, an atomic step on one filesystem. A crash while saving leaves at
-most a ``.tmp-`` folder, which resume never picks and the next save clears.
+most a ``.tmp-`` folder, which resume never picks and the next save of that step clears.
 
-What a save removes is only ever its own (see :mod:`gan_accel.state.paths`): ``COMPLETE`` lists the
-files the checkpoint holds; pruning removes a checkpoint of this run only (its ``COMPLETE`` names the
-run's id), never follows a link, and leaves in place any file the checkpoint did not hold (with the
-folder, which is then no checkpoint). The next save clears only ``.tmp-checkpoint_<step>`` folders,
-and a folder in the way of a new checkpoint that this run did not write stops the save instead.
+Pruning removes only a checkpoint of this run (its ``COMPLETE`` names the run's id), and of it only the
+files its ``COMPLETE`` lists as written by the save; anything else in the folder stays. A folder in the way
+of a new checkpoint stops the save (a run's folder only moves forward: it never holds one).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterable
@@ -50,9 +47,6 @@ from .safe_tree import load_tree, save_tree
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
 ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
-_STALE = re.compile(rf"{re.escape(TMP_PREFIX)}{CHECKPOINT_PREFIX}\d{{8,}}")  # a save cut short: cleared by the next
-# What Accelerate and gan_accel write in a checkpoint, for one whose COMPLETE lists no files (written before it did).
-_WRITTEN_SUFFIXES = (".safetensors", ".bin", ".pkl", ".pt")
 
 
 def read_marker(path: Path) -> dict[str, Any]:
@@ -128,12 +122,12 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
 
     def prepare() -> None:
         if accelerator.is_main_process:
-            root.mkdir(parents=True, exist_ok=True)
-            for stale in root.iterdir():  # left by a crash during an earlier save: only gan_accel's own names
-                if _STALE.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
-                    shutil.rmtree(stale, ignore_errors=True)
             if os.path.lexists(final):
-                _check_replaceable(final, run_id)
+                raise RunFolderError(f"cannot write checkpoint {final}: that folder exists, and a run never replaces "
+                                     "a checkpoint; move it away, then resume")
+            if tmp.is_dir() and not tmp.is_symlink():  # this run's save of this step, cut short by a crash
+                shutil.rmtree(tmp)
+            root.mkdir(parents=True, exist_ok=True)
 
     def write_own_files() -> None:
         accelerator.save_state(str(tmp))
@@ -143,8 +137,6 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
         if accelerator.is_main_process:
             meta = {"step": step, "num_processes": accelerator.num_processes, **(marker or {}), "files": _files_in(tmp)}
             _write_synced(tmp / COMPLETE, json.dumps(meta))
-            if os.path.lexists(final):  # this run's own checkpoint of this step (checked in prepare)
-                discard_checkpoint(final)
             os.replace(tmp, final)
             _fsync_dir(root)
             protected = {Path(p).name for p in keep_also}
@@ -160,93 +152,28 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
 
 
 def written_by(checkpoint: Path, run_id: str | None) -> bool:
-    """Whether the complete checkpoint folder ``checkpoint`` was written by the run ``run_id`` (in its own
-    folder, not through a link); one from before run ids were recorded counts as the run's."""
-    if checkpoint.is_symlink():
-        return False
-    saved = read_marker(checkpoint).get("run_id")
-    return saved is None or saved == run_id
-
-
-def foreign_files(checkpoint: Path) -> list[str]:
-    """The files (and links) in a checkpoint folder that the checkpoint did not write, relative to it.
-
-    ``COMPLETE`` lists what the save wrote; for an older checkpoint without that list, Accelerate's and
-    gan_accel's kinds of file at the top level count as written.
-    """
-    marker = read_marker(checkpoint)
-    listed = set(marker["files"]) if isinstance(marker.get("files"), list) else None
-    others = []
-    for folder, dirs, files in os.walk(checkpoint):  # never follows links: a link is listed as a foreign file
-        for name in [*files, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
-            relative = Path(folder, name).relative_to(checkpoint).as_posix()
-            if os.path.islink(os.path.join(folder, name)):
-                others.append(relative)
-            elif relative != COMPLETE and not (relative in listed if listed is not None else
-                                               "/" not in relative and relative.endswith(_WRITTEN_SUFFIXES)):
-                others.append(relative)
-    return sorted(others)
-
-
-def discard_checkpoint(checkpoint: Path) -> list[str]:
-    """Remove a checkpoint folder of this run: returns the files it holds that it did not write, which stay.
-
-    ``COMPLETE`` goes first, so from then on the folder is no checkpoint (an interrupted removal never
-    leaves a half checkpoint that looks complete). Without foreign files the folder is renamed to a
-    ``.tmp-`` name before its removal (a crash leaves what the next save clears); with them, only the
-    checkpoint's own files go and the folder stays with the rest.
-    """
-    others = foreign_files(checkpoint)
-    if not others:
-        doomed = checkpoint.with_name(f"{TMP_PREFIX}{checkpoint.name}")
-        if not os.path.lexists(doomed):  # taken while the same step's new checkpoint is published from it
-            os.replace(checkpoint, doomed)
-            checkpoint = doomed
-        (checkpoint / COMPLETE).unlink(missing_ok=True)
-        shutil.rmtree(checkpoint)
-        return []
-    (checkpoint / COMPLETE).unlink(missing_ok=True)
-    keep = set(others)
-    for folder, dirs, files in os.walk(checkpoint, topdown=False):
-        for name in files:
-            path = Path(folder, name)
-            if path.relative_to(checkpoint).as_posix() not in keep:
-                path.unlink()
-        for name in dirs:
-            path = Path(folder, name)
-            if not path.is_symlink() and not any(path.iterdir()):
-                path.rmdir()
-    return others
+    """Whether the complete checkpoint folder ``checkpoint`` was written by the run ``run_id`` (its ``COMPLETE``
+    names it) in its own folder, not through a link."""
+    return not checkpoint.is_symlink() and read_marker(checkpoint).get("run_id") == run_id
 
 
 def _prune(checkpoint: Path) -> None:
-    """Remove an old checkpoint of this run; files in it that it did not write stay, and are named."""
+    """Remove an old checkpoint of this run: ``COMPLETE`` first (from then on the folder is no checkpoint), then
+    the files it lists as the save's, then the folders left empty. Anything else in it stays."""
+    listed = read_marker(checkpoint).get("files")
     try:
-        others = discard_checkpoint(checkpoint)
+        (checkpoint / COMPLETE).unlink()
+        for name in listed if isinstance(listed, list) else []:
+            if isinstance(name, str) and ".." not in Path(name).parts and not Path(name).is_absolute():
+                (checkpoint / name).unlink(missing_ok=True)
+        for folder in sorted((d for d, _, _ in os.walk(checkpoint)), reverse=True):  # the deepest first
+            try:
+                os.rmdir(folder)  # only ever an empty folder
+            except OSError:
+                pass
     except OSError as error:  # pruning is housekeeping: the new checkpoint is complete, the old one stays
         print(f"gan_accel: could not remove the old checkpoint {checkpoint} ({write_failure_reason(error)}); "
-              "it stays, remove it yourself if you need the space")
-        return
-    if others:
-        shown = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
-        print(f"gan_accel: pruned checkpoint {checkpoint.name} but kept {checkpoint} with {shown}: files the "
-              "checkpoint did not write are never removed")
-
-
-def _check_replaceable(final: Path, run_id: str | None) -> None:
-    """A folder where the new checkpoint goes may be replaced only if it is this run's own checkpoint."""
-    why = None
-    if final.is_symlink() or not final.is_dir():
-        why = "it is a link or a file"
-    elif not is_complete(final):
-        why = "it is no complete checkpoint (no COMPLETE marker)"
-    elif not written_by(final, run_id):
-        why = f"it is a checkpoint of another run ({read_marker(final).get('run_id')})"
-    elif foreign_files(final):
-        why = f"it holds files the checkpoint did not write ({', '.join(foreign_files(final)[:3])})"
-    if why:
-        raise RunFolderError(f"cannot write checkpoint {final}: that folder exists and this run did not write it "
-                             f"({why}); gan_accel never removes what it did not write: move it away, then resume")
+              "remove it yourself if you need the space")
 
 
 def _files_in(folder: Path) -> list[str]:

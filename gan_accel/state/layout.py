@@ -3,13 +3,11 @@
 One run folder (``TrainConfig.output_dir``)::
 
     <run>/
-      config.json               the config in use now (its changes are dated in history.jsonl)    RunFolder
-      manifest.json             the run's id and every file it wrote, with the step               RunFolder
-      history.jsonl             one dated line per start, resume, branch, fork, overwrite         RunFolder
+      config.json               the config in use now (its changes are dated in history.jsonl)    run_folder
+      history.jsonl             one dated line per start, resume and fork                         run_folder
       .lock                     who holds the run (host, pid, since) while it trains              RunLock
       metrics.jsonl             one JSON row per log interval                                     MetricsLogger
-      fixed_noise.safetensors   the progress samples' latents (fixed_labels.safetensors: labels)  RunFolder
-      metrics.jsonl.torn        a last row cut short by a crash, kept when the log was repaired   RunFolder
+      fixed_noise.safetensors   the progress samples' latents (fixed_labels.safetensors: labels)  run_folder
       samples_<step>.png        progress grids (or scatter plots; samples_<step>.pt otherwise)    SampleSaver
       samples_final.png, progress.gif                                                             SampleSaver
       training_plot.png         the metrics as line charts                                        TrainingPlot
@@ -23,7 +21,6 @@ One run folder (``TrainConfig.output_dir``)::
       checkpoints/
         checkpoint_<step>/      one complete checkpoint (COMPLETE written last)                   Checkpointer
         .tmp-checkpoint_<step>/ a checkpoint being written
-        abandoned/<label>/      what a resume of an older checkpoint moved aside                  RunFolder
 
 Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.safetensors`` D, the
 optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.safetensors``
@@ -55,7 +52,6 @@ from .files import atomic_path
 
 # -- the run folder -------------------------------------------------------------------------------------
 CONFIG = "config.json"
-MANIFEST = "manifest.json"
 HISTORY = "history.jsonl"
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
@@ -70,13 +66,11 @@ FINAL_SAMPLES = "samples_final"
 TRACKERS = "trackers"
 TRACKER_IDS = "runs.json"  # inside trackers/
 CHECKPOINTS = "checkpoints"
-ABANDONED = "abandoned"  # checkpoints/abandoned/<label>/
 DATA_RECORD = "data.json"  # written by gan_accel.data.ImageData.write_run_files
 CLASS_NAMES = "class_names.json"
 SKIPPED_FILES = "skipped_files.txt"
 CHECKPOINT_PREFIX = "checkpoint_"
 TMP_PREFIX = ".tmp-"
-TORN_SUFFIX = ".torn"  # metrics.jsonl.torn, history.jsonl.torn: a last line cut short by a crash, kept aside
 
 # -- inside a checkpoint --------------------------------------------------------------------------------
 COMPLETE = "COMPLETE"
@@ -95,13 +89,12 @@ EXPORT_WEIGHTS = RAW_GENERATOR  # the Hugging Face name for a model's weights
 EXPORT_CARD = "README.md"
 EXPORT_SAMPLES = "samples.png"
 
-# Names a run writes at its top level, and patterns of those it writes many of: a file that exists under
-# one of them but is not in the manifest is someone else's (a later --overwrite refuses to mix it in).
+# Names a run writes at its top level, and patterns of those it writes many of (and may replace or prune).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
              TRACKERS, LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
-RUN_MARKS = (CONFIG, MANIFEST, HISTORY, GENERATOR, METRICS)
+RUN_MARKS = (CONFIG, HISTORY, GENERATOR, METRICS)
 
 
 def samples_stem(step: int | None) -> str:
@@ -129,7 +122,7 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 
 
 def checkpoint_run_folder(checkpoint: str | os.PathLike) -> Path:
-    """The run folder a checkpoint belongs to (``<run>/checkpoints/[abandoned/<label>/]checkpoint_N``)."""
+    """The run folder a checkpoint belongs to (``<run>/checkpoints/checkpoint_N``)."""
     checkpoint = Path(checkpoint)
     for parent in checkpoint.resolve().parents:
         if parent.name == CHECKPOINTS:
@@ -143,27 +136,25 @@ def is_run_folder(path: str | os.PathLike) -> bool:
     return path.is_dir() and (any((path / name).exists() for name in RUN_MARKS) or checkpoint_root(path).is_dir())
 
 
-# -- the metrics log --------------------------------------------------------------------------------------
-def append_metrics(path: str | os.PathLike, row: dict[str, Any]) -> None:
-    """Append one row to a metrics log and flush it to disk, so a crash loses at most the row being written."""
-    with open(path, "a") as handle:
-        handle.write(json.dumps(row, sort_keys=True) + "\n")
+# -- appended logs (metrics.jsonl, history.jsonl) -------------------------------------------------------
+def append_line(path: str | os.PathLike, row: dict[str, Any]) -> None:
+    """Append one JSON line and flush it to disk, so a crash loses at most the line being written. A last line
+    left without its newline by a crash is completed first, so the new line never joins it."""
+    with open(path, "ab+") as handle:
+        if handle.seek(0, os.SEEK_END) > 0:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")  # in append mode every write goes to the end
+        handle.write((json.dumps(row, sort_keys=True) + "\n").encode())
         handle.flush()
         os.fsync(handle.fileno())
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a metrics log (``metrics.jsonl``). Raises ``ValueError`` on a line that is not JSON."""
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+append_metrics = append_line
 
 
-def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
-    """(the rows that are whole, how many lines were not): for readers of a log a crash may have cut short.
-
-    A row appended after a line cut short, on the same line (what a run that went on without repairing
-    the log wrote), is still read: the line counts as one not whole, its last complete row is kept.
-    """
+def read_json_lines(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
+    """(the lines that are JSON objects, how many other lines there were: cut short by a crash, or not rows)."""
     rows, skipped = [], 0
     if not Path(path).is_file():
         return rows, skipped
@@ -176,25 +167,34 @@ def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]]
             row = None
         if isinstance(row, dict):
             rows.append(row)
-        else:  # cut short by a crash, or not a row at all
+        else:
             skipped += 1
-            glued = _glued_row(line)
-            if glued is not None:
-                rows.append(glued)
     return rows, skipped
 
 
-def _glued_row(line: str) -> dict[str, Any] | None:
-    """The whole JSON object that ends ``line`` after a start cut short (``{"step": 5, "lo{"step": 6, ...}``)."""
-    start = line.find("{", 1)
-    while start > 0:
-        try:
-            value = json.loads(line[start:])
-        except ValueError:
-            start = line.find("{", start + 1)
-            continue
-        return value if isinstance(value, dict) else None
-    return None
+def current_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The metrics rows of the run as it stands: a resume logs again the steps after its checkpoint, and a
+    row of a later step number supersedes the rows the interrupted run logged from that step on."""
+    kept: list[dict[str, Any]] = []
+    for row in rows:
+        step = row.get("step")
+        while isinstance(step, int) and kept and isinstance(kept[-1].get("step"), int) and kept[-1]["step"] >= step:
+            kept.pop()
+        kept.append(row)
+    return kept
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The whole rows of a metrics log (``metrics.jsonl``), as the run stands (:func:`current_rows`); a line cut
+    short by a crash is skipped (:func:`read_metrics_tolerant` counts them)."""
+    return read_metrics_tolerant(path)[0]
+
+
+def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
+    """(the rows that are whole, see :func:`current_rows`; how many lines were not): for readers of a log a crash
+    may have cut short."""
+    rows, skipped = read_json_lines(path)
+    return current_rows(rows), skipped
 
 
 # -- JSON files -------------------------------------------------------------------------------------------
