@@ -39,7 +39,7 @@ ALLOWED = {
             "augment", "engine", "callbacks", "hub", "cli"},
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.
-ENGINE_MAY_IMPORT_CALLBACKS = {"trainer.py", "trainer_state.py"}
+ENGINE_MAY_IMPORT_CALLBACKS = {"trainer.py", "snapshot.py"}
 
 
 def parts() -> list[tuple[str, Path]]:

@@ -172,7 +172,7 @@ def test_latest_continues_the_run_in_place_with_its_run_id(tmp_path):
     resumed.fit(resume_from="latest")
     assert steps(out) == list(range(1, 9)) and events(out) == ["start", "resume"]
     ids = {read_marker(p)["run_id"] for p in list_checkpoints(out)}
-    assert ids == {resumed.run_id} == {read_history(out)[0]["run_id"]}
+    assert ids == {resumed.state.run_id} == {read_history(out)[0]["run_id"]}
     # The path of the latest checkpoint is the same as 'latest'.
     trainer_for(out, max_steps=10).fit(resume_from=out / CK.format(8))
     assert steps(out) == list(range(1, 11)) and events(out)[-1] == "resume"
@@ -193,8 +193,8 @@ def test_an_older_checkpoint_of_the_folder_is_refused_and_forks_into_a_new_one(f
     assert steps(tmp_path / "fork") == [5, 6, 7, 8]
     [entry] = read_history(tmp_path / "fork")
     assert entry["event"] == "fork" and entry["source"] == str(older) and entry["step"] == 4
-    assert fork.run_id != read_marker(older)["run_id"]
-    assert {read_marker(p)["run_id"] for p in list_checkpoints(tmp_path / "fork")} == {fork.run_id}
+    assert fork.state.run_id != read_marker(older)["run_id"]
+    assert {read_marker(p)["run_id"] for p in list_checkpoints(tmp_path / "fork")} == {fork.state.run_id}
     assert tree(run) == before, "the forked run is untouched"
     assert fork.fit() == fork.last_metrics  # nothing left to train
 

@@ -83,10 +83,12 @@ def test_run_mistakes_are_one_line_naming_the_fix(tmp_path, capsys, mistake):
         (tmp_path / "afile").write_text("x")
         flags[flags.index(str(out))] = str(tmp_path / "afile" / "run")
         expected = "cannot use output folder"  # and the reason: Not a directory (ENOTDIR)
-    elif mistake == "foreign-checkpoint":
+    elif mistake == "foreign-checkpoint":  # another run's checkpoint starts a new run: not over a folder in use
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "notes.txt").write_text("mine")
         flags[flags.index(str(out))] = str(tmp_path / "other")
         flags += ["--resume", str(out / "checkpoints" / "checkpoint_00000004")]
-        expected = "belongs to the run in"
+        expected = "starts a new run from it, in --output-dir"
     else:
         flags[flags.index("--batch-size") + 1] = "4"
         flags += ["--resume", "latest", "--steps", "8"]

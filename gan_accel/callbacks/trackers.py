@@ -88,7 +88,7 @@ def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) ->
     if "tensorboard" in names and step > 0:
         kwargs["tensorboard"] = {"purge_step": step + 1}
     if "wandb" in names:
-        wandb = {"id": trainer.run_id, "resume": "allow"} if trainer.run_id else {}
+        wandb = {"id": trainer.state.run_id, "resume": "allow"} if trainer.state.run_id else {}
         kwargs["wandb"] = wandb if os.environ.get("WANDB_DIR") else {**wandb, "dir": str(folder)}
     if "dvclive" in names:
         kwargs["dvclive"] = {"dir": str(folder / "dvclive"), "resume": step > 0}

@@ -7,8 +7,8 @@ One run per folder, and it only moves forward (:mod:`gan_accel.state.run_folder`
 * any other checkpoint (another run's, or an older one of a run): a new run (a fork) from it, in an absent
   or empty ``output_dir``. An older checkpoint of ``output_dir`` itself is refused, naming the fork.
 
-A config change on resume is refused or applied for real, and dated in the history. These functions take
-what they need and return what they decided; the trainer (``GANTrainer._open``) calls them on the right
+A config change on resume is refused or applied for real, and dated in the history. :func:`open_run` is
+what ``fit`` calls; the functions it uses take what they need and return what they decided, on the right
 processes. Checks read the same files on every rank, so every process reaches the same decision.
 """
 
@@ -17,15 +17,60 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import TrainConfig, compare_configs
+from ..ending import run_together
 from ..errors import CheckpointError, RunFolderError
-from ..state.checkpoint import latest_checkpoint, read_marker, resolve_resume
+from ..state.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
 from ..state.layout import checkpoint_root
-from ..state.run_folder import check_new_run, log_event, output_dir_refusal
+from ..state.run_folder import check_new_run, log_event, output_dir_refusal, write_description
 from .phases import PhasePlan
-from .schedules import warmup_then_decay
+from .schedules import scheduler_ticks_per_optimizer_step, warmup_then_decay
+from .snapshot import restore_checked
+
+if TYPE_CHECKING:
+    from .trainer import GANTrainer
+
+
+def resume_note(last_checkpoint: Path | None) -> str:
+    """Where a run can be resumed from, for error messages."""
+    if last_checkpoint is None:
+        return ("No checkpoint of this run was written, so there is nothing to resume: start it again in "
+                "another output folder (gan-accel never deletes a run).")
+    return (f"The last complete checkpoint is {last_checkpoint}; resume with --resume latest "
+            "(fit(resume_from='latest')) and the same output folder.")
+
+
+def open_run(trainer: "GANTrainer", resume_from: Any) -> None:
+    """Collective, at the start of ``fit``: take the folder's lock, then start, continue or fork the run."""
+    acc, cfg, state, out = trainer.accelerator, trainer.config, trainer.state, trainer.output_dir
+    run_together(acc, lambda: check_output_dir(out), main_only=True)
+    if resume_from is None and not trainer.fit_calls:  # checked again under the lock; first so a refusal writes nothing
+        run_together(acc, lambda: check_new_run(out), main_only=True)
+    run_together(acc, trainer.lock.acquire, main_only=True)
+    describe = lambda: write_description(out, cfg, trainer.fixed_latents, trainer.fixed_labels)  # noqa: E731
+    if resume_from is None:
+        if not trainer.fit_calls:  # a second fit() of one trainer continues its own run
+            state.run_id = run_together(acc, lambda: start_run(out, cfg), main_only=True)
+        run_together(acc, describe, main_only=True)
+        return
+    target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg))
+    saved = load_checkpoint(acc, target.path, acc.process_index)
+    restore_checked(trainer, saved, target.path)
+    _, changes = compare_configs(saved["config"], cfg.to_dict())
+    notes = apply_schedule_changes(cfg, saved["config"], changes, trainer.runner.plan, trainer.optimizers,
+                                   trainer.schedulers, trainer.built_from_config,
+                                   scheduler_ticks_per_optimizer_step(acc), state.step)
+    state.resumed_from = target.path
+    if target.continued:  # a fork writes its first checkpoint into its own folder
+        state.last_checkpoint, state.last_checkpoint_step = target.path, state.step
+    state.run_id = run_together(acc, lambda: record_resume(out, target, state.step, cfg, changes), main_only=True)
+    run_together(acc, describe, main_only=True)
+    acc.print(f"gan_accel: resumed from {target.path} at step {state.step}"
+              + ("" if target.continued else f", as a new run in {out}"))
+    for note in notes:
+        acc.print(f"gan_accel: {note}")
 
 
 @dataclass(frozen=True)

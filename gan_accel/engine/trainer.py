@@ -37,27 +37,24 @@ from torch.utils.data import DataLoader
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
 from ..ending import remember, run_together
-from ..config import TrainConfig, compare_configs
+from ..config import TrainConfig
 from ..errors import TrainingInterrupted
-from ..state.checkpoint import load_checkpoint
 from ..state.lock import RunLock
-from ..state.run_folder import check_new_run, write_description
 from .augmentation import RunAugmentation
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .conditioning import conditioning_for
 from .control import Control, RunState
 from .data_stream import DataStream
 from .guard import DivergenceGuard
-from .latents import LabelSampler, LatentSampler, gaussian_latents
+from .latents import LabelSampler, LatentSampler, draw_fixed_latents, gaussian_latents, generate_samples, map_tensors
 from .launch import build_accelerator, check_accelerator, check_launch
 from .phases import Phase, PhasePlan, default_phases
 from .preflight import check_dataloader, dry_run
-from .run_open import apply_schedule_changes, check_output_dir, choose_checkpoint, record_resume, start_run
+from .run_open import open_run, resume_note
 from .runner import PhaseRunner
 from .running_means import RunningMeans
-from .schedules import LRMultiplier, scheduler_ticks_per_optimizer_step
-from .trainer_state import check_restorable, restore_buffers, restore_engine_state, trainer_state
-from .trainer_views import TrainerViews
+from .schedules import LRMultiplier
+from .snapshot import restore_snapshot, take_snapshot
 
 
 def loss_scale(accelerator: Accelerator) -> dict[str, float]:
@@ -65,7 +62,12 @@ def loss_scale(accelerator: Accelerator) -> dict[str, float]:
     return {} if accelerator.scaler is None else {"loss_scale": float(accelerator.scaler.get_scale())}
 
 
-class GANTrainer(TrainerViews):
+def _entry(table: str, name: str) -> property:
+    """A read-only view of one entry of a trainer's table: ``trainer.G`` is ``trainer.networks["G"]``."""
+    return property(lambda self: getattr(self, table)[name], doc=f"``self.{table}[{name!r}]``")
+
+
+class GANTrainer:
     """Trains a generator ``G`` and a discriminator ``D`` (and any extra networks) on Accelerate.
 
     Args:
@@ -157,7 +159,7 @@ class GANTrainer(TrainerViews):
         cfg, acc, control = self.config, self.accelerator, self.control
         target = cfg.max_steps if stop_at_step is None else min(stop_at_step, cfg.max_steps)
         try:
-            self._open(resume_from)
+            open_run(self, resume_from)
             self.fit_calls += 1
             if acc.mixed_precision == "fp16" and acc.scaler is None:
                 acc.print("gan_accel: fp16 was requested but Accelerate runs fp32 on this device (CPU); use bf16 on CPU")
@@ -168,7 +170,7 @@ class GANTrainer(TrainerViews):
             while self.step < target:
                 self.runner.ctx.step = self.step
                 self.runner.measure_grad_norm = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == cfg.max_steps
-                self.runner.run_step(self._phase_end)
+                self.runner.run_step(lambda phase: self.callbacks.fire("on_phase_end", phase))
                 self.state.step += 1
                 self.callbacks.fire("on_step_end")
                 self._checkpoint_if_asked()
@@ -223,39 +225,6 @@ class GANTrainer(TrainerViews):
         if control.written is not None:
             state.last_checkpoint, state.last_checkpoint_step, control.written = control.written, state.step, None
 
-    def _open(self, resume_from: Any) -> None:
-        """Collective. Take the folder's lock, then start, continue or fork the run (engine/run_open.py)."""
-        acc, cfg, state, out = self.accelerator, self.config, self.state, self.output_dir
-        run_together(acc, lambda: check_output_dir(out), main_only=True)
-        if resume_from is None and not self.fit_calls:  # checked again under the lock; first so a refusal writes nothing
-            run_together(acc, lambda: check_new_run(out), main_only=True)
-        run_together(acc, self.lock.acquire, main_only=True)
-        describe = lambda: write_description(out, cfg, self.fixed_latents, self.fixed_labels)  # noqa: E731
-        if resume_from is None:
-            if not self.fit_calls:  # a second fit() of one trainer continues its own run
-                state.run_id = run_together(acc, lambda: start_run(out, cfg), main_only=True)
-            run_together(acc, describe, main_only=True)
-            return
-        target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg))
-        saved = load_checkpoint(acc, target.path, acc.process_index)
-        restore_engine_state(self, saved, target.path)
-        _, changes = compare_configs(saved["config"], cfg.to_dict())
-        notes = apply_schedule_changes(cfg, saved["config"], changes, self.runner.plan, self.optimizers,
-                                       self.schedulers, self.built_from_config,
-                                       scheduler_ticks_per_optimizer_step(acc), state.step)
-        state.resumed_from = target.path
-        if target.continued:  # a fork writes its first checkpoint into its own folder
-            state.last_checkpoint, state.last_checkpoint_step = target.path, state.step
-        state.run_id = run_together(acc, lambda: record_resume(out, target, state.step, cfg, changes), main_only=True)
-        run_together(acc, describe, main_only=True)
-        acc.print(f"gan_accel: resumed from {target.path} at step {state.step}"
-                  + ("" if target.continued else f", as a new run in {out}"))
-        for note in notes:
-            acc.print(f"gan_accel: {note}")
-
-    def _phase_end(self, phase: Phase) -> None:
-        self.callbacks.fire("on_phase_end", phase)
-
     def log_metrics(self) -> dict[str, Any]:
         """Collective (every rank reduces): the means since the last row, then ``on_log(row)``."""
         acc = self.accelerator
@@ -275,24 +244,75 @@ class GANTrainer(TrainerViews):
         self.fire_agreed("on_log", row)
         return row
 
-    def request_stop(self, signum: int) -> None:
-        """Ask the loop to checkpoint and stop after the current step (call on every rank alike)."""
-        self.control.stop(signum)
-
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state on this process (Accelerate's is saved by ``save_state``)."""
-        return trainer_state(self)
+        return take_snapshot(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (this process's), after checking it can continue this run."""
-        check_restorable(state, self.accelerator.num_processes, self.callbacks.state_dict())
-        self.state.step = int(state["step"])
-        self.data.load_state_dict(state["data"])
-        self.runner.load_state_dict(state["runner"])
-        self.means.load_state_dict(state["means"], self.accelerator.device)
-        if self.guard is not None and state["guard"] is not None:
-            self.guard.load_state_dict(state["guard"])
-        self.callbacks.load_state_dict(state["callbacks"])
-        self.fixed_latents, self.fixed_labels = state["fixed_latents"], state.get("fixed_labels")
-        restore_buffers(self.networks, self.accelerator.unwrap_model, state["buffers"])
+        restore_snapshot(self, state)
+
+    # -- what users and callbacks read; nothing here changes the run (``_apply`` does) -------------
+    G = _entry("networks", "G")
+    D = _entry("networks", "D")
+    opt_G = _entry("optimizers", "G")
+    opt_D = _entry("optimizers", "D")
+    sched_G = _entry("schedulers", "G")
+    sched_D = _entry("schedulers", "D")
+
+    @property
+    def step(self) -> int:
+        """Steps completed: passes over the phase list (``state.step``)."""
+        return self.state.step
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the training data completed (zero-based index of the current one)."""
+        return self.data.epoch
+
+    @property
+    def d_step(self) -> int:
+        """Discriminator updates of the phase named "D" so far."""
+        return self.runner.phase_runs.get("D", 0)
+
+    @property
+    def images_seen(self) -> int:
+        """Real samples drawn on this process."""
+        return self.runner.images_seen
+
+    @property
+    def images_per_step(self) -> int:
+        """Latents G trains on in one step, over all processes (batch x accumulation x processes)."""
+        return self.config.batch_size * self.config.grad_accum_steps * self.accelerator.num_processes
+
+    @property
+    def ema(self) -> Any:
+        """The EMA of G (None without the ``generator_ema`` callback)."""
+        callback = self.callbacks.get("generator_ema")
+        return callback.ema if callback is not None else None
+
+    def sampling_generator(self) -> nn.Module:
+        """The generator to sample from: the EMA when enabled, else the unwrapped G."""
+        callback = self.callbacks.get("generator_ema")
+        return callback.module if callback is not None else self.accelerator.unwrap_model(self.G)
+
+    def draw_latents(self, count: int, seed: int, device: torch.device | None = None) -> Any:
+        """``count`` latents of the run's sampler from ``seed`` (on CPU, or moved to ``device``): the same on
+        every process, and the training noise is not shifted (for evaluation and the EMA's statistics)."""
+        latents = draw_fixed_latents(self.sample_latents, count, seed)
+        return latents if device is None else map_tensors(latents, lambda t: t.to(device))
+
+    def generate(self, latents: Any = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Samples from :meth:`sampling_generator` in eval mode: the fixed latents (and fixed labels) by
+        default; a conditional run needs ``labels`` (class indices) with its own ``latents``."""
+        if latents is None:
+            latents, labels = self.fixed_latents, self.fixed_labels if labels is None else labels
+        if self.conditioning.conditional and labels is None:
+            raise ValueError("a conditional run samples G(z, y): pass labels (class indices) with the latents")
+        return generate_samples(self.sampling_generator(), latents, self.accelerator,
+                                labels if self.conditioning.conditional else None)
+
+    def checkpoint_note(self) -> str:
+        """Where the run can be resumed from, for error messages."""
+        return resume_note(self.state.last_checkpoint)

@@ -1,8 +1,8 @@
-"""The trainer's own part of a checkpoint (Accelerate's ``save_state`` holds the models, optimizers,
-schedulers, sampler and RNG states): counters, data position, metric sums, callbacks, fixed samples.
+"""The trainer's snapshot: its own part of a checkpoint (Accelerate's ``save_state`` holds the models,
+optimizers, schedulers, sampler and RNG states): counters, data position, metric sums, callbacks, fixed samples.
 
-:func:`trainer_state` reads a trainer; ``GANTrainer.load_state_dict`` restores one, after
-:func:`check_restorable` has refused a state that cannot continue this run.
+:func:`take_snapshot` reads a trainer (``GANTrainer.state_dict``); :func:`restore_snapshot` puts one back
+(``GANTrainer.load_state_dict``), after :func:`check_restorable` has refused one that cannot continue this run.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     from .trainer import GANTrainer
 
 
-def trainer_state(trainer: "GANTrainer") -> dict[str, Any]:
+def take_snapshot(trainer: "GANTrainer") -> dict[str, Any]:
     """This process's state (metric sums and BatchNorm statistics differ between processes)."""
     unwrap = trainer.accelerator.unwrap_model
     return {
-        "step": trainer.step, "data": trainer.data.state_dict(), "runner": trainer.runner.state_dict(),
+        "step": trainer.state.step, "data": trainer.data.state_dict(), "runner": trainer.runner.state_dict(),
         "means": trainer.means.state_dict(), "guard": trainer.guard.state_dict() if trainer.guard is not None else None,
         "callbacks": trainer.callbacks.state_dict(include_shared=trainer.accelerator.is_main_process), "fixed_latents": trainer.fixed_latents,
         "fixed_labels": trainer.fixed_labels, "config": trainer.config.to_dict(),
@@ -46,8 +46,8 @@ def check_restorable(state: Mapping[str, Any], num_processes: int, callback_stat
             "(e.g. ema_decay differs): resume with the run's original config")
 
 
-def restore_engine_state(trainer: "GANTrainer", state: Mapping[str, Any], checkpoint: Any) -> None:
-    """``trainer.load_state_dict(state)``; a state that is well formed but does not hold what this run needs (a
+def restore_checked(trainer: "GANTrainer", state: Mapping[str, Any], checkpoint: Any) -> None:
+    """``trainer.load_state_dict(state)`` for a resume; a state that is well formed but does not hold what this run needs (a
     damaged or hand-made file: a key missing, a value of another type) is refused in one line naming the checkpoint."""
     try:
         trainer.load_state_dict(state)
@@ -64,3 +64,17 @@ def restore_buffers(networks: Mapping[str, nn.Module], unwrap: Any, buffers: Map
     for name, net in networks.items():
         for key, buffer in unwrap(net).named_buffers():
             buffer.copy_(buffers[name][key])
+
+
+def restore_snapshot(trainer: "GANTrainer", state: Mapping[str, Any]) -> None:
+    """Put back :func:`take_snapshot`'s state (this process's), after checking it can continue this run."""
+    check_restorable(state, trainer.accelerator.num_processes, trainer.callbacks.state_dict())
+    trainer.state.step = int(state["step"])
+    trainer.data.load_state_dict(state["data"])
+    trainer.runner.load_state_dict(state["runner"])
+    trainer.means.load_state_dict(state["means"], trainer.accelerator.device)
+    if trainer.guard is not None and state["guard"] is not None:
+        trainer.guard.load_state_dict(state["guard"])
+    trainer.callbacks.load_state_dict(state["callbacks"])
+    trainer.fixed_latents, trainer.fixed_labels = state["fixed_latents"], state.get("fixed_labels")
+    restore_buffers(trainer.networks, trainer.accelerator.unwrap_model, state["buffers"])
