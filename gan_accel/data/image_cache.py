@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,10 +135,8 @@ class CacheFolder:
         ``{"source", "items": [(entry index, width, height, mode, grey), ...], "skipped": [[name, reason], ...]}``."""
         scan_data = self.read_json(self.scan_json)
         if scan_data is None:
-            start = time.perf_counter()
             items, skipped = scan(source, entries)
-            scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped],
-                         "seconds": round(time.perf_counter() - start, 3)}
+            scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped]}
             self.write_json(self.scan_json, scan_data)
         return scan_data
 
@@ -165,7 +162,7 @@ class _DecodeJob(Dataset):
 
     def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            return index, image_decode.decode_bytes_or_path(self.source.open(self.names[index]), self.prep), ""
+            return index, image_decode.decode_image(self.source.open(self.names[index]), self.prep), ""
         except MemoryError:
             raise
         except Exception as error:  # Pillow raises many types for corrupt data; any of them means "skip this file"

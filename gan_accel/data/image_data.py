@@ -47,7 +47,7 @@ from .build_once import build_once, builder_of
 from .image_cache import CacheFolder, cache_error, default_cache_root, default_memory_budget, within_budget
 from .image_decode import Preprocessing
 from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
-from .image_sources import Entry, ImageSource, list_source, resolve_source
+from .image_sources import Entry, ImageSource, resolve_source
 from .loader import DecodedImages, UInt8Collate, UInt8ImageDataset
 
 LABEL_MODES = ("auto", "none", "required")
@@ -158,7 +158,7 @@ class ImageData:
         centre, decoded = replace(self.prep, crop="center"), []
         for row in rows:
             try:
-                decoded.append(image_decode.decode_bytes_or_path(self.source.open(self.names[int(row)]), centre))
+                decoded.append(image_decode.decode_image(self.source.open(self.names[int(row)]), centre))
             except Exception:  # a file that turned bad after the scan: training skips it too
                 continue
         return torch.from_numpy(np.stack(decoded))
@@ -324,7 +324,10 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
         raise DataError(f"labels {labels!r} is unknown: choose {', '.join(LABEL_MODES)}")
     src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
                          use_labels=labels != "none", accelerator=accelerator)
-    entries = list_source(src)
+    entries = src.entries()
+    if not entries:
+        raise DataError(f"{src.description} holds no files (hidden files are ignored): pass the folder that holds "
+                        "the images")
     key = image_cache.scan_key(src.identity(), entries)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     cache, builder = CacheFolder(root, key), builder_of(accelerator)

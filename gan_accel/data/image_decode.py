@@ -25,11 +25,12 @@ One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow:
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
 from dataclasses import dataclass, replace
-from typing import IO, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -96,19 +97,6 @@ class Preprocessing:
         return count * (self.channels or 3) * self.resolution * self.width
 
 
-class ImageHeader(NamedTuple):
-    """The size and mode a file's header states (width and height swapped by an EXIF rotation where cheap to read)."""
-
-    width: int
-    height: int
-    mode: str
-
-
-def open_image(fp: str | os.PathLike | IO[bytes]) -> Image.Image:
-    """``Image.open`` restricted to :data:`ALLOWED_FORMATS` (lazy: reads the header only)."""
-    return Image.open(fp, formats=ALLOWED_FORMATS)
-
-
 def is_grey(img: Image.Image) -> bool:
     """Whether the image has no colour: a grey mode, or a palette whose entries are all grey."""
     if img.mode in GREY_MODES:
@@ -138,24 +126,23 @@ def mode_family(mode: str, grey: bool = False) -> str:
     return mode
 
 
-def read_header(fp: str | os.PathLike | IO[bytes]) -> tuple[ImageHeader, bool]:
-    """The header of an image file and whether it has no colour; raises for a non-image or a truncated file.
+def read_header(item: Any) -> tuple[tuple[int, int, str], bool]:
+    """(width, height, mode) from an image's header (width and height swapped by an EXIF rotation where cheap
+    to read) and whether it has no colour; raises for a non-image or a truncated file.
 
     Reads the header and, for PNG, JPEG and WebP, the end of the file: a file cut short (an interrupted
     copy or download) lacks its format's end marker. Nothing is decoded; a full decode (the cache build)
     finds the rest.
     """
-    with open_image(fp) as img:
+    with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
         width, height = img.size
         if img.format in ("JPEG", "MPO", "WEBP", "TIFF"):
             # Orientations 5-8 turn the picture by 90 degrees. PNG is left out: its EXIF may follow the
             # pixel data, and reading it would decode the whole file.
             if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):
                 width, height = height, width
-        header = ImageHeader(width, height, img.mode)
-        grey = is_grey(img)
         check_complete(img)
-    return header, grey
+        return (width, height, img.mode), is_grey(img)
 
 
 def check_complete(img: Image.Image) -> None:
@@ -258,15 +245,16 @@ def _draft(img: Image.Image, resolution: int) -> None:
             img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
 
 
-def decode_image(fp: str | os.PathLike | IO[bytes], prep: Preprocessing) -> np.ndarray:
-    """Decode one image file to uint8 (channels, H, W): (channels, R, R) for ``crop="center"``.
+def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
+    """Decode one image (anything :func:`as_file` takes) to uint8 (channels, H, W): (channels, R, R) for
+    ``crop="center"``.
 
     For ``crop="random"``: the image with its short side R and its long side up to 1.5 R, in its
     own orientation (the R x R window is chosen later, per draw).
     Raises Pillow's errors (``OSError``, ``ValueError``, ...) for an unreadable file.
     """
     resolution, channels = prep.resolution, prep.channels or 3
-    with open_image(fp) as img:
+    with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
         _draft(img, resolution)
         img = ImageOps.exif_transpose(img)  # loads the pixels
         img = to_working_mode(img, channels, BACKGROUNDS[prep.background])
@@ -289,8 +277,6 @@ def decode_image(fp: str | os.PathLike | IO[bytes], prep: Preprocessing) -> np.n
 
 def as_file(item: Any) -> Any:
     """A path or file for Pillow from a path, a file, bytes, or a Hugging Face image cell ``{"bytes", "path"}``."""
-    import io
-
     if isinstance(item, dict):
         item = item.get("bytes") or item.get("path")
     if isinstance(item, (bytes, bytearray, memoryview)):
@@ -298,8 +284,3 @@ def as_file(item: Any) -> Any:
     if item is None:
         raise ValueError("empty image cell")
     return item
-
-
-def decode_bytes_or_path(item: Any, prep: Preprocessing) -> np.ndarray:
-    """:func:`decode_image` of anything :func:`as_file` takes."""
-    return decode_image(as_file(item), prep)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .image_decode import as_file, mode_family, read_header
+from .image_decode import mode_family, read_header
 from .image_sources import Entry, HFSource, ImageSource, folder_classes
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
@@ -108,8 +108,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int
             skipped.append(SkippedFile(entry.name, "not an image: empty file"))
             continue
         try:
-            handle = as_file(cell if cell is not None else source.open(entry.name))
-            (width, height, mode), grey = read_header(handle)
+            (width, height, mode), grey = read_header(cell if cell is not None else source.open(entry.name))
         except MemoryError:
             raise
         except Exception as error:  # Pillow raises many types for broken files; each means "skip this file"

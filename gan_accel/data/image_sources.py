@@ -14,9 +14,7 @@ thumbnail caches of Windows are ignored without a word; every other file is a ca
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import stat
 import zipfile
@@ -55,7 +53,7 @@ class ImageSource:
         raise NotImplementedError
 
     def open(self, name: str) -> Any:
-        """A path, a binary file object, or a Hugging Face image cell for :func:`decode_bytes_or_path`."""
+        """A path, a binary file object, or a Hugging Face image cell for :func:`decode_image`."""
         raise NotImplementedError
 
     def identity(self) -> dict[str, Any]:
@@ -177,7 +175,6 @@ class HFSource(ImageSource):
                  label_column: str | None = None, use_labels: bool = True) -> None:
         datasets = import_datasets()
         features = dataset.features
-        columns = list(features)
         self.description = description
         self.image_column = _image_column(features, image_column, description)
         images = dataset.select_columns([self.image_column])
@@ -185,11 +182,11 @@ class HFSource(ImageSource):
             images = images.cast_column(self.image_column, datasets.Image(decode=False))
         self._images = images
         self._length = len(dataset)
-        self.label_column = _label_column(features, label_column, description, columns) if use_labels else None
+        self.label_column = _label_column(features, label_column, description) if use_labels else None
         self._labels: tuple[list[int], list[str]] | None = None
         if self.label_column is not None:
             self._labels = _read_labels(dataset, self.label_column, features[self.label_column], datasets)
-        self._fingerprint = getattr(dataset, "_fingerprint", None) or _content_hash(images)
+        self._fingerprint = dataset._fingerprint  # datasets' own hash of the data and its transforms
 
     def entries(self) -> list[Entry]:
         width = len(str(max(self._length - 1, 0)))
@@ -223,14 +220,17 @@ def import_datasets() -> Any:
     return datasets
 
 
+def _check_named(features: Any, named: str, description: str, what: str, flag: str) -> None:
+    if named not in features:
+        raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(features)}): "
+                        f"name its {what} column with {flag}")
+
+
 def _image_column(features: Any, named: str | None, description: str) -> str:
     import datasets
 
-    columns = list(features)
     if named is not None:
-        if named not in features:
-            raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(columns)}): "
-                            "name its image column with --image-column")
+        _check_named(features, named, description, "image", "--image-column")
         feature = features[named]
         if not isinstance(feature, datasets.Image) and getattr(feature, "dtype", None) != "string":
             raise DataError(f"column {named!r} of {description} holds {feature}, not images or image paths: "
@@ -238,20 +238,18 @@ def _image_column(features: Any, named: str | None, description: str) -> str:
         return named
     found = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
     if not found:
-        raise DataError(f"{description} has no image column (its columns: {', '.join(columns)}): name the column "
+        raise DataError(f"{description} has no image column (its columns: {', '.join(features)}): name the column "
                         "that holds images or image paths with --image-column")
     if len(found) > 1:
         raise DataError(f"{description} has several image columns ({', '.join(found)}): choose one with --image-column")
     return found[0]
 
 
-def _label_column(features: Any, named: str | None, description: str, columns: list[str]) -> str | None:
+def _label_column(features: Any, named: str | None, description: str) -> str | None:
     import datasets
 
     if named is not None:
-        if named not in features:
-            raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(columns)}): "
-                            "name its class column with --label-column")
+        _check_named(features, named, description, "class", "--label-column")
         return named
     found = [name for name, feature in features.items() if isinstance(feature, datasets.ClassLabel)]
     if len(found) > 1:
@@ -264,8 +262,7 @@ def _label_column(features: Any, named: str | None, description: str, columns: l
 
 
 def _read_labels(dataset: Any, column: str, feature: Any, datasets: Any) -> tuple[list[int], list[str]]:
-    values = dataset.select_columns([column])[column]
-    values = list(values)
+    values = list(dataset.select_columns([column])[column])
     if isinstance(feature, datasets.ClassLabel):
         names = list(feature.names)
         if any(v is None or not 0 <= int(v) < len(names) for v in values):
@@ -279,13 +276,6 @@ def _read_labels(dataset: Any, column: str, feature: Any, datasets: Any) -> tupl
     distinct = sorted(set(values))
     index = {value: i for i, value in enumerate(distinct)}
     return [index[v] for v in values], [str(v) for v in distinct]
-
-
-def _content_hash(images: Any) -> str:
-    digest = hashlib.sha256()
-    for batch in images.iter(batch_size=1024):
-        digest.update(json.dumps(batch, default=lambda b: hashlib.sha256(b).hexdigest()).encode())
-    return digest.hexdigest()
 
 
 def load_hf(spec: str, split: str | None) -> tuple[Any, str]:
@@ -366,12 +356,3 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
     if is_zip:
         return ZipSource(path)
     raise DataError(f"{path} is a file, not a folder of images or a .zip: pass the folder that holds the images")
-
-
-def list_source(source: ImageSource) -> list[Entry]:
-    """The source's listing; one-line :class:`DataError` when it holds no files."""
-    entries = source.entries()
-    if not entries:
-        raise DataError(f"{source.description} holds no files (hidden files are ignored): pass the folder that holds "
-                        "the images")
-    return entries

@@ -143,7 +143,7 @@ class DecodedImages(Dataset):
         return len(self.names)
 
     def _decode(self, index: int) -> Tensor:
-        images = torch.from_numpy(image_decode.decode_bytes_or_path(self.source.open(self.names[index]), self.prep))
+        images = torch.from_numpy(image_decode.decode_image(self.source.open(self.names[index]), self.prep))
         if self.prep.crop == "random":
             portrait = images.shape[1] > images.shape[2]
             strip = images.transpose(1, 2) if portrait else images
