@@ -9,12 +9,9 @@ Layout, under the cache root (``cache_dir``, else ``$GAN_ACCEL_CACHE/images``, e
     <key>/64px-3ch-center-white.npy          uint8 (N, C, R, R); (N, C, R, 1.5R) strips for crop="random"
     <key>/64px-3ch-random-white.strips.npy   int16 (N, 2): each strip's length and whether it was portrait
 
-``<key>`` hashes the source (its path, or a dataset's fingerprint) and every candidate's name, size and
-modification time (a CRC inside a ZIP): adding, removing, replacing or touching a file gives a new key,
-so a changed folder is scanned and decoded again and the old entry is simply no longer used. The
-preprocessing (resolution, channels, crop, background) names the files inside. Every file is written
-to a temporary name and renamed into place, the JSON last: a reader never sees half a cache.
-Nothing here is unpickled: ``np.load(allow_pickle=False)`` and JSON only.
+``<key>`` hashes the source and every candidate's name, size and change stamp: a changed folder gets a new
+key. Every file is written to a temporary name and renamed into place, the JSON last: a reader never sees
+half a cache. Nothing here is unpickled: ``np.load(allow_pickle=False)`` and JSON only.
 """
 
 from __future__ import annotations
@@ -63,16 +60,14 @@ def scan_key(identity: dict[str, Any], entries: Sequence[Any]) -> str:
     return digest.hexdigest()
 
 
-def default_memory_budget() -> int:
-    """A quarter of the machine's physical memory (4 GiB where it cannot be read)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
-def within_budget(prep: Preprocessing, count: int, budget: int) -> tuple[bool, str]:
-    """Whether ``count`` images decoded with ``prep`` fit the memory budget, and why not."""
+def within_budget(prep: Preprocessing, count: int, budget: int | None) -> tuple[bool, str]:
+    """Whether ``count`` images decoded with ``prep`` fit the memory budget (None: a quarter of the machine's
+    physical memory, 4 GiB where it cannot be read), and why not."""
+    if budget is None:
+        try:
+            budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+        except (ValueError, OSError, AttributeError):
+            budget = 4 << 30
     size = prep.bytes_for(count)
     if budget <= 0:
         return False, "caching is off: memory_budget=0"

@@ -9,20 +9,15 @@ Or in two steps, when the resolution depends on the images (``gan-accel train``'
     images = scan_images("photos/")                       # list the source, scan every header (cached)
     data = images.open(Preprocessing(choose(images.sizes)))
 
-1. **List** the source (:mod:`~gan_accel.data.image_sources`: names, sizes, modification times; nothing
-   opened) and hash the listing into the cache key (:mod:`~gan_accel.data.image_cache`).
-2. **Scan** every candidate's header (:mod:`~gan_accel.data.image_scan`): files that are not images,
-   unreadable or truncated are skipped, listed, and named in one warning line. Everything the user can
-   fix (no readable image, no labels for ``labels="required"``, fewer images than a batch, ...) is one
-   :class:`~gan_accel.errors.DataError` line, before any pixel is decoded.
-3. **Decode once**: a set whose uint8 array fits ``memory_budget`` (default: a quarter of the machine's
-   memory) is decoded into the cache, then every process memory-maps that file: one copy in the page
-   cache, shared by all processes, and a batch is one gather. A larger set (or no room on disk) is
-   decoded per item in DataLoader workers instead; a file that turns bad after the scan is then
-   skipped, counted (:attr:`ImageData.failed_during_training`) and replaced by the next readable item.
+1. **List** the source (names, sizes, change stamps; nothing opened) and hash the listing into the cache key.
+2. **Scan** every header: unreadable or truncated files are skipped and named in one warning line; whatever
+   the user can fix is one :class:`~gan_accel.errors.DataError` line, before any pixel is decoded.
+3. **Decode once** into the cache when the uint8 array fits ``memory_budget``; every process memory-maps
+   that file (one copy in the page cache, a batch is one gather). A larger set is decoded per item in
+   DataLoader workers, where a file that turns bad after the scan is skipped and counted.
 
 Under ``accelerate launch``, pass ``accelerator``: the first process on each machine scans and builds
-while the others wait (:mod:`~gan_accel.data.build_once`), then every process reads the same files.
+while the others wait (:mod:`~gan_accel.data.build_once`).
 """
 
 from __future__ import annotations
@@ -44,7 +39,7 @@ from ..errors import DataError
 from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
 from .build_once import build_once, builder_of
-from .image_cache import CacheFolder, cache_error, default_cache_root, default_memory_budget, within_budget
+from .image_cache import CacheFolder, cache_error, default_cache_root, within_budget
 from .image_decode import Preprocessing
 from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
 from .image_sources import Entry, ImageSource, resolve_source
@@ -244,8 +239,7 @@ class ImageScan:
         chosen = select(self.scan, self.source, names, self.labels, prep.resolution)
         self._check(chosen, batch_size)  # on every process: the same scan, the same line
         prep = prep.for_data(chosen.report.grey)
-        within, note = within_budget(prep, chosen.report.count,
-                                     default_memory_budget() if memory_budget is None else memory_budget)
+        within, note = within_budget(prep, chosen.report.count, memory_budget)
         cached = False
         if within:
             build_once(acc, self.builder, "decode", lambda: self._decode(prep, chosen, build_workers, say),
@@ -348,29 +342,22 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
     """Scan an image source, check it, decode it into the cache when it fits, and describe it.
 
     Args:
-        source: a folder (recursive), a ``.zip``, ``"hf:NAME[:SPLIT]"`` (a Hugging Face Hub dataset),
-            ``"hf:FOLDER[:SPLIT]"`` (the ``imagefolder`` builder on a local folder), or a
-            ``datasets.Dataset`` / ``DatasetDict``. See :mod:`gan_accel.data.image_sources` for the class rule.
-        resolution, channels, crop, background: the :class:`~gan_accel.data.image_decode.Preprocessing`:
-            the side R of the square images (8 to 4096); 1 or 3 channels (None: 1 when every image is
-            grayscale, else 3); "center" (the central square) or "random" (a random R x R window of the
-            image resized so its short side is R, long side kept up to 1.5 R; chosen anew at every draw);
-            what transparent pixels become, "white" or "black".
-        labels: "auto" (classes when the source has them), "none", or "required" (a conditional run:
-            data without classes is a :class:`DataError`).
-        split, image_column, label_column: for Hugging Face datasets (columns found by feature type:
-            ``Image`` and ``ClassLabel``, when not named).
+        source: a folder (recursive), a ``.zip``, ``"hf:NAME[:SPLIT]"`` (a Hub dataset), ``"hf:FOLDER[:SPLIT]"``
+            (the ``imagefolder`` builder), or a ``datasets.Dataset`` / ``DatasetDict``.
+        resolution, channels, crop, background: the :class:`~gan_accel.data.image_decode.Preprocessing`.
+        labels: "auto" (classes when the source has them), "none", or "required" (none is a DataError).
+        split, image_column, label_column: for Hugging Face datasets (default: the ``Image`` and
+            ``ClassLabel`` columns).
         cache_dir: the cache root (default :func:`~gan_accel.data.image_cache.default_cache_root`).
-        memory_budget: the largest uint8 array (bytes) decoded into the cache; larger sets are decoded
-            per item in DataLoader workers. Default: a quarter of the physical memory; 0: never cache.
+        memory_budget: the largest uint8 array (bytes) cached; larger sets are decoded per item.
+            Default: a quarter of the physical memory; 0: never cache.
         batch_size: when given, fewer images than one batch on every process is refused before decoding.
         accelerator: under ``accelerate launch``: one process per machine builds, the others wait.
         build_workers: processes decoding the cache build (default: the cores, at most 8, from 2,048 images).
         log: where the summary and the warning lines go (the main process only); None: silent.
 
     Raises:
-        DataError: one line naming the problem and the fix (missing or empty source, not a ZIP, no
-            readable image, no labels with ``labels="required"``, fewer images than a batch, bad settings).
+        DataError: one line naming the problem and the fix.
     """
     prep = Preprocessing(resolution, channels, crop, background)  # bad settings: one line before any listing
     images = scan_images(source, labels, split=split, image_column=image_column, label_column=label_column,

@@ -1,26 +1,17 @@
 """Decoding one image file into a square uint8 array, and the cheap checks a scan makes before decoding.
 
-One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow:
+One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow (docs/own-images.md):
 
-* formats: PNG, JPEG (and MPO, the multi-picture JPEG of cameras), WebP, BMP, GIF (first frame),
-  TIFF. Other Pillow plugins are not used: some run external programs (EPS runs Ghostscript), and
-  nothing the project loads may execute code.
-* EXIF orientation is applied (a phone's portrait photo is trained upright).
-* transparency (RGBA, LA, palette with a transparent colour) is flattened onto a background, white by
-  default: the colour stored under fully transparent pixels is arbitrary (often black, sometimes
-  leftovers of an edit), and transparent graphics are made to be seen on a light page.
-* 16- and 32-bit grey (``I;16``, ``I``) are scaled from 0..65535 to 0..255; float (``F``) is clipped
-  to 0..255; CMYK, YCbCr, LAB and HSV go through Pillow's conversion to RGB; RGB -> grey is Pillow's
-  ``convert("L")`` (ITU-R 601-2 luma); grey -> RGB repeats the channel.
-* ``crop="center"``: the central square (the short side's length) is resized to R x R in one
-  antialiased Lanczos resample, exactly :func:`PIL.ImageOps.fit`'s maths (resize the short side to R,
-  then crop the centre, without rounding the intermediate size).
-* ``crop="random"``: the image is resized so its short side is R and its long side is kept up to
-  ``RANDOM_CROP_MAX_ASPECT`` x R (longer images lose their ends first); the R x R window is chosen per
-  draw, at batch time (see :mod:`gan_accel.data.loader`).
-* JPEG: libjpeg decodes at 1/2, 1/4 or 1/8 scale when the result still has at least 2R pixels on the
-  short side (Pillow's ``draft``): a large photo costs a fraction of its full decode, and the Lanczos
-  resample from >= 2R keeps the quality.
+* formats: PNG, JPEG (and MPO), WebP, BMP, GIF (first frame), TIFF. No other Pillow plugin: some run
+  external programs (EPS runs Ghostscript), and nothing the project loads may execute code.
+* EXIF orientation is applied; transparency is flattened onto a background, white by default (the colour
+  under fully transparent pixels is arbitrary, and transparent graphics are made for a light page).
+* 16- and 32-bit grey are scaled to 0..255; other modes go through Pillow's conversions.
+* ``crop="center"``: the central square resized to R x R in one Lanczos resample (:func:`PIL.ImageOps.fit`'s
+  maths); ``crop="random"``: short side R, long side kept up to ``RANDOM_CROP_MAX_ASPECT`` x R, the window
+  chosen per draw (:mod:`gan_accel.data.loader`).
+* JPEG is decoded at 1/2, 1/4 or 1/8 scale while that keeps >= 2R pixels on the short side: a large
+  photo costs a fraction of its full decode, and the Lanczos resample from >= 2R keeps the quality.
 """
 
 from __future__ import annotations
@@ -54,11 +45,9 @@ MIN_RESOLUTION, MAX_RESOLUTION = 8, 4096
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How every image becomes a square uint8 array: its side, its channels, the crop and the background.
-
-    ``channels=None`` is "what the data has" (1 when every image is grayscale, else 3), settled by
-    :meth:`for_data` once the scan is known. Invalid settings are one :class:`DataError` line.
-    """
+    """How every image becomes a square uint8 array: side R (8 to 4096), 1 or 3 channels (None: 1 when every
+    image is grey, else 3, settled by :meth:`for_data`), crop "center" or "random", background "white" or
+    "black" (what transparent pixels become). Invalid settings are one :class:`DataError` line."""
 
     resolution: int
     channels: int | None = None

@@ -158,7 +158,7 @@ def select(scan_data: dict[str, Any], source: ImageSource, names: list[str], lab
         if given is not None:
             all_ids, class_names = given
             label_ids = [all_ids[p] for p in positions]
-        elif source.has_folder_layout:
+        elif not isinstance(source, HFSource):  # folders and ZIPs: classes from the first folder
             class_of, reason = folder_classes([names[p] for p in positions])
             if class_of is not None:
                 class_names = sorted(set(class_of))

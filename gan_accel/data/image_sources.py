@@ -43,31 +43,17 @@ def _ignored(part: str) -> bool:
 
 
 class ImageSource:
-    """Base class: ``entries()`` lists, ``open(name)`` reads one item, ``identity()`` feeds the cache key."""
+    """Base class: ``entries()`` lists, ``open(name)`` gives what ``decode_image`` takes, ``identity()`` feeds
+    the cache key, ``labels()`` gives the source's own labels (a dataset's class column) or None."""
 
-    kind = "source"
     description = ""
-    has_folder_layout = True  # classes come from the names' first folder (folders and ZIPs)
-
-    def entries(self) -> list[Entry]:
-        raise NotImplementedError
-
-    def open(self, name: str) -> Any:
-        """A path, a binary file object, or a Hugging Face image cell for :func:`decode_image`."""
-        raise NotImplementedError
-
-    def identity(self) -> dict[str, Any]:
-        raise NotImplementedError
 
     def labels(self) -> tuple[list[int], list[str]] | None:
-        """Labels given by the source itself (a dataset's class column): (label per entry, class names)."""
         return None
 
 
 class FolderSource(ImageSource):
     """Every non-hidden file under a folder, recursively (symbolic links followed once)."""
-
-    kind = "folder"
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
@@ -105,13 +91,11 @@ class FolderSource(ImageSource):
         return str(self.root / name)
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.root.resolve())}
+        return {"kind": "folder", "path": str(self.root.resolve())}
 
 
 class ZipSource(ImageSource):
     """The files inside a ZIP archive (the same layout rules as a folder). Opened once per process."""
-
-    kind = "zip"
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -144,7 +128,7 @@ class ZipSource(ImageSource):
         return io.BytesIO(self._archive().read(name))
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
+        return {"kind": "zip", "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
 
 
 def folder_classes(names: Sequence[str]) -> tuple[list[str] | None, str]:
@@ -167,9 +151,6 @@ def folder_classes(names: Sequence[str]) -> tuple[list[str] | None, str]:
 
 class HFSource(ImageSource):
     """The rows of a Hugging Face ``datasets.Dataset``; its image column is read undecoded, as bytes or paths."""
-
-    kind = "hf"
-    has_folder_layout = False
 
     def __init__(self, dataset: Any, description: str, image_column: str | None = None,
                  label_column: str | None = None, use_labels: bool = True) -> None:
@@ -204,7 +185,7 @@ class HFSource(ImageSource):
             yield from batch[self.image_column]
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "fingerprint": self._fingerprint, "rows": self._length,
+        return {"kind": "hf", "fingerprint": self._fingerprint, "rows": self._length,
                 "image_column": self.image_column, "label_column": self.label_column}
 
     def labels(self) -> tuple[list[int], list[str]] | None:
