@@ -56,6 +56,13 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _check_batch(where: str, count: int, batch_size: int, processes: int) -> None:
+    if count < batch_size * processes:
+        per = f" ({processes} processes x {batch_size})" if processes > 1 else ""
+        raise DataError(f"{where} has {count:,} readable images, fewer than one batch of {batch_size * processes:,}"
+                        f"{per}: lower --batch-size or add images")
+
+
 @dataclass
 class ImageData:
     """A scanned image set, ready to load: see :func:`open_image_data` (which builds it)."""
@@ -124,11 +131,7 @@ class ImageData:
         """
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
-        needed = batch_size * self.num_processes if drop_last else self.num_processes
-        if len(self) < needed:
-            per = f" ({self.num_processes} processes x {batch_size})" if self.num_processes > 1 else ""
-            raise DataError(f"{self.report.source} has {len(self):,} usable images, fewer than one batch of "
-                            f"{needed:,}{per}: lower --batch-size or add images")
+        _check_batch(self.report.source, len(self), batch_size if drop_last else 1, self.num_processes)
         if num_workers is None:
             local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
             num_workers = 0 if self.cached else max(1, min(8, _cpus() // max(1, local)))
@@ -248,10 +251,7 @@ class ImageScan:
             if done is None:
                 raise DataError(f"the image cache {self.cache.prep_json(prep)} is missing: the data changed while it "
                                 "was being read, or the cache was removed; start again")
-            cached, note = bool(done["cached"]), done["note"]
-            if cached and not self.cache.has_images(prep, done["rows"]):
-                raise DataError(f"the image cache {self.cache.images(prep)} is missing or incomplete: remove "
-                                f"{self.cache.path} and start again")
+            cached, note = bool(done["cached"]), done["note"]  # the builder checked or wrote the array
             if done["failed"]:
                 chosen = select(self.scan, self.source, names, self.labels, prep.resolution, done["failed"])
         if self.builder[0]:  # the full list the warning line points to
@@ -277,10 +277,8 @@ class ImageScan:
             raise DataError(f"a conditional run needs labels, and {where} has none ({report.no_labels_reason}): put "
                             "each class's images in a subfolder named after it, name a class column with "
                             "--label-column, or train unconditionally")
-        processes = self.accelerator.num_processes if self.accelerator is not None else 1
-        if batch_size is not None and report.count < batch_size * processes:
-            raise DataError(f"{where} has {report.count:,} readable images, fewer than one batch of "
-                            f"{batch_size * processes:,}: lower --batch-size or add images")
+        if batch_size is not None:
+            _check_batch(where, report.count, batch_size, self.accelerator.num_processes if self.accelerator else 1)
 
     def _decode(self, prep: Preprocessing, chosen: Selection, workers: int | None, say: Callable[[str], Any]) -> None:
         """On the builder: decode the chosen images into the cache, unless a complete cache is there."""

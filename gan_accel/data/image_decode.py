@@ -96,23 +96,15 @@ def is_grey(img: Image.Image) -> bool:
     return False
 
 
+_FAMILIES = {"1": "grayscale", "L": "grayscale", "LA": "grayscale+alpha", "La": "grayscale+alpha",
+             "I": "32-bit grayscale", "F": "32-bit grayscale", "RGBA": "RGBA", "RGBa": "RGBA", "RGBX": "RGB"}
+
+
 def mode_family(mode: str, grey: bool = False) -> str:
     """What a scan reports for a Pillow mode: "grayscale", "RGB", "RGBA", "palette", "16-bit grayscale", "CMYK", ..."""
-    if mode in ("1", "L"):
-        return "grayscale"
-    if mode in ("LA", "La"):
-        return "grayscale+alpha"
-    if mode.startswith("I;16"):
-        return "16-bit grayscale"
-    if mode in ("I", "F"):
-        return "32-bit grayscale"
     if mode in ("P", "PA"):
         return "palette (grey)" if grey else "palette"
-    if mode in ("RGBA", "RGBa"):
-        return "RGBA"
-    if mode in ("RGB", "RGBX"):
-        return "RGB"
-    return mode
+    return "16-bit grayscale" if mode.startswith("I;16") else _FAMILIES.get(mode, mode)
 
 
 def read_header(item: Any) -> tuple[tuple[int, int, str], bool]:
@@ -204,13 +196,6 @@ def to_working_mode(img: Image.Image, channels: int, background: int) -> Image.I
     return img
 
 
-def centre_square(width: int, height: int) -> tuple[float, float, float, float]:
-    """The central square of a width x height image, as a resize box (fractional when the excess is odd)."""
-    side = min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
-    return (left, top, left + side, top + side)
-
-
 def strip_size(width: int, height: int, resolution: int) -> tuple[tuple[float, float, float, float], int]:
     """For ``crop="random"``: the source box and the long side of the strip (short side = resolution).
 
@@ -248,8 +233,10 @@ def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
         img = ImageOps.exif_transpose(img)  # loads the pixels
         img = to_working_mode(img, channels, BACKGROUNDS[prep.background])
         width, height = img.size
-        if prep.crop == "center":
-            img = img.resize((resolution, resolution), Image.LANCZOS, box=centre_square(width, height))
+        if prep.crop == "center":  # the central square as the resize box (fractional when the excess is odd)
+            side = min(width, height)
+            left, top = (width - side) / 2, (height - side) / 2
+            img = img.resize((resolution, resolution), Image.LANCZOS, box=(left, top, left + side, top + side))
         else:
             box, length = strip_size(width, height, resolution)
             size = (resolution, length) if height > width else (length, resolution)
