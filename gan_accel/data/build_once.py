@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GanAccelError
-from .image_cache import write_text_atomic
+from .image_cache import cache_error, write_text_atomic
 
 
 def builder_of(accelerator: Any) -> tuple[bool, str]:
@@ -37,10 +37,9 @@ def builder_of(accelerator: Any) -> tuple[bool, str]:
     return hosts.index(hosts[rank]) == rank, reports[0][1]
 
 
-def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Callable[[], None],
-               os_error: Callable[[OSError], GanAccelError]) -> None:
-    """Run ``build`` on the builder while the other processes of its machine wait; every process then
-    raises the builder's error (``os_error`` turns a file-system error into one line; a bug is raised too)."""
+def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Callable[[], None], root: Path) -> None:
+    """Run ``build`` on the builder while the other processes of its machine wait; every process then raises
+    the builder's error (a file-system error as one line naming the cache ``root``; a bug is raised too)."""
     is_builder, token = builder
     multi = accelerator is not None and accelerator.num_processes > 1
     error: BaseException | None = None
@@ -48,7 +47,7 @@ def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Ca
         try:
             build()
         except (GanAccelError, OSError) as caught:
-            error = caught if isinstance(caught, GanAccelError) else os_error(caught)
+            error = caught if isinstance(caught, GanAccelError) else cache_error(caught, root)
         except Exception as caught:  # a bug: the other processes must not wait for the build forever
             if not multi:
                 raise

@@ -39,7 +39,7 @@ from ..errors import DataError
 from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
 from .build_once import build_once, builder_of
-from .image_cache import CacheFolder, cache_error, default_cache_root, within_budget
+from .image_cache import CacheFolder, default_cache_root, within_budget
 from .image_decode import Preprocessing
 from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
 from .image_sources import Entry, ImageSource, resolve_source
@@ -246,7 +246,7 @@ class ImageScan:
         cached = False
         if within:
             build_once(acc, self.builder, "decode", lambda: self._decode(prep, chosen, build_workers, say),
-                       lambda error: cache_error(error, self.cache.root))
+                       self.cache.root)
             done = self.cache.read_json(self.cache.prep_json(prep))
             if done is None:
                 raise DataError(f"the image cache {self.cache.prep_json(prep)} is missing: the data changed while it "
@@ -323,7 +323,7 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
     key = image_cache.scan_key(src.identity(), entries)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     cache, builder = CacheFolder(root, key), builder_of(accelerator)
-    build_once(accelerator, builder, "scan", lambda: cache.scan(src, entries), lambda error: cache_error(error, root))
+    build_once(accelerator, builder, "scan", lambda: cache.scan(src, entries), root)
     scan = cache.read_json(cache.scan_json)
     if scan is None:
         raise DataError(f"the scan of {src.description} is missing from {cache.path}: the data changed while it "
