@@ -119,8 +119,7 @@ class ImageData:
         return dataset.failures if isinstance(dataset, DecodedImages) else 0
 
     def dataloader(self, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, random_flip: bool = False,
-                   num_workers: int | None = None, seed: int = 0, generator: torch.Generator | None = None,
-                   pin_memory: bool = False) -> DataLoader:
+                   num_workers: int | None = None, seed: int = 0) -> DataLoader:
         """Batches of ``(float32 (B, C, R, R) in [-1, 1], int64 labels)`` (images alone without labels).
 
         ``num_workers`` defaults to 0 for the cache (a batch is one memory copy: worker processes would
@@ -135,14 +134,12 @@ class ImageData:
         if num_workers is None:
             local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
             num_workers = 0 if self.cached else max(1, min(8, _cpus() // max(1, local)))
-        if generator is None:
-            generator = torch.Generator().manual_seed(seed)
         # Augmentation seeds differ per process: each process flips and crops its own share independently.
         augment_seed = (seed + 1) * 1_000_003 + self.process_index
         return DataLoader(
             self.dataset(augment_seed), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
             num_workers=num_workers, collate_fn=UInt8Collate(self.labels is not None, random_flip, augment_seed + 1),
-            generator=generator, pin_memory=pin_memory, persistent_workers=num_workers > 0,
+            generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
         )
 
     def real_images(self, count: int = EVAL_IMAGES, seed: int = 0) -> torch.Tensor:

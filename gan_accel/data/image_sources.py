@@ -302,7 +302,6 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
                    label_column: str | None = None, use_labels: bool = True, accelerator: Any = None) -> ImageSource:
     """A folder, a ``.zip``, ``hf:NAME[:SPLIT]`` / ``hf:FOLDER[:SPLIT]``, or a ``datasets`` object, as a source."""
     if not isinstance(source, (str, os.PathLike)):
-        import_datasets()
         dataset, description = pick_split(source, split, f"the {type(source).__name__} passed")
         return HFSource(dataset, description, image_column, label_column, use_labels)
     text = os.fspath(source)

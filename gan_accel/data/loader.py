@@ -192,8 +192,7 @@ class UInt8Collate:
 
 
 def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True,
-                    drop_last: bool = True, num_workers: int = 0, *, generator: torch.Generator | None = None,
-                    pin_memory: bool = False) -> DataLoader:
+                    drop_last: bool = True, num_workers: int = 0, *, generator: torch.Generator | None = None) -> DataLoader:
     """Fast loader over uint8 images: batches of ``(float32 (B,C,H,W) in [-1, 1], int64 (B,))``.
 
     A genuine ``DataLoader``: ``accelerator.prepare`` shards only those, rebuilding them from the dataset and
@@ -202,4 +201,4 @@ def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuff
     # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
     return DataLoader(UInt8ImageDataset(images_uint8, labels), batch_size=batch_size, shuffle=shuffle,
                       drop_last=drop_last, num_workers=num_workers, collate_fn=UInt8Collate(), generator=generator,
-                      pin_memory=pin_memory, persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0)
