@@ -94,17 +94,9 @@ class CacheFolder:
     def scan_json(self) -> Path:
         return self.path / "scan.json"
 
-    def images(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.npy"
-
-    def strips(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.strips.npy"
-
-    def prep_json(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.json"
-
-    def skipped_list(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.skipped.txt"
+    def file(self, prep: Preprocessing, suffix: str) -> Path:
+        """One of ``prep``'s files: ``.npy``, ``.strips.npy``, ``.json`` or ``.skipped.txt``."""
+        return self.path / f"{prep.name}{suffix}"
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         """The JSON at ``path``, or None when it is missing or unreadable (then it is rebuilt)."""
@@ -120,7 +112,7 @@ class CacheFolder:
     def has_images(self, prep: Preprocessing, rows: int) -> bool:
         """Whether the cached array is there, uint8 and of ``rows`` rows (memory-mapped to look: nothing read)."""
         try:
-            images = np.load(self.images(prep), mmap_mode="r", allow_pickle=False)
+            images = np.load(self.file(prep, ".npy"), mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError):
             return False
         return images.dtype == np.uint8 and images.ndim == 4 and images.shape[0] == rows
@@ -176,7 +168,7 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
     ``workers > 0`` the decoding runs in that many DataLoader worker processes.
     """
     n = len(names)
-    final = folder.images(prep)
+    final = folder.file(prep, ".npy")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(final)
     failed: list[tuple[int, SkippedFile]] = []
@@ -212,7 +204,7 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
         array.flush()
         del array
         if strips is not None:
-            with atomic_path(folder.strips(prep)) as strips_tmp:
+            with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp:
                 with open(strips_tmp, "wb") as handle:
                     np.save(handle, strips, allow_pickle=False)
         os.replace(tmp, final)

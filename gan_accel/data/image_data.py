@@ -99,14 +99,15 @@ class ImageData:
     @property
     def skipped_list_path(self) -> Path:
         """The full list of skipped files, as the cache keeps it."""
-        return self.cache.skipped_list(self.prep)
+        return self.cache.file(self.prep, ".skipped.txt")
 
     def dataset(self, seed: int = 0) -> Dataset:
         """The uint8 dataset behind :meth:`dataloader`: items ``(uint8 (C, R, R), label or None)``."""
         if self._dataset is None:
             if self.cached:
-                strips = np.load(self.cache.strips(self.prep), allow_pickle=False) if self.prep.crop == "random" else None
-                self._dataset = UInt8ImageDataset(self.cache.images(self.prep), self.labels, strips=strips,
+                random = self.prep.crop == "random"
+                strips = np.load(self.cache.file(self.prep, ".strips.npy"), allow_pickle=False) if random else None
+                self._dataset = UInt8ImageDataset(self.cache.file(self.prep, ".npy"), self.labels, strips=strips,
                                                   resolution=self.prep.resolution, seed=seed)
             else:
                 self._dataset = DecodedImages(self.source, self.names, self.labels, self.prep, seed)
@@ -148,7 +149,7 @@ class ImageData:
         chosen = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:count]
         rows = np.sort(chosen.numpy())
         if self.cached and self.prep.crop == "center":  # the memory-mapped cache holds exactly these crops
-            array = np.load(self.cache.images(self.prep), mmap_mode="r", allow_pickle=False)
+            array = np.load(self.cache.file(self.prep, ".npy"), mmap_mode="r", allow_pickle=False)
             return torch.from_numpy(np.ascontiguousarray(array[rows]))
         centre, decoded = replace(self.prep, crop="center"), []
         for row in rows:
@@ -161,7 +162,7 @@ class ImageData:
     def describe(self) -> str:
         """One line: what will be trained on and how it is loaded."""
         p = self.prep
-        path = f"memory-mapped from {self.cache.images(p)}" if self.cached else \
+        path = f"memory-mapped from {self.cache.file(p, '.npy')}" if self.cached else \
             f"decoded per item in DataLoader workers ({self.note})"
         up = f"; {self.upscaled:,} smaller than {p.resolution} px are upscaled" if self.upscaled else ""
         return (f"gan_accel: data: {self.report.summary()} -> {len(self):,} images of {p.channels} channel"
@@ -244,15 +245,16 @@ class ImageScan:
         if within:
             build_once(acc, self.builder, "decode", lambda: self._decode(prep, chosen, build_workers, say),
                        self.cache.root)
-            done = self.cache.read_json(self.cache.prep_json(prep))
+            record = self.cache.file(prep, ".json")
+            done = self.cache.read_json(record)
             if done is None:
-                raise DataError(f"the image cache {self.cache.prep_json(prep)} is missing: the data changed while it "
-                                "was being read, or the cache was removed; start again")
+                raise DataError(f"the image cache {record} is missing: the data changed while it was being read, or "
+                                "the cache was removed; start again")
             cached, note = bool(done["cached"]), done["note"]  # the builder checked or wrote the array
             if done["failed"]:
                 chosen = select(self.scan, self.source, names, self.labels, prep.resolution, done["failed"])
         if self.builder[0]:  # the full list the warning line points to
-            image_cache.write_text_atomic(self.cache.skipped_list(prep), skipped_text(chosen.report.skipped))
+            image_cache.write_text_atomic(self.cache.file(prep, ".skipped.txt"), skipped_text(chosen.report.skipped))
         fingerprint = hashlib.sha256(f"{self.key}\0{prep.name}\0{image_cache.CACHE_VERSION}".encode()).hexdigest()[:16]
         data = ImageData(source=self.source, report=chosen.report, names=[names[p] for p in chosen.positions],
                          labels=chosen.labels, class_names=chosen.class_names, prep=prep, fingerprint=fingerprint,
@@ -279,18 +281,18 @@ class ImageScan:
 
     def _decode(self, prep: Preprocessing, chosen: Selection, workers: int | None, say: Callable[[str], Any]) -> None:
         """On the builder: decode the chosen images into the cache, unless a complete cache is there."""
-        cache = self.cache
-        done = cache.read_json(cache.prep_json(prep))
+        cache, record = self.cache, self.cache.file(prep, ".json")
+        done = cache.read_json(record)
         if done is not None and done["cached"] and cache.has_images(prep, done["rows"]):
             return  # a complete cache: nothing is decoded again
         n = len(chosen.positions)
         size, free = prep.bytes_for(n), image_cache.free_bytes(cache.path)
         if free < size * 1.05 + (64 << 20):
             note = f"{size / 1e9:,.2f} GB decoded does not fit the {free / 1e9:,.2f} GB free at {cache.root}"
-            cache.write_json(cache.prep_json(prep), {"cached": False, "note": note, "rows": 0, "failed": []})
+            cache.write_json(record, {"cached": False, "note": note, "rows": 0, "failed": []})
             return
         workers = workers if workers is not None else (min(8, _cpus()) if n >= 2048 else 0)
-        say(f"gan_accel: decoding {n:,} images into the cache {cache.images(prep)} ({size / 1e6:,.1f} MB), "
+        say(f"gan_accel: decoding {n:,} images into the cache {cache.file(prep, '.npy')} ({size / 1e6:,.1f} MB), "
             f"{workers or 'no'} worker processes ...")
         start = time.perf_counter()
         failures = image_cache.build_images(cache, prep, self.source, [self.entries[p].name for p in chosen.positions],
@@ -301,7 +303,7 @@ class ImageScan:
         if len(failed) == n:
             raise DataError(f"none of the {n:,} images of {self.source.description} could be decoded (e.g. "
                             f"{failed[0][0]}: {failed[0][1]}): check the files")
-        cache.write_json(cache.prep_json(prep), {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
+        cache.write_json(record, {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
 
 
 def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,

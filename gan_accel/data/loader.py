@@ -191,8 +191,8 @@ class UInt8Collate:
         return (x, labels.to(torch.int64)) if self.has_labels else x
 
 
-def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True,
-                    drop_last: bool = True, num_workers: int = 0, *, generator: torch.Generator | None = None) -> DataLoader:
+def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True, drop_last: bool = True,
+                    num_workers: int = 0, *, generator: torch.Generator | None = None) -> DataLoader:
     """Fast loader over uint8 images: batches of ``(float32 (B,C,H,W) in [-1, 1], int64 (B,))``.
 
     A genuine ``DataLoader``: ``accelerator.prepare`` shards only those, rebuilding them from the dataset and
