@@ -50,10 +50,7 @@ EVAL_IMAGES = 10_000  # real images evaluation compares samples with (gan-accel 
 
 
 def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _check_batch(where: str, count: int, batch_size: int, processes: int) -> None:

@@ -210,15 +210,6 @@ def strip_size(width: int, height: int, resolution: int) -> tuple[tuple[float, f
     return box, length
 
 
-def _draft(img: Image.Image, resolution: int) -> None:
-    """JPEG: let libjpeg decode at the smallest 1/2^k scale that keeps >= 2 x resolution on the short side."""
-    if img.format in ("JPEG", "MPO"):
-        width, height = img.size
-        scale = 2 * resolution / min(width, height)
-        if scale < 1:
-            img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
-
-
 def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
     """Decode one image (anything :func:`as_file` takes) to uint8 (channels, H, W): (channels, R, R) for
     ``crop="center"``.
@@ -229,7 +220,9 @@ def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
     """
     resolution, channels = prep.resolution, prep.channels or 3
     with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
-        _draft(img, resolution)
+        scale = 2 * resolution / min(img.size)
+        if img.format in ("JPEG", "MPO") and scale < 1:  # libjpeg decodes at the smallest 1/2^k scale >= 2R
+            img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
         img = ImageOps.exif_transpose(img)  # loads the pixels
         img = to_working_mode(img, channels, BACKGROUNDS[prep.background])
         width, height = img.size
@@ -242,10 +235,7 @@ def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
             size = (resolution, length) if height > width else (length, resolution)
             img = img.resize(size, Image.LANCZOS, box=box)
         array = np.asarray(img)
-    if array.ndim == 2:
-        array = array[None]
-    else:
-        array = array.transpose(2, 0, 1)
+    array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
     if array.shape[0] != channels:
         array = np.repeat(array, channels, axis=0)
     return np.ascontiguousarray(array)
