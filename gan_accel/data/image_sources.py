@@ -18,7 +18,7 @@ import io
 import os
 import stat
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -164,24 +164,20 @@ class HFSource(ImageSource):
         self._images = images
         self._length = len(dataset)
         self.label_column = _label_column(features, label_column, description) if use_labels else None
-        self._labels: tuple[list[int], list[str]] | None = None
-        if self.label_column is not None:
-            self._labels = _read_labels(dataset, self.label_column, features[self.label_column], datasets)
+        self._labels = None if self.label_column is None else \
+            _read_labels(dataset, self.label_column, features[self.label_column], datasets)
         self._fingerprint = dataset._fingerprint  # datasets' own hash of the data and its transforms
 
     def entries(self) -> list[Entry]:
         width = len(str(max(self._length - 1, 0)))
         return [Entry(f"row {i:0{width}d}", -1, 0) for i in range(self._length)]
 
-    def row(self, name: str) -> int:
-        return int(name.split()[-1])
-
     def open(self, name: str) -> Any:
-        return self._images[self.row(name)][self.image_column]
+        return self._images[int(name.split()[-1])][self.image_column]
 
-    def cells(self, batch_size: int = 256):
+    def cells(self) -> Iterator[Any]:
         """Every image cell in order, read in batches (the scan's fast path)."""
-        for batch in self._images.iter(batch_size=batch_size):
+        for batch in self._images.iter(batch_size=256):
             yield from batch[self.image_column]
 
     def identity(self) -> dict[str, Any]:
