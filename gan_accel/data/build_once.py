@@ -72,7 +72,7 @@ def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Ca
             status.unlink(missing_ok=True)
 
 
-def _wait_for(path: Path, poll: float = 0.2) -> None:
+def _wait_for(path: Path) -> None:
     """Wait until the builder of this machine has written its status file."""
     while True:
         try:
@@ -80,4 +80,4 @@ def _wait_for(path: Path, poll: float = 0.2) -> None:
                 return
         except (OSError, ValueError):
             pass
-        time.sleep(poll)
+        time.sleep(0.2)

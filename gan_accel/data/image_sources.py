@@ -44,12 +44,9 @@ def _ignored(part: str) -> bool:
 
 class ImageSource:
     """Base class: ``entries()`` lists, ``open(name)`` gives what ``decode_image`` takes, ``identity()`` feeds
-    the cache key, ``labels()`` gives the source's own labels (a dataset's class column) or None."""
+    the cache key."""
 
     description = ""
-
-    def labels(self) -> tuple[list[int], list[str]] | None:
-        return None
 
 
 class FolderSource(ImageSource):
@@ -164,7 +161,8 @@ class HFSource(ImageSource):
         self._images = images
         self._length = len(dataset)
         self.label_column = _label_column(features, label_column, description) if use_labels else None
-        self._labels = None if self.label_column is None else \
+        # the class column's (label per row, class names), or None
+        self.labels = None if self.label_column is None else \
             _read_labels(dataset, self.label_column, features[self.label_column], datasets)
         self._fingerprint = dataset._fingerprint  # datasets' own hash of the data and its transforms
 
@@ -183,9 +181,6 @@ class HFSource(ImageSource):
     def identity(self) -> dict[str, Any]:
         return {"kind": "hf", "fingerprint": self._fingerprint, "rows": self._length,
                 "image_column": self.image_column, "label_column": self.label_column}
-
-    def labels(self) -> tuple[list[int], list[str]] | None:
-        return self._labels
 
 
 def import_datasets() -> Any:
