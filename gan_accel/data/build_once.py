@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GanAccelError
-from .image_cache import cache_error, write_text_atomic
+from ..state.files import write_bytes_synced
+from .image_cache import cache_error
 
 
 def builder_of(accelerator: Any) -> tuple[bool, str]:
@@ -62,7 +63,7 @@ def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Ca
     # cache folder is not (then the builder's error must still reach the others).
     status = Path(tempfile.gettempdir()) / f"gan_accel-image-{step}-{token}.status"
     if is_builder:
-        write_text_atomic(status, json.dumps({"state": "error" if error is not None else "done"}))
+        write_bytes_synced(status, json.dumps({"state": "error" if error is not None else "done"}).encode())
     else:
         _wait_for(status)
     try:

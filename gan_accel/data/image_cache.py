@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,19 +28,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError
-from ..state.files import atomic_path, temporary_name
+from ..state.files import atomic_path, temporary_name, write_bytes_synced
 from . import image_decode
 from .image_decode import Preprocessing
-from .image_scan import SkippedFile, scan, skip_reason
+from .image_scan import scan, skip_reason
 from .image_sources import Entry, ImageSource
 
 CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see :func:`atomic_path`)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def default_cache_root() -> Path:
@@ -107,7 +100,7 @@ class CacheFolder:
         return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
-        write_text_atomic(path, json.dumps({"version": CACHE_VERSION, **data}))
+        write_bytes_synced(path, json.dumps({"version": CACHE_VERSION, **data}).encode())
 
     def has_images(self, prep: Preprocessing, rows: int) -> bool:
         """Whether the cached array is there, uint8 and of ``rows`` rows (memory-mapped to look: nothing read)."""
@@ -126,16 +119,6 @@ class CacheFolder:
             scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped]}
             self.write_json(self.scan_json, scan_data)
         return scan_data
-
-
-def free_bytes(path: Path) -> int:
-    """Free space on the file system that holds ``path`` (its nearest existing parent)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return 0
 
 
 class _DecodeJob(Dataset):
@@ -161,8 +144,8 @@ def _single_thread(_: int) -> None:
 
 
 def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, names: Sequence[str], workers: int,
-                 progress: Callable[[int], Any] | None = None) -> list[tuple[int, SkippedFile]]:
-    """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (position, reason) of failures.
+                 progress: Callable[[int], Any] | None = None) -> list[tuple[str, str]]:
+    """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (name, reason) of failures.
 
     Written to a temporary file and renamed: a build cut short leaves no cache behind. With
     ``workers > 0`` the decoding runs in that many DataLoader worker processes.
@@ -171,56 +154,46 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
     final = folder.file(prep, ".npy")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(final)
-    failed: list[tuple[int, SkippedFile]] = []
+    failed: list[tuple[str, str]] = []
     try:
-        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, prep.channels, prep.resolution, prep.width))
-        strips = np.zeros((n, 2), dtype=np.int16) if prep.crop == "random" else None
+        shape = (n, prep.channels, prep.resolution, prep.width)
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+        # the random crop needs each strip's real length (the rest is padding) and orientation
+        strips = np.zeros((n, 2), dtype=np.int16)
         job = _DecodeJob(source, names, prep)
         if workers > 0:
             results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
                                                          worker_init_fn=_single_thread) for item in batch)
         else:
             results = (job[i] for i in range(n))
-        done = 0
-        for index, decoded, reason in results:
+        for index, decoded, reason in results:  # in order: the images decoded fill the first rows
             if decoded is None:
-                failed.append((index, SkippedFile(names[index], reason)))
+                failed.append((names[index], reason))
             else:
                 portrait = decoded.shape[1] > decoded.shape[2]
                 if portrait:  # stored with the long side last; the random crop turns it back
                     decoded = decoded.transpose(0, 2, 1)
-                length = decoded.shape[-1]
-                array[index, :, :, :length] = decoded
-                if strips is not None:
-                    # the random crop needs each strip's real length (the rest is padding) and orientation
-                    strips[index] = (length, int(portrait))
-            done += 1
-            if progress is not None and done % 4096 == 0:
-                progress(done)
-        if failed:
-            array = _without_rows(array, tmp, {i for i, _ in failed})
-            if strips is not None:
-                strips = np.delete(strips, [i for i, _ in failed], axis=0)
+                row, length = index - len(failed), decoded.shape[-1]
+                array[row, :, :, :length] = decoded
+                strips[row] = (length, int(portrait))
+            if progress is not None and (index + 1) % 4096 == 0:
+                progress(index + 1)
+        rows = n - len(failed)
+        if failed:  # copied into a file of the right length, chunked: bounded memory
+            compact = tmp.with_name(tmp.name + ".compact")
+            out = np.lib.format.open_memmap(compact, mode="w+", dtype=np.uint8, shape=(rows, *shape[1:]))
+            for start in range(0, rows, 4096):
+                out[start:start + 4096] = array[start:min(start + 4096, rows)]
+            del array
+            os.replace(compact, tmp)
+            array = out
         array.flush()
         del array
-        if strips is not None:
+        if prep.crop == "random":
             with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp:
                 with open(strips_tmp, "wb") as handle:
-                    np.save(handle, strips, allow_pickle=False)
+                    np.save(handle, strips[:rows], allow_pickle=False)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
     return failed
-
-
-def _without_rows(array: np.ndarray, path: Path, drop: set[int]) -> np.ndarray:
-    """Rewrite the memmapped ``array`` at ``path`` without the rows in ``drop`` (chunked: bounded memory)."""
-    keep = np.array([i for i in range(array.shape[0]) if i not in drop], dtype=np.int64)
-    compact_path = path.with_name(path.name + ".compact")
-    out = np.lib.format.open_memmap(compact_path, mode="w+", dtype=np.uint8, shape=(len(keep), *array.shape[1:]))
-    for start in range(0, len(keep), 4096):
-        out[start:start + 4096] = array[keep[start:start + 4096]]
-    out.flush()
-    del array
-    os.replace(compact_path, path)
-    return out

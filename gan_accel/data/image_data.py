@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError
+from ..state.files import free_space, write_bytes_synced
 from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
 from .build_once import build_once, builder_of
@@ -182,7 +183,7 @@ class ImageData:
         if self.report.skipped:
             files[SKIPPED_FILES] = skipped_text(self.report.skipped)
         for name, text in files.items():
-            image_cache.write_text_atomic(folder / name, text)
+            write_bytes_synced(folder / name, text.encode())
         return [folder / name for name in files]
 
     def check_resume(self, saved: dict[str, Any] | None, allow_changed: bool = False,
@@ -251,7 +252,7 @@ class ImageScan:
             if done["failed"]:
                 chosen = select(self.scan, self.source, names, self.labels, prep.resolution, done["failed"])
         if self.builder[0]:  # the full list the warning line points to
-            image_cache.write_text_atomic(self.cache.file(prep, ".skipped.txt"), skipped_text(chosen.report.skipped))
+            write_bytes_synced(self.cache.file(prep, ".skipped.txt"), skipped_text(chosen.report.skipped).encode())
         fingerprint = hashlib.sha256(f"{self.key}\0{prep.name}\0{image_cache.CACHE_VERSION}".encode()).hexdigest()[:16]
         data = ImageData(source=self.source, report=chosen.report, names=[names[p] for p in chosen.positions],
                          labels=chosen.labels, class_names=chosen.class_names, prep=prep, fingerprint=fingerprint,
@@ -283,7 +284,7 @@ class ImageScan:
         if done is not None and done["cached"] and cache.has_images(prep, done["rows"]):
             return  # a complete cache: nothing is decoded again
         n = len(chosen.positions)
-        size, free = prep.bytes_for(n), image_cache.free_bytes(cache.path)
+        size, free = prep.bytes_for(n), free_space(cache.path) or 0
         if free < size * 1.05 + (64 << 20):
             note = f"{size / 1e9:,.2f} GB decoded does not fit the {free / 1e9:,.2f} GB free at {cache.root}"
             cache.write_json(record, {"cached": False, "note": note, "rows": 0, "failed": []})
@@ -292,10 +293,9 @@ class ImageScan:
         say(f"gan_accel: decoding {n:,} images into the cache {cache.file(prep, '.npy')} ({size / 1e6:,.1f} MB), "
             f"{workers or 'no'} worker processes ...")
         start = time.perf_counter()
-        failures = image_cache.build_images(cache, prep, self.source, [self.entries[p].name for p in chosen.positions],
-                                            workers, progress=lambda k: say(f"gan_accel: ... {k:,} of {n:,} decoded"))
+        failed = image_cache.build_images(cache, prep, self.source, [self.entries[p].name for p in chosen.positions],
+                                          workers, progress=lambda k: say(f"gan_accel: ... {k:,} of {n:,} decoded"))
         seconds = time.perf_counter() - start
-        failed = [(s.name, s.reason) for _, s in failures]
         say(f"gan_accel: cached {n - len(failed):,} images in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} images/s)")
         if len(failed) == n:
             raise DataError(f"none of the {n:,} images of {self.source.description} could be decoded (e.g. "
