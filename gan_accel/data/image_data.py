@@ -275,7 +275,8 @@ class ImageScan:
                             "each class's images in a subfolder named after it, name a class column with "
                             "--label-column, or train unconditionally")
         if batch_size is not None:
-            _check_batch(where, report.count, batch_size, self.accelerator.num_processes if self.accelerator else 1)
+            acc = self.accelerator
+            _check_batch(where, report.count, batch_size, acc.num_processes if acc is not None else 1)
 
     def _decode(self, prep: Preprocessing, chosen: Selection, workers: int | None, say: Callable[[str], Any]) -> None:
         """On the builder: decode the chosen images into the cache, unless a complete cache is there."""
