@@ -165,8 +165,8 @@ def test_exif_orientation_is_applied(tmp_path: Path) -> None:
         assert upright.size == (20, 40)
         expected = _fit(upright.convert("RGB"))
     assert np.array_equal(_decode(path, 3), expected)
-    header, _ = image_decode.read_header(path)
-    assert (header.width, header.height) == (20, 40)
+    (width, height, _), _ = image_decode.read_header(path)
+    assert (width, height) == (20, 40)
 
 
 def test_centre_crop_is_the_short_side_resized_then_the_centre(tmp_path: Path) -> None:
@@ -261,13 +261,13 @@ def test_zip_reads_the_same_images_and_classes_as_the_folder(tmp_path: Path, cac
 @pytest.fixture
 def count_decodes(monkeypatch):
     calls: list[int] = []
-    real = image_decode.decode_bytes_or_path
+    real = image_decode.decode_image
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(image_decode, "decode_bytes_or_path", counted)
+    monkeypatch.setattr(image_decode, "decode_image", counted)
     return calls
 
 
@@ -549,8 +549,8 @@ def _two_process_body(root: str, cache: str, out: str) -> None:
 
     acc = Accelerator(cpu=True)
     decodes = []
-    real = decode_module.decode_bytes_or_path
-    decode_module.decode_bytes_or_path = lambda *a, **k: (decodes.append(1), real(*a, **k))[1]
+    real = decode_module.decode_image
+    decode_module.decode_image = lambda *a, **k: (decodes.append(1), real(*a, **k))[1]
     data = open_image_data(root, R, cache_dir=cache, accelerator=acc, log=None)
     loader = acc.prepare(data.dataloader(2, shuffle=False))
     batches = [hashlib_hex(x.numpy().tobytes()) for x, _ in loader]

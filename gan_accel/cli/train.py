@@ -7,27 +7,11 @@
     gan-accel train --data photos/ --output-dir runs/photos --resume latest
 
 ``--data`` takes a folder of images, a ZIP of them, ``hf:NAME[:SPLIT]`` (a Hugging Face dataset) or
-``hf:FOLDER`` (the imagefolder builder). Images are resized (short side) and centre-cropped to a square
-(``--crop random``: a random window), decoded once into a cache; bad files are skipped and listed. The
-model fits the resolution (DCGAN for 28/32/64 px, the residual family up to 256 px; ``--model``,
-``--width``). With ``--conditional`` the labels come from class subfolders or the dataset's class column,
-and ``gan-accel sample --label NAME`` samples one class. The training flags are those of
-examples/dcgan_mnist.py, with the same names and meanings. Defaults: docs/own-images.md.
-
-Every mistake (an empty folder, fewer images than a batch, a ZIP that is not one, no image column, a
-resolution the model cannot make, --conditional without labels, data changed under a resumed run) is
-one ``error:`` line, exit 2, before anything is written into the run folder.
-
-The default rules (docs/own-images.md says the same):
-
-* **The model**: ``--model``, else ``dcgan`` up to 64 px and ``resnet`` above (a resolution only the
-  residual family makes).
-* **The resolution**: ``--resolution``, else the largest size the model makes that is at most the
-  median short side of the readable images (the smallest size it makes when they are all smaller: they
-  are upscaled). Without ``--model`` that is at most 64 px: a first run that finishes.
-* **The channels**: ``--channels``, else 1 when every image is grayscale, else 3.
-* **Resuming** (``--resume`` of the run's own checkpoints) takes the model family, the resolution and the
-  channels the run recorded when they are not given, so the same command continues the same networks.
+``hf:FOLDER`` (the imagefolder builder). Images are decoded once into a cache; bad files are skipped and
+listed. Without --model, --resolution and --channels the command picks them from the images (dcgan up to
+64 px, resnet above; the largest size at most the median short side; 1 channel when all are grey), and a
+resume takes the run's own. Every mistake is one ``error:`` line, exit 2, before anything is written into
+the run folder. The training flags are those of examples/dcgan_mnist.py; defaults: docs/own-images.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The training flags that ``gan-accel train`` and the example scripts share: the same names, the same meanings.
 
-    parser = ArgumentParser(...)
-    run = add_run_flags(parser, output_dir="runs/x", default_steps=5000)
-    model = add_model_flags(parser, width=32, z_dim=100, r1_gamma="0.1")
-    args = parser.parse_args(argv)
-    config = TrainConfig(**config_fields(args), num_classes=None, ...)
-
-Each script adds its own flags beside these (the MNIST examples: ``--data-dir``, ``--eval``; ``gan-accel
-train``: ``--data``, ``--resolution``, ...). A default of None in :func:`add_model_flags` is a default the
-caller fills in later (``gan-accel train``: the model family's width and latent size).
+Each script adds its own flags beside these. A default of None in :func:`add_model_flags` is one the caller
+fills in later (``gan-accel train``: the model family's width and latent size).
 """
 
 from __future__ import annotations
@@ -116,11 +109,6 @@ def add_conditional_flags(group: argparse._ArgumentGroup, d_position: str | None
     group.add_argument("--d-position", choices=("coords", "moments", "none"), default=d_position, help=d_position_help)
 
 
-def tracker_names(values: list[str]) -> tuple[str, ...]:
-    """``--log-with tensorboard,mlflow wandb`` -> ``("tensorboard", "mlflow", "wandb")``."""
-    return tuple(name.strip() for names in values for name in names.split(",") if name.strip())
-
-
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The TrainConfig fields the shared flags set (``max_steps`` is ``--steps`` or 1 until the data is known)."""
     return dict(
@@ -132,7 +120,8 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma or None,
         mixed_precision=args.mixed_precision, channels_last=args.channels_last,
         keep_freed_memory=args.keep_freed_memory, sample_every=args.sample_every, log_every=args.log_every,
-        output_dir=args.output_dir, seed=args.seed, log_with=tracker_names(args.log_with),
+        output_dir=args.output_dir, seed=args.seed,
+        log_with=tuple(name.strip() for names in args.log_with for name in names.split(",") if name.strip()),
         tracker_project=args.tracker_project, progress_bar=not args.no_progress,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         keep_samples=args.keep_samples, gif_frames=args.gif_frames, max_bad_updates=args.max_bad_updates,

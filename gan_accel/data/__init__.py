@@ -4,14 +4,13 @@ loader, MNIST, offline digits, toy 2-D rings.
 Nothing here is imported by the engine: any ``DataLoader`` works with :class:`~gan_accel.GANTrainer`.
 """
 
-from .digits import synthetic_digits
+from .digits import ring_centres, ring_of_gaussians, synthetic_digits
 from .image_cache import default_cache_root
 from .image_data import ImageData, ImageScan, open_image_data, scan_images
 from .image_decode import Preprocessing
 from .image_scan import ScanReport, SkippedFile
 from .loader import UInt8Collate, UInt8ImageDataset, make_dataloader, uint8_to_float
 from .mnist import MNIST_FILES, DatasetInfo, DatasetUnavailableError, load_mnist_uint8, resolve_dataset
-from .toy import ring_centres, ring_of_gaussians
 
 __all__ = [
     "DatasetInfo",

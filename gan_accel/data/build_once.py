@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GanAccelError
-from .image_cache import write_text_atomic
+from ..state.files import write_bytes_synced
+from .image_cache import cache_error
 
 
 def builder_of(accelerator: Any) -> tuple[bool, str]:
@@ -37,10 +38,9 @@ def builder_of(accelerator: Any) -> tuple[bool, str]:
     return hosts.index(hosts[rank]) == rank, reports[0][1]
 
 
-def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Callable[[], None],
-               os_error: Callable[[OSError], GanAccelError]) -> None:
-    """Run ``build`` on the builder while the other processes of its machine wait; every process then
-    raises the builder's error (``os_error`` turns a file-system error into one line; a bug is raised too)."""
+def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Callable[[], None], root: Path) -> None:
+    """Run ``build`` on the builder while the other processes of its machine wait; every process then raises
+    the builder's error (a file-system error as one line naming the cache ``root``; a bug is raised too)."""
     is_builder, token = builder
     multi = accelerator is not None and accelerator.num_processes > 1
     error: BaseException | None = None
@@ -48,7 +48,7 @@ def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Ca
         try:
             build()
         except (GanAccelError, OSError) as caught:
-            error = caught if isinstance(caught, GanAccelError) else os_error(caught)
+            error = caught if isinstance(caught, GanAccelError) else cache_error(caught, root)
         except Exception as caught:  # a bug: the other processes must not wait for the build forever
             if not multi:
                 raise
@@ -63,7 +63,7 @@ def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Ca
     # cache folder is not (then the builder's error must still reach the others).
     status = Path(tempfile.gettempdir()) / f"gan_accel-image-{step}-{token}.status"
     if is_builder:
-        write_text_atomic(status, json.dumps({"state": "error" if error is not None else "done"}))
+        write_bytes_synced(status, json.dumps({"state": "error" if error is not None else "done"}).encode())
     else:
         _wait_for(status)
     try:
@@ -73,7 +73,7 @@ def build_once(accelerator: Any, builder: tuple[bool, str], step: str, build: Ca
             status.unlink(missing_ok=True)
 
 
-def _wait_for(path: Path, poll: float = 0.2) -> None:
+def _wait_for(path: Path) -> None:
     """Wait until the builder of this machine has written its status file."""
     while True:
         try:
@@ -81,4 +81,4 @@ def _wait_for(path: Path, poll: float = 0.2) -> None:
                 return
         except (OSError, ValueError):
             pass
-        time.sleep(poll)
+        time.sleep(0.2)

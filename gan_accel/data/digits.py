@@ -1,4 +1,5 @@
-"""Offline MNIST-like digits rendered from Pillow's bundled font: training and tests without a network."""
+"""Synthetic data, no network: MNIST-like digits rendered from Pillow's bundled font, and Gaussian modes on a
+ring (the classic mode-collapse benchmark of GAN papers)."""
 
 from __future__ import annotations
 
@@ -156,3 +157,19 @@ def synthetic_digits(n: int, seed: int = 0, size: int = 28) -> tuple[Tensor, Ten
         x = x.masked_fill_(x < 8 / 255, 0)
         out[start:stop] = x.mul_(255).round_().to(torch.uint8)
     return out, labels
+
+
+def ring_centres(modes: int = 8, radius: float = 2.0) -> Tensor:
+    """The ``modes`` centres, evenly spaced on a circle of ``radius``, as (modes, 2) float32."""
+    angles = torch.arange(modes, dtype=torch.float64) * (2 * math.pi / modes)
+    return (torch.stack([angles.cos(), angles.sin()], 1) * radius).float()
+
+
+def ring_of_gaussians(n: int, modes: int = 8, radius: float = 2.0, std: float = 0.02,
+                      seed: int = 0) -> tuple[Tensor, Tensor]:
+    """``n`` points (n, 2) float32 drawn evenly from isotropic Gaussians at :func:`ring_centres`, and
+    each point's mode index (n,) int64. Deterministic for a seed."""
+    generator = torch.Generator().manual_seed(seed)
+    mode = torch.randint(0, modes, (n,), generator=generator)
+    points = ring_centres(modes, radius)[mode] + std * torch.randn(n, 2, generator=generator)
+    return points, mode

@@ -9,12 +9,9 @@ Layout, under the cache root (``cache_dir``, else ``$GAN_ACCEL_CACHE/images``, e
     <key>/64px-3ch-center-white.npy          uint8 (N, C, R, R); (N, C, R, 1.5R) strips for crop="random"
     <key>/64px-3ch-random-white.strips.npy   int16 (N, 2): each strip's length and whether it was portrait
 
-``<key>`` hashes the source (its path, or a dataset's fingerprint) and every candidate's name, size and
-modification time (a CRC inside a ZIP): adding, removing, replacing or touching a file gives a new key,
-so a changed folder is scanned and decoded again and the old entry is simply no longer used. The
-preprocessing (resolution, channels, crop, background) names the files inside. Every file is written
-to a temporary name and renamed into place, the JSON last: a reader never sees half a cache.
-Nothing here is unpickled: ``np.load(allow_pickle=False)`` and JSON only.
+``<key>`` hashes the source and every candidate's name, size and change stamp: a changed folder gets a new
+key. Every file is written to a temporary name and renamed into place, the JSON last: a reader never sees
+half a cache. Nothing here is unpickled: ``np.load(allow_pickle=False)`` and JSON only.
 """
 
 from __future__ import annotations
@@ -22,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,19 +28,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError
-from ..state.files import atomic_path, temporary_name
+from ..state.files import atomic_path, temporary_name, write_bytes_synced
 from . import image_decode
 from .image_decode import Preprocessing
-from .image_scan import SkippedFile, scan, skip_reason
+from .image_scan import scan, skip_reason
 from .image_sources import Entry, ImageSource
 
 CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see :func:`atomic_path`)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def default_cache_root() -> Path:
@@ -64,16 +53,14 @@ def scan_key(identity: dict[str, Any], entries: Sequence[Any]) -> str:
     return digest.hexdigest()
 
 
-def default_memory_budget() -> int:
-    """A quarter of the machine's physical memory (4 GiB where it cannot be read)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
-def within_budget(prep: Preprocessing, count: int, budget: int) -> tuple[bool, str]:
-    """Whether ``count`` images decoded with ``prep`` fit the memory budget, and why not."""
+def within_budget(prep: Preprocessing, count: int, budget: int | None) -> tuple[bool, str]:
+    """Whether ``count`` images decoded with ``prep`` fit the memory budget (None: a quarter of the machine's
+    physical memory, 4 GiB where it cannot be read), and why not."""
+    if budget is None:
+        try:
+            budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+        except (ValueError, OSError, AttributeError):
+            budget = 4 << 30
     size = prep.bytes_for(count)
     if budget <= 0:
         return False, "caching is off: memory_budget=0"
@@ -100,17 +87,9 @@ class CacheFolder:
     def scan_json(self) -> Path:
         return self.path / "scan.json"
 
-    def images(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.npy"
-
-    def strips(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.strips.npy"
-
-    def prep_json(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.json"
-
-    def skipped_list(self, prep: Preprocessing) -> Path:
-        return self.path / f"{prep.name}.skipped.txt"
+    def file(self, prep: Preprocessing, suffix: str) -> Path:
+        """One of ``prep``'s files: ``.npy``, ``.strips.npy``, ``.json`` or ``.skipped.txt``."""
+        return self.path / f"{prep.name}{suffix}"
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         """The JSON at ``path``, or None when it is missing or unreadable (then it is rebuilt)."""
@@ -121,12 +100,12 @@ class CacheFolder:
         return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
-        write_text_atomic(path, json.dumps({"version": CACHE_VERSION, **data}))
+        write_bytes_synced(path, json.dumps({"version": CACHE_VERSION, **data}).encode())
 
     def has_images(self, prep: Preprocessing, rows: int) -> bool:
         """Whether the cached array is there, uint8 and of ``rows`` rows (memory-mapped to look: nothing read)."""
         try:
-            images = np.load(self.images(prep), mmap_mode="r", allow_pickle=False)
+            images = np.load(self.file(prep, ".npy"), mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError):
             return False
         return images.dtype == np.uint8 and images.ndim == 4 and images.shape[0] == rows
@@ -136,22 +115,10 @@ class CacheFolder:
         ``{"source", "items": [(entry index, width, height, mode, grey), ...], "skipped": [[name, reason], ...]}``."""
         scan_data = self.read_json(self.scan_json)
         if scan_data is None:
-            start = time.perf_counter()
             items, skipped = scan(source, entries)
-            scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped],
-                         "seconds": round(time.perf_counter() - start, 3)}
+            scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped]}
             self.write_json(self.scan_json, scan_data)
         return scan_data
-
-
-def free_bytes(path: Path) -> int:
-    """Free space on the file system that holds ``path`` (its nearest existing parent)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return 0
 
 
 class _DecodeJob(Dataset):
@@ -165,7 +132,7 @@ class _DecodeJob(Dataset):
 
     def __getitem__(self, index: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            return index, image_decode.decode_bytes_or_path(self.source.open(self.names[index]), self.prep), ""
+            return index, image_decode.decode_image(self.source.open(self.names[index]), self.prep), ""
         except MemoryError:
             raise
         except Exception as error:  # Pillow raises many types for corrupt data; any of them means "skip this file"
@@ -177,66 +144,56 @@ def _single_thread(_: int) -> None:
 
 
 def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, names: Sequence[str], workers: int,
-                 progress: Callable[[int], Any] | None = None) -> list[tuple[int, SkippedFile]]:
-    """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (position, reason) of failures.
+                 progress: Callable[[int], Any] | None = None) -> list[tuple[str, str]]:
+    """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (name, reason) of failures.
 
     Written to a temporary file and renamed: a build cut short leaves no cache behind. With
     ``workers > 0`` the decoding runs in that many DataLoader worker processes.
     """
     n = len(names)
-    final = folder.images(prep)
+    final = folder.file(prep, ".npy")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(final)
-    failed: list[tuple[int, SkippedFile]] = []
+    failed: list[tuple[str, str]] = []
     try:
-        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, prep.channels, prep.resolution, prep.width))
-        strips = np.zeros((n, 2), dtype=np.int16) if prep.crop == "random" else None
+        shape = (n, prep.channels, prep.resolution, prep.width)
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+        # the random crop needs each strip's real length (the rest is padding) and orientation
+        strips = np.zeros((n, 2), dtype=np.int16)
         job = _DecodeJob(source, names, prep)
         if workers > 0:
             results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
                                                          worker_init_fn=_single_thread) for item in batch)
         else:
             results = (job[i] for i in range(n))
-        done = 0
-        for index, decoded, reason in results:
+        for index, decoded, reason in results:  # in order: the images decoded fill the first rows
             if decoded is None:
-                failed.append((index, SkippedFile(names[index], reason)))
+                failed.append((names[index], reason))
             else:
                 portrait = decoded.shape[1] > decoded.shape[2]
                 if portrait:  # stored with the long side last; the random crop turns it back
                     decoded = decoded.transpose(0, 2, 1)
-                length = decoded.shape[-1]
-                array[index, :, :, :length] = decoded
-                if strips is not None:
-                    # the random crop needs each strip's real length (the rest is padding) and orientation
-                    strips[index] = (length, int(portrait))
-            done += 1
-            if progress is not None and done % 4096 == 0:
-                progress(done)
-        if failed:
-            array = _without_rows(array, tmp, {i for i, _ in failed})
-            if strips is not None:
-                strips = np.delete(strips, [i for i, _ in failed], axis=0)
+                row, length = index - len(failed), decoded.shape[-1]
+                array[row, :, :, :length] = decoded
+                strips[row] = (length, int(portrait))
+            if progress is not None and (index + 1) % 4096 == 0:
+                progress(index + 1)
+        rows = n - len(failed)
+        if failed:  # copied into a file of the right length, chunked: bounded memory
+            compact = tmp.with_name(tmp.name + ".compact")
+            out = np.lib.format.open_memmap(compact, mode="w+", dtype=np.uint8, shape=(rows, *shape[1:]))
+            for start in range(0, rows, 4096):
+                out[start:start + 4096] = array[start:min(start + 4096, rows)]
+            del array
+            os.replace(compact, tmp)
+            array = out
         array.flush()
         del array
-        if strips is not None:
-            with atomic_path(folder.strips(prep)) as strips_tmp:
+        if prep.crop == "random":
+            with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp:
                 with open(strips_tmp, "wb") as handle:
-                    np.save(handle, strips, allow_pickle=False)
+                    np.save(handle, strips[:rows], allow_pickle=False)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
     return failed
-
-
-def _without_rows(array: np.ndarray, path: Path, drop: set[int]) -> np.ndarray:
-    """Rewrite the memmapped ``array`` at ``path`` without the rows in ``drop`` (chunked: bounded memory)."""
-    keep = np.array([i for i in range(array.shape[0]) if i not in drop], dtype=np.int64)
-    compact_path = path.with_name(path.name + ".compact")
-    out = np.lib.format.open_memmap(compact_path, mode="w+", dtype=np.uint8, shape=(len(keep), *array.shape[1:]))
-    for start in range(0, len(keep), 4096):
-        out[start:start + 4096] = array[keep[start:start + 4096]]
-    out.flush()
-    del array
-    os.replace(compact_path, path)
-    return out

@@ -9,20 +9,15 @@ Or in two steps, when the resolution depends on the images (``gan-accel train``'
     images = scan_images("photos/")                       # list the source, scan every header (cached)
     data = images.open(Preprocessing(choose(images.sizes)))
 
-1. **List** the source (:mod:`~gan_accel.data.image_sources`: names, sizes, modification times; nothing
-   opened) and hash the listing into the cache key (:mod:`~gan_accel.data.image_cache`).
-2. **Scan** every candidate's header (:mod:`~gan_accel.data.image_scan`): files that are not images,
-   unreadable or truncated are skipped, listed, and named in one warning line. Everything the user can
-   fix (no readable image, no labels for ``labels="required"``, fewer images than a batch, ...) is one
-   :class:`~gan_accel.errors.DataError` line, before any pixel is decoded.
-3. **Decode once**: a set whose uint8 array fits ``memory_budget`` (default: a quarter of the machine's
-   memory) is decoded into the cache, then every process memory-maps that file: one copy in the page
-   cache, shared by all processes, and a batch is one gather. A larger set (or no room on disk) is
-   decoded per item in DataLoader workers instead; a file that turns bad after the scan is then
-   skipped, counted (:attr:`ImageData.failed_during_training`) and replaced by the next readable item.
+1. **List** the source (names, sizes, change stamps; nothing opened) and hash the listing into the cache key.
+2. **Scan** every header: unreadable or truncated files are skipped and named in one warning line; whatever
+   the user can fix is one :class:`~gan_accel.errors.DataError` line, before any pixel is decoded.
+3. **Decode once** into the cache when the uint8 array fits ``memory_budget``; every process memory-maps
+   that file (one copy in the page cache, a batch is one gather). A larger set is decoded per item in
+   DataLoader workers, where a file that turns bad after the scan is skipped and counted.
 
 Under ``accelerate launch``, pass ``accelerator``: the first process on each machine scans and builds
-while the others wait (:mod:`~gan_accel.data.build_once`), then every process reads the same files.
+while the others wait (:mod:`~gan_accel.data.build_once`).
 """
 
 from __future__ import annotations
@@ -41,13 +36,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError
+from ..state.files import free_space, write_bytes_synced
 from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
 from .build_once import build_once, builder_of
-from .image_cache import CacheFolder, cache_error, default_cache_root, default_memory_budget, within_budget
+from .image_cache import CacheFolder, default_cache_root, within_budget
 from .image_decode import Preprocessing
 from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
-from .image_sources import Entry, ImageSource, list_source, resolve_source
+from .image_sources import Entry, ImageSource, resolve_source
 from .loader import DecodedImages, UInt8Collate, UInt8ImageDataset
 
 LABEL_MODES = ("auto", "none", "required")
@@ -55,10 +51,14 @@ EVAL_IMAGES = 10_000  # real images evaluation compares samples with (gan-accel 
 
 
 def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _check_batch(where: str, count: int, batch_size: int, processes: int) -> None:
+    if count < batch_size * processes:
+        per = f" ({processes} processes x {batch_size})" if processes > 1 else ""
+        raise DataError(f"{where} has {count:,} readable images, fewer than one batch of {batch_size * processes:,}"
+                        f"{per}: lower --batch-size or add images")
 
 
 @dataclass
@@ -97,14 +97,15 @@ class ImageData:
     @property
     def skipped_list_path(self) -> Path:
         """The full list of skipped files, as the cache keeps it."""
-        return self.cache.skipped_list(self.prep)
+        return self.cache.file(self.prep, ".skipped.txt")
 
     def dataset(self, seed: int = 0) -> Dataset:
         """The uint8 dataset behind :meth:`dataloader`: items ``(uint8 (C, R, R), label or None)``."""
         if self._dataset is None:
             if self.cached:
-                strips = np.load(self.cache.strips(self.prep), allow_pickle=False) if self.prep.crop == "random" else None
-                self._dataset = UInt8ImageDataset(self.cache.images(self.prep), self.labels, strips=strips,
+                random = self.prep.crop == "random"
+                strips = np.load(self.cache.file(self.prep, ".strips.npy"), allow_pickle=False) if random else None
+                self._dataset = UInt8ImageDataset(self.cache.file(self.prep, ".npy"), self.labels, strips=strips,
                                                   resolution=self.prep.resolution, seed=seed)
             else:
                 self._dataset = DecodedImages(self.source, self.names, self.labels, self.prep, seed)
@@ -117,8 +118,7 @@ class ImageData:
         return dataset.failures if isinstance(dataset, DecodedImages) else 0
 
     def dataloader(self, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, random_flip: bool = False,
-                   num_workers: int | None = None, seed: int = 0, generator: torch.Generator | None = None,
-                   pin_memory: bool = False) -> DataLoader:
+                   num_workers: int | None = None, seed: int = 0) -> DataLoader:
         """Batches of ``(float32 (B, C, R, R) in [-1, 1], int64 labels)`` (images alone without labels).
 
         ``num_workers`` defaults to 0 for the cache (a batch is one memory copy: worker processes would
@@ -129,22 +129,16 @@ class ImageData:
         """
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
-        needed = batch_size * self.num_processes if drop_last else self.num_processes
-        if len(self) < needed:
-            per = f" ({self.num_processes} processes x {batch_size})" if self.num_processes > 1 else ""
-            raise DataError(f"{self.report.source} has {len(self):,} usable images, fewer than one batch of "
-                            f"{needed:,}{per}: lower --batch-size or add images")
+        _check_batch(self.report.source, len(self), batch_size if drop_last else 1, self.num_processes)
         if num_workers is None:
             local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
             num_workers = 0 if self.cached else max(1, min(8, _cpus() // max(1, local)))
-        if generator is None:
-            generator = torch.Generator().manual_seed(seed)
         # Augmentation seeds differ per process: each process flips and crops its own share independently.
         augment_seed = (seed + 1) * 1_000_003 + self.process_index
         return DataLoader(
             self.dataset(augment_seed), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
             num_workers=num_workers, collate_fn=UInt8Collate(self.labels is not None, random_flip, augment_seed + 1),
-            generator=generator, pin_memory=pin_memory, persistent_workers=num_workers > 0,
+            generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
         )
 
     def real_images(self, count: int = EVAL_IMAGES, seed: int = 0) -> torch.Tensor:
@@ -153,12 +147,12 @@ class ImageData:
         chosen = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:count]
         rows = np.sort(chosen.numpy())
         if self.cached and self.prep.crop == "center":  # the memory-mapped cache holds exactly these crops
-            array = np.load(self.cache.images(self.prep), mmap_mode="r", allow_pickle=False)
+            array = np.load(self.cache.file(self.prep, ".npy"), mmap_mode="r", allow_pickle=False)
             return torch.from_numpy(np.ascontiguousarray(array[rows]))
         centre, decoded = replace(self.prep, crop="center"), []
         for row in rows:
             try:
-                decoded.append(image_decode.decode_bytes_or_path(self.source.open(self.names[int(row)]), centre))
+                decoded.append(image_decode.decode_image(self.source.open(self.names[int(row)]), centre))
             except Exception:  # a file that turned bad after the scan: training skips it too
                 continue
         return torch.from_numpy(np.stack(decoded))
@@ -166,7 +160,7 @@ class ImageData:
     def describe(self) -> str:
         """One line: what will be trained on and how it is loaded."""
         p = self.prep
-        path = f"memory-mapped from {self.cache.images(p)}" if self.cached else \
+        path = f"memory-mapped from {self.cache.file(p, '.npy')}" if self.cached else \
             f"decoded per item in DataLoader workers ({self.note})"
         up = f"; {self.upscaled:,} smaller than {p.resolution} px are upscaled" if self.upscaled else ""
         return (f"gan_accel: data: {self.report.summary()} -> {len(self):,} images of {p.channels} channel"
@@ -189,7 +183,7 @@ class ImageData:
         if self.report.skipped:
             files[SKIPPED_FILES] = skipped_text(self.report.skipped)
         for name, text in files.items():
-            image_cache.write_text_atomic(folder / name, text)
+            write_bytes_synced(folder / name, text.encode())
         return [folder / name for name in files]
 
     def check_resume(self, saved: dict[str, Any] | None, allow_changed: bool = False,
@@ -244,24 +238,21 @@ class ImageScan:
         chosen = select(self.scan, self.source, names, self.labels, prep.resolution)
         self._check(chosen, batch_size)  # on every process: the same scan, the same line
         prep = prep.for_data(chosen.report.grey)
-        within, note = within_budget(prep, chosen.report.count,
-                                     default_memory_budget() if memory_budget is None else memory_budget)
+        within, note = within_budget(prep, chosen.report.count, memory_budget)
         cached = False
         if within:
             build_once(acc, self.builder, "decode", lambda: self._decode(prep, chosen, build_workers, say),
-                       lambda error: cache_error(error, self.cache.root))
-            done = self.cache.read_json(self.cache.prep_json(prep))
+                       self.cache.root)
+            record = self.cache.file(prep, ".json")
+            done = self.cache.read_json(record)
             if done is None:
-                raise DataError(f"the image cache {self.cache.prep_json(prep)} is missing: the data changed while it "
-                                "was being read, or the cache was removed; start again")
-            cached, note = bool(done["cached"]), done["note"]
-            if cached and not self.cache.has_images(prep, done["rows"]):
-                raise DataError(f"the image cache {self.cache.images(prep)} is missing or incomplete: remove "
-                                f"{self.cache.path} and start again")
+                raise DataError(f"the image cache {record} is missing: the data changed while it was being read, or "
+                                "the cache was removed; start again")
+            cached, note = bool(done["cached"]), done["note"]  # the builder checked or wrote the array
             if done["failed"]:
                 chosen = select(self.scan, self.source, names, self.labels, prep.resolution, done["failed"])
         if self.builder[0]:  # the full list the warning line points to
-            image_cache.write_text_atomic(self.cache.skipped_list(prep), skipped_text(chosen.report.skipped))
+            write_bytes_synced(self.cache.file(prep, ".skipped.txt"), skipped_text(chosen.report.skipped).encode())
         fingerprint = hashlib.sha256(f"{self.key}\0{prep.name}\0{image_cache.CACHE_VERSION}".encode()).hexdigest()[:16]
         data = ImageData(source=self.source, report=chosen.report, names=[names[p] for p in chosen.positions],
                          labels=chosen.labels, class_names=chosen.class_names, prep=prep, fingerprint=fingerprint,
@@ -283,36 +274,34 @@ class ImageScan:
             raise DataError(f"a conditional run needs labels, and {where} has none ({report.no_labels_reason}): put "
                             "each class's images in a subfolder named after it, name a class column with "
                             "--label-column, or train unconditionally")
-        processes = self.accelerator.num_processes if self.accelerator is not None else 1
-        if batch_size is not None and report.count < batch_size * processes:
-            raise DataError(f"{where} has {report.count:,} readable images, fewer than one batch of "
-                            f"{batch_size * processes:,}: lower --batch-size or add images")
+        if batch_size is not None:
+            acc = self.accelerator
+            _check_batch(where, report.count, batch_size, acc.num_processes if acc is not None else 1)
 
     def _decode(self, prep: Preprocessing, chosen: Selection, workers: int | None, say: Callable[[str], Any]) -> None:
         """On the builder: decode the chosen images into the cache, unless a complete cache is there."""
-        cache = self.cache
-        done = cache.read_json(cache.prep_json(prep))
+        cache, record = self.cache, self.cache.file(prep, ".json")
+        done = cache.read_json(record)
         if done is not None and done["cached"] and cache.has_images(prep, done["rows"]):
             return  # a complete cache: nothing is decoded again
         n = len(chosen.positions)
-        size, free = prep.bytes_for(n), image_cache.free_bytes(cache.path)
+        size, free = prep.bytes_for(n), free_space(cache.path) or 0
         if free < size * 1.05 + (64 << 20):
             note = f"{size / 1e9:,.2f} GB decoded does not fit the {free / 1e9:,.2f} GB free at {cache.root}"
-            cache.write_json(cache.prep_json(prep), {"cached": False, "note": note, "rows": 0, "failed": []})
+            cache.write_json(record, {"cached": False, "note": note, "rows": 0, "failed": []})
             return
         workers = workers if workers is not None else (min(8, _cpus()) if n >= 2048 else 0)
-        say(f"gan_accel: decoding {n:,} images into the cache {cache.images(prep)} ({size / 1e6:,.1f} MB), "
+        say(f"gan_accel: decoding {n:,} images into the cache {cache.file(prep, '.npy')} ({size / 1e6:,.1f} MB), "
             f"{workers or 'no'} worker processes ...")
         start = time.perf_counter()
-        failures = image_cache.build_images(cache, prep, self.source, [self.entries[p].name for p in chosen.positions],
-                                            workers, progress=lambda k: say(f"gan_accel: ... {k:,} of {n:,} decoded"))
+        failed = image_cache.build_images(cache, prep, self.source, [self.entries[p].name for p in chosen.positions],
+                                          workers, progress=lambda k: say(f"gan_accel: ... {k:,} of {n:,} decoded"))
         seconds = time.perf_counter() - start
-        failed = [(s.name, s.reason) for _, s in failures]
         say(f"gan_accel: cached {n - len(failed):,} images in {seconds:.1f} s ({n / max(seconds, 1e-9):,.0f} images/s)")
         if len(failed) == n:
             raise DataError(f"none of the {n:,} images of {self.source.description} could be decoded (e.g. "
                             f"{failed[0][0]}: {failed[0][1]}): check the files")
-        cache.write_json(cache.prep_json(prep), {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
+        cache.write_json(record, {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
 
 
 def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,
@@ -324,11 +313,14 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
         raise DataError(f"labels {labels!r} is unknown: choose {', '.join(LABEL_MODES)}")
     src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
                          use_labels=labels != "none", accelerator=accelerator)
-    entries = list_source(src)
+    entries = src.entries()
+    if not entries:
+        raise DataError(f"{src.description} holds no files (hidden files are ignored): pass the folder that holds "
+                        "the images")
     key = image_cache.scan_key(src.identity(), entries)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     cache, builder = CacheFolder(root, key), builder_of(accelerator)
-    build_once(accelerator, builder, "scan", lambda: cache.scan(src, entries), lambda error: cache_error(error, root))
+    build_once(accelerator, builder, "scan", lambda: cache.scan(src, entries), root)
     scan = cache.read_json(cache.scan_json)
     if scan is None:
         raise DataError(f"the scan of {src.description} is missing from {cache.path}: the data changed while it "
@@ -345,29 +337,22 @@ def open_image_data(source: str | os.PathLike | Any, resolution: int, channels: 
     """Scan an image source, check it, decode it into the cache when it fits, and describe it.
 
     Args:
-        source: a folder (recursive), a ``.zip``, ``"hf:NAME[:SPLIT]"`` (a Hugging Face Hub dataset),
-            ``"hf:FOLDER[:SPLIT]"`` (the ``imagefolder`` builder on a local folder), or a
-            ``datasets.Dataset`` / ``DatasetDict``. See :mod:`gan_accel.data.image_sources` for the class rule.
-        resolution, channels, crop, background: the :class:`~gan_accel.data.image_decode.Preprocessing`:
-            the side R of the square images (8 to 4096); 1 or 3 channels (None: 1 when every image is
-            grayscale, else 3); "center" (the central square) or "random" (a random R x R window of the
-            image resized so its short side is R, long side kept up to 1.5 R; chosen anew at every draw);
-            what transparent pixels become, "white" or "black".
-        labels: "auto" (classes when the source has them), "none", or "required" (a conditional run:
-            data without classes is a :class:`DataError`).
-        split, image_column, label_column: for Hugging Face datasets (columns found by feature type:
-            ``Image`` and ``ClassLabel``, when not named).
+        source: a folder (recursive), a ``.zip``, ``"hf:NAME[:SPLIT]"`` (a Hub dataset), ``"hf:FOLDER[:SPLIT]"``
+            (the ``imagefolder`` builder), or a ``datasets.Dataset`` / ``DatasetDict``.
+        resolution, channels, crop, background: the :class:`~gan_accel.data.image_decode.Preprocessing`.
+        labels: "auto" (classes when the source has them), "none", or "required" (none is a DataError).
+        split, image_column, label_column: for Hugging Face datasets (default: the ``Image`` and
+            ``ClassLabel`` columns).
         cache_dir: the cache root (default :func:`~gan_accel.data.image_cache.default_cache_root`).
-        memory_budget: the largest uint8 array (bytes) decoded into the cache; larger sets are decoded
-            per item in DataLoader workers. Default: a quarter of the physical memory; 0: never cache.
+        memory_budget: the largest uint8 array (bytes) cached; larger sets are decoded per item.
+            Default: a quarter of the physical memory; 0: never cache.
         batch_size: when given, fewer images than one batch on every process is refused before decoding.
         accelerator: under ``accelerate launch``: one process per machine builds, the others wait.
         build_workers: processes decoding the cache build (default: the cores, at most 8, from 2,048 images).
         log: where the summary and the warning lines go (the main process only); None: silent.
 
     Raises:
-        DataError: one line naming the problem and the fix (missing or empty source, not a ZIP, no
-            readable image, no labels with ``labels="required"``, fewer images than a batch, bad settings).
+        DataError: one line naming the problem and the fix.
     """
     prep = Preprocessing(resolution, channels, crop, background)  # bad settings: one line before any listing
     images = scan_images(source, labels, split=split, image_column=image_column, label_column=label_column,

@@ -1,35 +1,27 @@
 """Decoding one image file into a square uint8 array, and the cheap checks a scan makes before decoding.
 
-One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow:
+One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow (docs/own-images.md):
 
-* formats: PNG, JPEG (and MPO, the multi-picture JPEG of cameras), WebP, BMP, GIF (first frame),
-  TIFF. Other Pillow plugins are not used: some run external programs (EPS runs Ghostscript), and
-  nothing the project loads may execute code.
-* EXIF orientation is applied (a phone's portrait photo is trained upright).
-* transparency (RGBA, LA, palette with a transparent colour) is flattened onto a background, white by
-  default: the colour stored under fully transparent pixels is arbitrary (often black, sometimes
-  leftovers of an edit), and transparent graphics are made to be seen on a light page.
-* 16- and 32-bit grey (``I;16``, ``I``) are scaled from 0..65535 to 0..255; float (``F``) is clipped
-  to 0..255; CMYK, YCbCr, LAB and HSV go through Pillow's conversion to RGB; RGB -> grey is Pillow's
-  ``convert("L")`` (ITU-R 601-2 luma); grey -> RGB repeats the channel.
-* ``crop="center"``: the central square (the short side's length) is resized to R x R in one
-  antialiased Lanczos resample, exactly :func:`PIL.ImageOps.fit`'s maths (resize the short side to R,
-  then crop the centre, without rounding the intermediate size).
-* ``crop="random"``: the image is resized so its short side is R and its long side is kept up to
-  ``RANDOM_CROP_MAX_ASPECT`` x R (longer images lose their ends first); the R x R window is chosen per
-  draw, at batch time (see :mod:`gan_accel.data.loader`).
-* JPEG: libjpeg decodes at 1/2, 1/4 or 1/8 scale when the result still has at least 2R pixels on the
-  short side (Pillow's ``draft``): a large photo costs a fraction of its full decode, and the Lanczos
-  resample from >= 2R keeps the quality.
+* formats: PNG, JPEG (and MPO), WebP, BMP, GIF (first frame), TIFF. No other Pillow plugin: some run
+  external programs (EPS runs Ghostscript), and nothing the project loads may execute code.
+* EXIF orientation is applied; transparency is flattened onto a background, white by default (the colour
+  under fully transparent pixels is arbitrary, and transparent graphics are made for a light page).
+* 16- and 32-bit grey are scaled to 0..255; other modes go through Pillow's conversions.
+* ``crop="center"``: the central square resized to R x R in one Lanczos resample (:func:`PIL.ImageOps.fit`'s
+  maths); ``crop="random"``: short side R, long side kept up to ``RANDOM_CROP_MAX_ASPECT`` x R, the window
+  chosen per draw (:mod:`gan_accel.data.loader`).
+* JPEG is decoded at 1/2, 1/4 or 1/8 scale while that keeps >= 2R pixels on the short side: a large
+  photo costs a fraction of its full decode, and the Lanczos resample from >= 2R keeps the quality.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
 from dataclasses import dataclass, replace
-from typing import IO, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -53,11 +45,9 @@ MIN_RESOLUTION, MAX_RESOLUTION = 8, 4096
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How every image becomes a square uint8 array: its side, its channels, the crop and the background.
-
-    ``channels=None`` is "what the data has" (1 when every image is grayscale, else 3), settled by
-    :meth:`for_data` once the scan is known. Invalid settings are one :class:`DataError` line.
-    """
+    """How every image becomes a square uint8 array: side R (8 to 4096), 1 or 3 channels (None: 1 when every
+    image is grey, else 3, settled by :meth:`for_data`), crop "center" or "random", background "white" or
+    "black" (what transparent pixels become). Invalid settings are one :class:`DataError` line."""
 
     resolution: int
     channels: int | None = None
@@ -96,19 +86,6 @@ class Preprocessing:
         return count * (self.channels or 3) * self.resolution * self.width
 
 
-class ImageHeader(NamedTuple):
-    """The size and mode a file's header states (width and height swapped by an EXIF rotation where cheap to read)."""
-
-    width: int
-    height: int
-    mode: str
-
-
-def open_image(fp: str | os.PathLike | IO[bytes]) -> Image.Image:
-    """``Image.open`` restricted to :data:`ALLOWED_FORMATS` (lazy: reads the header only)."""
-    return Image.open(fp, formats=ALLOWED_FORMATS)
-
-
 def is_grey(img: Image.Image) -> bool:
     """Whether the image has no colour: a grey mode, or a palette whose entries are all grey."""
     if img.mode in GREY_MODES:
@@ -119,43 +96,34 @@ def is_grey(img: Image.Image) -> bool:
     return False
 
 
+_FAMILIES = {"1": "grayscale", "L": "grayscale", "LA": "grayscale+alpha", "La": "grayscale+alpha",
+             "I": "32-bit grayscale", "F": "32-bit grayscale", "RGBA": "RGBA", "RGBa": "RGBA", "RGBX": "RGB"}
+
+
 def mode_family(mode: str, grey: bool = False) -> str:
     """What a scan reports for a Pillow mode: "grayscale", "RGB", "RGBA", "palette", "16-bit grayscale", "CMYK", ..."""
-    if mode in ("1", "L"):
-        return "grayscale"
-    if mode in ("LA", "La"):
-        return "grayscale+alpha"
-    if mode.startswith("I;16"):
-        return "16-bit grayscale"
-    if mode in ("I", "F"):
-        return "32-bit grayscale"
     if mode in ("P", "PA"):
         return "palette (grey)" if grey else "palette"
-    if mode in ("RGBA", "RGBa"):
-        return "RGBA"
-    if mode in ("RGB", "RGBX"):
-        return "RGB"
-    return mode
+    return "16-bit grayscale" if mode.startswith("I;16") else _FAMILIES.get(mode, mode)
 
 
-def read_header(fp: str | os.PathLike | IO[bytes]) -> tuple[ImageHeader, bool]:
-    """The header of an image file and whether it has no colour; raises for a non-image or a truncated file.
+def read_header(item: Any) -> tuple[tuple[int, int, str], bool]:
+    """(width, height, mode) from an image's header (width and height swapped by an EXIF rotation where cheap
+    to read) and whether it has no colour; raises for a non-image or a truncated file.
 
     Reads the header and, for PNG, JPEG and WebP, the end of the file: a file cut short (an interrupted
     copy or download) lacks its format's end marker. Nothing is decoded; a full decode (the cache build)
     finds the rest.
     """
-    with open_image(fp) as img:
+    with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
         width, height = img.size
         if img.format in ("JPEG", "MPO", "WEBP", "TIFF"):
             # Orientations 5-8 turn the picture by 90 degrees. PNG is left out: its EXIF may follow the
             # pixel data, and reading it would decode the whole file.
             if img.getexif().get(0x0112, 1) in (5, 6, 7, 8):
                 width, height = height, width
-        header = ImageHeader(width, height, img.mode)
-        grey = is_grey(img)
         check_complete(img)
-    return header, grey
+        return (width, height, img.mode), is_grey(img)
 
 
 def check_complete(img: Image.Image) -> None:
@@ -228,13 +196,6 @@ def to_working_mode(img: Image.Image, channels: int, background: int) -> Image.I
     return img
 
 
-def centre_square(width: int, height: int) -> tuple[float, float, float, float]:
-    """The central square of a width x height image, as a resize box (fractional when the excess is odd)."""
-    side = min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
-    return (left, top, left + side, top + side)
-
-
 def strip_size(width: int, height: int, resolution: int) -> tuple[tuple[float, float, float, float], int]:
     """For ``crop="random"``: the source box and the long side of the strip (short side = resolution).
 
@@ -249,39 +210,32 @@ def strip_size(width: int, height: int, resolution: int) -> tuple[tuple[float, f
     return box, length
 
 
-def _draft(img: Image.Image, resolution: int) -> None:
-    """JPEG: let libjpeg decode at the smallest 1/2^k scale that keeps >= 2 x resolution on the short side."""
-    if img.format in ("JPEG", "MPO"):
-        width, height = img.size
-        scale = 2 * resolution / min(width, height)
-        if scale < 1:
-            img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
-
-
-def decode_image(fp: str | os.PathLike | IO[bytes], prep: Preprocessing) -> np.ndarray:
-    """Decode one image file to uint8 (channels, H, W): (channels, R, R) for ``crop="center"``.
+def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
+    """Decode one image (anything :func:`as_file` takes) to uint8 (channels, H, W): (channels, R, R) for
+    ``crop="center"``.
 
     For ``crop="random"``: the image with its short side R and its long side up to 1.5 R, in its
     own orientation (the R x R window is chosen later, per draw).
     Raises Pillow's errors (``OSError``, ``ValueError``, ...) for an unreadable file.
     """
     resolution, channels = prep.resolution, prep.channels or 3
-    with open_image(fp) as img:
-        _draft(img, resolution)
+    with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
+        scale = 2 * resolution / min(img.size)
+        if img.format in ("JPEG", "MPO") and scale < 1:  # libjpeg decodes at the smallest 1/2^k scale >= 2R
+            img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
         img = ImageOps.exif_transpose(img)  # loads the pixels
         img = to_working_mode(img, channels, BACKGROUNDS[prep.background])
         width, height = img.size
-        if prep.crop == "center":
-            img = img.resize((resolution, resolution), Image.LANCZOS, box=centre_square(width, height))
+        if prep.crop == "center":  # the central square as the resize box (fractional when the excess is odd)
+            side = min(width, height)
+            left, top = (width - side) / 2, (height - side) / 2
+            img = img.resize((resolution, resolution), Image.LANCZOS, box=(left, top, left + side, top + side))
         else:
             box, length = strip_size(width, height, resolution)
             size = (resolution, length) if height > width else (length, resolution)
             img = img.resize(size, Image.LANCZOS, box=box)
         array = np.asarray(img)
-    if array.ndim == 2:
-        array = array[None]
-    else:
-        array = array.transpose(2, 0, 1)
+    array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
     if array.shape[0] != channels:
         array = np.repeat(array, channels, axis=0)
     return np.ascontiguousarray(array)
@@ -289,8 +243,6 @@ def decode_image(fp: str | os.PathLike | IO[bytes], prep: Preprocessing) -> np.n
 
 def as_file(item: Any) -> Any:
     """A path or file for Pillow from a path, a file, bytes, or a Hugging Face image cell ``{"bytes", "path"}``."""
-    import io
-
     if isinstance(item, dict):
         item = item.get("bytes") or item.get("path")
     if isinstance(item, (bytes, bytearray, memoryview)):
@@ -298,8 +250,3 @@ def as_file(item: Any) -> Any:
     if item is None:
         raise ValueError("empty image cell")
     return item
-
-
-def decode_bytes_or_path(item: Any, prep: Preprocessing) -> np.ndarray:
-    """:func:`decode_image` of anything :func:`as_file` takes."""
-    return decode_image(as_file(item), prep)

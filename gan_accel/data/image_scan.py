@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .image_decode import as_file, mode_family, read_header
+from .image_decode import mode_family, read_header
 from .image_sources import Entry, HFSource, ImageSource, folder_classes
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
@@ -70,17 +70,16 @@ class ScanReport:
             class_text = "no labels" + (f" ({self.no_labels_reason})" if self.no_labels_reason else "")
         return f"{self.count:,} images in {self.source}; {size_text}; {modes}; {class_text}"
 
-    def skipped_warning(self, where: str | None = None) -> str | None:
-        """The one warning line about skipped files, or None when none was skipped."""
+    def skipped_warning(self, where: str) -> str | None:
+        """The one warning line about skipped files (the full list is in ``where``), or None when none was skipped."""
         if not self.skipped:
             return None
         kinds = Counter(s.reason.split(":")[0] for s in self.skipped)
         kind_text = ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
         names = ", ".join(s.name for s in self.skipped[:SHOWN_NAMES])
         more = ", ..." if len(self.skipped) > SHOWN_NAMES else ""
-        tail = f"; the full list is in {where}" if where else ""
         return (f"gan_accel: warning: skipped {len(self.skipped):,} of {self.files:,} files that are not readable "
-                f"images ({kind_text}): {names}{more}{tail}")
+                f"images ({kind_text}): {names}{more}; the full list is in {where}")
 
 
 def skip_reason(error: BaseException) -> str:
@@ -108,8 +107,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int
             skipped.append(SkippedFile(entry.name, "not an image: empty file"))
             continue
         try:
-            handle = as_file(cell if cell is not None else source.open(entry.name))
-            (width, height, mode), grey = read_header(handle)
+            (width, height, mode), grey = read_header(cell if cell is not None else source.open(entry.name))
         except MemoryError:
             raise
         except Exception as error:  # Pillow raises many types for broken files; each means "skip this file"
@@ -155,16 +153,15 @@ def select(scan_data: dict[str, Any], source: ImageSource, names: list[str], lab
     reason = ""
     label_ids: list[int] | None = None
     if labels_mode != "none":
-        given = source.labels()
-        if given is not None:
-            all_ids, class_names = given
-            label_ids = [all_ids[p] for p in positions]
-        elif source.has_folder_layout:
+        if not isinstance(source, HFSource):  # folders and ZIPs: classes from the first folder
             class_of, reason = folder_classes([names[p] for p in positions])
             if class_of is not None:
                 class_names = sorted(set(class_of))
                 index = {name: i for i, name in enumerate(class_names)}
                 label_ids = [index[c] for c in class_of]
+        elif source.labels is not None:
+            all_ids, class_names = source.labels
+            label_ids = [all_ids[p] for p in positions]
         else:
             reason = f"{source.description} has no class column (name one with --label-column)"
     failed_names = {name for name, _ in failed}
@@ -175,7 +172,7 @@ def select(scan_data: dict[str, Any], source: ImageSource, names: list[str], lab
         label_ids = None if label_ids is None else [label_ids[i] for i in keep]
         skipped = skipped + [SkippedFile(name, why) for name, why in failed]
     classes = None
-    if class_names is not None and label_ids is not None:
+    if label_ids is not None:  # set with class_names
         counts = np.bincount(np.asarray(label_ids, dtype=np.int64), minlength=len(class_names))
         classes = {name: int(n) for name, n in zip(class_names, counts)}
     modes = Counter(mode_family(mode, grey) for _, _, _, mode, grey in items)

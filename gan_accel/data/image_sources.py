@@ -14,13 +14,11 @@ thumbnail caches of Windows are ignored without a word; every other file is a ca
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import stat
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -45,31 +43,14 @@ def _ignored(part: str) -> bool:
 
 
 class ImageSource:
-    """Base class: ``entries()`` lists, ``open(name)`` reads one item, ``identity()`` feeds the cache key."""
+    """Base class: ``entries()`` lists, ``open(name)`` gives what ``decode_image`` takes, ``identity()`` feeds
+    the cache key."""
 
-    kind = "source"
     description = ""
-    has_folder_layout = True  # classes come from the names' first folder (folders and ZIPs)
-
-    def entries(self) -> list[Entry]:
-        raise NotImplementedError
-
-    def open(self, name: str) -> Any:
-        """A path, a binary file object, or a Hugging Face image cell for :func:`decode_bytes_or_path`."""
-        raise NotImplementedError
-
-    def identity(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def labels(self) -> tuple[list[int], list[str]] | None:
-        """Labels given by the source itself (a dataset's class column): (label per entry, class names)."""
-        return None
 
 
 class FolderSource(ImageSource):
     """Every non-hidden file under a folder, recursively (symbolic links followed once)."""
-
-    kind = "folder"
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
@@ -107,13 +88,11 @@ class FolderSource(ImageSource):
         return str(self.root / name)
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.root.resolve())}
+        return {"kind": "folder", "path": str(self.root.resolve())}
 
 
 class ZipSource(ImageSource):
     """The files inside a ZIP archive (the same layout rules as a folder). Opened once per process."""
-
-    kind = "zip"
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -146,7 +125,7 @@ class ZipSource(ImageSource):
         return io.BytesIO(self._archive().read(name))
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
+        return {"kind": "zip", "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
 
 
 def folder_classes(names: Sequence[str]) -> tuple[list[str] | None, str]:
@@ -170,14 +149,10 @@ def folder_classes(names: Sequence[str]) -> tuple[list[str] | None, str]:
 class HFSource(ImageSource):
     """The rows of a Hugging Face ``datasets.Dataset``; its image column is read undecoded, as bytes or paths."""
 
-    kind = "hf"
-    has_folder_layout = False
-
     def __init__(self, dataset: Any, description: str, image_column: str | None = None,
                  label_column: str | None = None, use_labels: bool = True) -> None:
         datasets = import_datasets()
         features = dataset.features
-        columns = list(features)
         self.description = description
         self.image_column = _image_column(features, image_column, description)
         images = dataset.select_columns([self.image_column])
@@ -185,33 +160,27 @@ class HFSource(ImageSource):
             images = images.cast_column(self.image_column, datasets.Image(decode=False))
         self._images = images
         self._length = len(dataset)
-        self.label_column = _label_column(features, label_column, description, columns) if use_labels else None
-        self._labels: tuple[list[int], list[str]] | None = None
-        if self.label_column is not None:
-            self._labels = _read_labels(dataset, self.label_column, features[self.label_column], datasets)
-        self._fingerprint = getattr(dataset, "_fingerprint", None) or _content_hash(images)
+        self.label_column = _label_column(features, label_column, description) if use_labels else None
+        # the class column's (label per row, class names), or None
+        self.labels = None if self.label_column is None else \
+            _read_labels(dataset, self.label_column, features[self.label_column], datasets)
+        self._fingerprint = dataset._fingerprint  # datasets' own hash of the data and its transforms
 
     def entries(self) -> list[Entry]:
         width = len(str(max(self._length - 1, 0)))
         return [Entry(f"row {i:0{width}d}", -1, 0) for i in range(self._length)]
 
-    def row(self, name: str) -> int:
-        return int(name.split()[-1])
-
     def open(self, name: str) -> Any:
-        return self._images[self.row(name)][self.image_column]
+        return self._images[int(name.split()[-1])][self.image_column]
 
-    def cells(self, batch_size: int = 256):
+    def cells(self) -> Iterator[Any]:
         """Every image cell in order, read in batches (the scan's fast path)."""
-        for batch in self._images.iter(batch_size=batch_size):
+        for batch in self._images.iter(batch_size=256):
             yield from batch[self.image_column]
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "fingerprint": self._fingerprint, "rows": self._length,
+        return {"kind": "hf", "fingerprint": self._fingerprint, "rows": self._length,
                 "image_column": self.image_column, "label_column": self.label_column}
-
-    def labels(self) -> tuple[list[int], list[str]] | None:
-        return self._labels
 
 
 def import_datasets() -> Any:
@@ -223,14 +192,17 @@ def import_datasets() -> Any:
     return datasets
 
 
+def _check_named(features: Any, named: str, description: str, what: str, flag: str) -> None:
+    if named not in features:
+        raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(features)}): "
+                        f"name its {what} column with {flag}")
+
+
 def _image_column(features: Any, named: str | None, description: str) -> str:
     import datasets
 
-    columns = list(features)
     if named is not None:
-        if named not in features:
-            raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(columns)}): "
-                            "name its image column with --image-column")
+        _check_named(features, named, description, "image", "--image-column")
         feature = features[named]
         if not isinstance(feature, datasets.Image) and getattr(feature, "dtype", None) != "string":
             raise DataError(f"column {named!r} of {description} holds {feature}, not images or image paths: "
@@ -238,20 +210,18 @@ def _image_column(features: Any, named: str | None, description: str) -> str:
         return named
     found = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
     if not found:
-        raise DataError(f"{description} has no image column (its columns: {', '.join(columns)}): name the column "
+        raise DataError(f"{description} has no image column (its columns: {', '.join(features)}): name the column "
                         "that holds images or image paths with --image-column")
     if len(found) > 1:
         raise DataError(f"{description} has several image columns ({', '.join(found)}): choose one with --image-column")
     return found[0]
 
 
-def _label_column(features: Any, named: str | None, description: str, columns: list[str]) -> str | None:
+def _label_column(features: Any, named: str | None, description: str) -> str | None:
     import datasets
 
     if named is not None:
-        if named not in features:
-            raise DataError(f"{description} has no column {named!r} (its columns: {', '.join(columns)}): "
-                            "name its class column with --label-column")
+        _check_named(features, named, description, "class", "--label-column")
         return named
     found = [name for name, feature in features.items() if isinstance(feature, datasets.ClassLabel)]
     if len(found) > 1:
@@ -264,8 +234,7 @@ def _label_column(features: Any, named: str | None, description: str, columns: l
 
 
 def _read_labels(dataset: Any, column: str, feature: Any, datasets: Any) -> tuple[list[int], list[str]]:
-    values = dataset.select_columns([column])[column]
-    values = list(values)
+    values = list(dataset.select_columns([column])[column])
     if isinstance(feature, datasets.ClassLabel):
         names = list(feature.names)
         if any(v is None or not 0 <= int(v) < len(names) for v in values):
@@ -279,13 +248,6 @@ def _read_labels(dataset: Any, column: str, feature: Any, datasets: Any) -> tupl
     distinct = sorted(set(values))
     index = {value: i for i, value in enumerate(distinct)}
     return [index[v] for v in values], [str(v) for v in distinct]
-
-
-def _content_hash(images: Any) -> str:
-    digest = hashlib.sha256()
-    for batch in images.iter(batch_size=1024):
-        digest.update(json.dumps(batch, default=lambda b: hashlib.sha256(b).hexdigest()).encode())
-    return digest.hexdigest()
 
 
 def load_hf(spec: str, split: str | None) -> tuple[Any, str]:
@@ -331,7 +293,6 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
                    label_column: str | None = None, use_labels: bool = True, accelerator: Any = None) -> ImageSource:
     """A folder, a ``.zip``, ``hf:NAME[:SPLIT]`` / ``hf:FOLDER[:SPLIT]``, or a ``datasets`` object, as a source."""
     if not isinstance(source, (str, os.PathLike)):
-        import_datasets()
         dataset, description = pick_split(source, split, f"the {type(source).__name__} passed")
         return HFSource(dataset, description, image_column, label_column, use_labels)
     text = os.fspath(source)
@@ -366,12 +327,3 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
     if is_zip:
         return ZipSource(path)
     raise DataError(f"{path} is a file, not a folder of images or a .zip: pass the folder that holds the images")
-
-
-def list_source(source: ImageSource) -> list[Entry]:
-    """The source's listing; one-line :class:`DataError` when it holds no files."""
-    entries = source.entries()
-    if not entries:
-        raise DataError(f"{source.description} holds no files (hidden files are ignored): pass the folder that holds "
-                        "the images")
-    return entries

@@ -1,11 +1,7 @@
 """The datasets and the collate behind every loader: uint8 images in, float32 batches in [-1, 1] out.
 
-The whole data set stays uint8 (in memory, or memory-mapped from the image cache) and is converted to
-float once per *batch*: torchvision's usual path builds a PIL image and runs ``ToTensor`` +
-``Normalize`` for every item, which costs more CPU time than a small GAN step on a GPU.
-
-``make_dataloader`` returns a real ``torch.utils.data.DataLoader`` so ``accelerator.prepare`` can shard
-it like any other loader; all state lives in the dataset and ``collate_fn``, which ``prepare`` keeps.
+The data set stays uint8 (in memory, or memory-mapped from the image cache) and is converted to float once
+per *batch*: torchvision's per-item PIL path + ``ToTensor`` costs more CPU time than a small GAN step on a GPU.
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ def uint8_to_float(images: Tensor) -> Tensor:
 
 
 def _rng(private: torch.Generator) -> torch.Generator | None:
-    """The generator for augmentation: the worker's own (seeded per worker by the DataLoader) inside a
-    DataLoader worker, else ``private``. Never the main process's global generator: drawing from it would
-    shift the training noise."""
+    """Augmentation's generator: the worker's own inside a DataLoader worker, else ``private``; never the
+    main process's global one (drawing from it would shift the training noise)."""
     return None if get_worker_info() is not None else private
 
 
@@ -60,11 +55,9 @@ def random_window(images: Tensor, lengths: Tensor, portrait: Tensor, resolution:
 class UInt8ImageDataset(Dataset):
     """uint8 images (N, C, H, W), in memory or memory-mapped from a ``.npy`` file, with optional labels (N,).
 
-    ``__getitems__`` is PyTorch's batched-fetch hook: the DataLoader calls it once per batch with the
-    list of indices, so a batch is one gather rather than B Python calls plus a stack. With ``strips``
-    (the image cache's ``crop="random"``: each row's real length and orientation) a batch is an R x R
-    window of each strip, drawn anew each time. A file-backed array is opened lazily in each process
-    (DataLoader workers included), never pickled.
+    ``__getitems__`` (PyTorch's batched fetch) makes a batch one gather rather than B calls plus a stack.
+    With ``strips`` (``crop="random"``: each row's real length and orientation) a batch is an R x R window
+    of each strip, drawn anew. A file-backed array is opened lazily in each process, never pickled.
     """
 
     def __init__(self, images: Tensor | str | os.PathLike, labels: Any = None, *, strips: np.ndarray | None = None,
@@ -117,9 +110,8 @@ class UInt8ImageDataset(Dataset):
 class DecodedImages(Dataset):
     """Decodes each item when it is drawn (sets larger than the memory budget), in DataLoader workers.
 
-    A file that fails now although the scan read it (deleted, truncated, replaced during training) is
-    skipped: it is flagged in shared memory (every worker then skips it at once, and :attr:`failures`
-    counts each such file once) and the next readable item is returned instead, so a batch keeps its size.
+    A file that fails now although the scan read it is flagged in shared memory (every worker skips it,
+    :attr:`failures` counts it once) and the next readable item is returned instead: a batch keeps its size.
     """
 
     def __init__(self, source: ImageSource, names: Sequence[str], labels: np.ndarray | None, prep: Preprocessing,
@@ -129,8 +121,7 @@ class DecodedImages(Dataset):
         self.source, self.names, self.prep = source, list(names), prep
         self.labels = None if labels is None else torch.as_tensor(labels, dtype=torch.int64)
         self.generator = torch.Generator().manual_seed(seed)
-        # One flag per item in shared memory: every worker sees which files went bad (and skips them at
-        # once), and the main process counts them. Inherited by the workers, whatever their start method.
+        # Shared memory: inherited by the workers, whatever their start method.
         self.bad = multiprocessing.get_context("spawn").RawArray("b", max(1, len(self.names)))
         self._logged = 0
 
@@ -143,7 +134,7 @@ class DecodedImages(Dataset):
         return len(self.names)
 
     def _decode(self, index: int) -> Tensor:
-        images = torch.from_numpy(image_decode.decode_bytes_or_path(self.source.open(self.names[index]), self.prep))
+        images = torch.from_numpy(image_decode.decode_image(self.source.open(self.names[index]), self.prep))
         if self.prep.crop == "random":
             portrait = images.shape[1] > images.shape[2]
             strip = images.transpose(1, 2) if portrait else images
@@ -177,11 +168,9 @@ class DecodedImages(Dataset):
 
 
 class UInt8Collate:
-    """Fetched items -> ``(float32 (B, C, H, W) in [-1, 1], int64 labels)``, or the images alone without labels.
-
-    Accepts the ``(images, labels)`` pair of ``__getitems__`` or a list of per-item pairs. ``random_flip``
-    mirrors each image left-right with probability 1/2, on the uint8 batch (one ``where`` for the batch).
-    A class, not a closure, so DataLoader workers can pickle it.
+    """Fetched items (the pair of ``__getitems__`` or a list of per-item pairs) -> ``(float32 (B, C, H, W) in
+    [-1, 1], int64 labels)``, or the images alone without labels. ``random_flip`` mirrors each image with
+    probability 1/2. A class, not a closure, so DataLoader workers can pickle it.
     """
 
     def __init__(self, has_labels: bool = True, random_flip: bool = False, seed: int = 0) -> None:
@@ -202,17 +191,14 @@ class UInt8Collate:
         return (x, labels.to(torch.int64)) if self.has_labels else x
 
 
-def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True,
-                    drop_last: bool = True, num_workers: int = 0, *, generator: torch.Generator | None = None,
-                    pin_memory: bool = False) -> DataLoader:
+def make_dataloader(images_uint8: Tensor, labels: Tensor, batch_size: int, shuffle: bool = True, drop_last: bool = True,
+                    num_workers: int = 0, *, generator: torch.Generator | None = None) -> DataLoader:
     """Fast loader over uint8 images: batches of ``(float32 (B,C,H,W) in [-1, 1], int64 (B,))``.
 
-    A genuine ``DataLoader`` on purpose: ``accelerator.prepare`` only shards DataLoaders, and it
-    rebuilds them from ``dataset``/``collate_fn``/sampler, which is where all the state is.
-    ``drop_last=True`` by default because GAN steps with BatchNorm dislike a tiny final batch.
-    Pass a seeded ``generator`` for a reproducible shuffle.
+    A genuine ``DataLoader``: ``accelerator.prepare`` shards only those, rebuilding them from the dataset and
+    ``collate_fn``, where all the state is. ``drop_last`` because BatchNorm dislikes a tiny final batch.
     """
     # Keeping workers alive avoids re-sending the image tensor to fresh workers every epoch.
     return DataLoader(UInt8ImageDataset(images_uint8, labels), batch_size=batch_size, shuffle=shuffle,
                       drop_last=drop_last, num_workers=num_workers, collate_fn=UInt8Collate(), generator=generator,
-                      pin_memory=pin_memory, persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0)

@@ -116,22 +116,16 @@ def resolve_dataset(name: str, data_dir: PathLike, download: bool = True, allow_
     if error is None:
         return DatasetInfo("mnist", images, labels, source=raw_dir)
 
-    if not missing:
-        state = "files present but unreadable"
-    else:
-        state = "files missing, " + ("download failed" if download else "download disabled")
+    state = f"files missing, download {'failed' if download else 'disabled'}" if missing else \
+        "files present but unreadable"
     what = f"Could not load MNIST from {raw_dir} ({state}; {_short_reason(error)})."
-    how = (
-        f"To use real MNIST, put {', '.join(MNIST_FILES)} (or their .gz) in {raw_dir}, "
-        "or run once with network access so it can be downloaded."
-    )
+    how = (f"To use real MNIST, put {', '.join(MNIST_FILES)} (or their .gz) in {raw_dir}, "
+           "or run once with network access so it can be downloaded.")
     if key == "mnist" or not allow_fallback:
         raise DatasetUnavailableError(f"{what} {how} The built-in offline digits are dataset 'digits'.") from error
     if log is not None and (accelerator is None or accelerator.is_main_process):
-        log(
-            f"{what} Falling back to the built-in offline digit set (synthetic digits rendered from "
-            f"Pillow's font; NOT MNIST, scores are not comparable). {how}"
-        )
+        log(f"{what} Falling back to the built-in offline digit set (synthetic digits rendered from "
+            f"Pillow's font; NOT MNIST, scores are not comparable). {how}")
     return _offline(offline_size, seed)
 
 
