@@ -1,33 +1,9 @@
-"""The callback protocol: side concerns hang off named events of the training loop.
+"""The callback protocol: side concerns hang off named events of the training loop (``EVENTS``, in firing
+order; docs/callbacks.md lists when each fires and what a callback may touch).
 
-Events, in the order the trainer fires them (see ``GANTrainer.fit``)::
-
-    on_fit_start                      once, after resume, before the first step
-    per step:
-      on_phase_end(phase)             after each phase that ran, in phase-list order
-      on_step_end                     after the last phase of the step
-      on_log(row)                     every log_every steps and at the last step; row = metrics, all processes
-      on_sample                       every sample_every steps and at the last step
-      on_checkpoint                   every checkpoint_every steps, at the end, and on a stop request
-    on_fit_end                        the run reached max_steps (not after stop_at_step)
-    on_close                          always, last, also after an error (release what on_fit_start took)
-
-Within one event, callbacks run in list order: the built-ins first (in the order of
-``gan_accel.callbacks.BUILTIN_CALLBACKS``), then yours. Events fire on every process: write files only
-where ``trainer.accelerator.is_main_process``, and run a collective (``accelerator.reduce``,
-``save_state``) on every process or on none.
-
-What a callback may touch: it reads ``trainer.state`` (a :class:`~gan_accel.engine.control.RunState`:
-step, run id, last checkpoint, kept checkpoints), the config, the networks and the accelerator, and it
-changes the run only through ``trainer.control`` (a :class:`~gan_accel.engine.control.Control`: values
-for the next metrics row, a checkpoint now, checkpoints kept from pruning, files the run wrote, a stop).
-The trainer applies a callback's requests right after its handler returns.
-
-A callback's name (what ``disable_callbacks`` and ``trainer.callbacks.get`` take, and the key of its state
-in checkpoints) is the snake case of its class name: ``SampleSaver`` is ``"sample_saver"``.
-
-A callback that raises stops the run with a :class:`~gan_accel.errors.CallbackError` naming it, the
-event and the step; the last complete checkpoint is left as it was.
+Events fire on every process; within one, callbacks run in list order. A callback changes the run only
+through ``trainer.control``, applied right after its handler returns; one that raises stops the run
+with a :class:`~gan_accel.errors.CallbackError` naming it, the event and the step.
 """
 
 from __future__ import annotations

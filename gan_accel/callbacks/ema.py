@@ -1,26 +1,8 @@
-"""Exponential moving average of the generator's weights (a cheap, reliable sample-quality boost).
+"""Exponential moving average of the generator's weights (docs/evaluation.md, "The EMA of G").
 
-Two ways to set how fast the average forgets:
-
-* ``decay`` (per G step): ``shadow = decay * shadow + (1 - decay) * G``, with the short-run warmup
-  ``min(decay, (1 + n) / (10 + n))``.
-* ``half_life_images`` (StyleGAN2's way): the weight of an update halves after that many training
-  images, so the average means the same thing whatever the batch size or process count:
-  ``beta = 0.5 ** (images_per_update / half_life)``. With ``rampup`` (StyleGAN2 uses 0.05) the
-  half-life is at most ``rampup`` times the images seen so far, so early in training the average
-  follows G closely instead of dragging the random initialisation along.
-
-BatchNorm buffers (running mean and variance) are not weights and are handled deliberately:
-
-* ``batchnorm="copy"`` (StyleGAN2's choice): the average takes G's buffers as they are. Cheap, but
-  they are the statistics of G's weights, not of the averaged ones.
-* ``batchnorm="recompute"``: before the average is used (samples, evaluation, export), its
-  BatchNorm statistics are measured anew by running the averaged weights on a fixed set of latents
-  (the same on every process, drawn from a private RNG so the training noise is unchanged).
-
-The average lives outside Accelerate: a plain module on the same device, updated after every
-generator step from the unwrapped G. Under DDP every rank holds identical G weights, so every rank
-holds an identical average without any communication, and a checkpoint keeps one copy of it.
+The average lives outside Accelerate: a plain module on the same device, updated after every generator step
+from the unwrapped G. Under DDP every rank holds identical G weights, so every rank holds an identical
+average without communication, and a checkpoint keeps one copy of it.
 """
 
 from __future__ import annotations
@@ -40,7 +22,7 @@ BATCHNORM_MODES = ("copy", "recompute")
 
 
 class EMA:
-    """A moving average of a module's parameters (see the module docstring for the options).
+    """A moving average of a module's parameters.
 
     Args:
         model: the module to average (unwrapped).

@@ -132,23 +132,22 @@ class SampleSaver(Callback):
 
     def write(self, trainer: "GANTrainer", stem: str) -> Path:
         """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``."""
-        samples = trainer.generate()
-        kind = self.kind if self.kind != "auto" else self.kind_for(samples)
-        if kind == "grid":  # a conditional run: one row per class
-            columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
-                else None
-            return save_grid(samples, trainer.output_dir / f"{stem}.png", nrow=columns)
-        if kind == "scatter":
-            return save_scatter(samples, trainer.output_dir / f"{stem}.png", reference=trainer.reference_samples,
-                                title=f"step {trainer.step}")
-        path = trainer.output_dir / f"{stem}.pt"
-        torch.save(samples.cpu(), path)
-        return path
+        return draw_samples(trainer, trainer.output_dir / stem, self.kind)
 
-    @staticmethod
-    def kind_for(samples: torch.Tensor) -> str:
-        if is_image_batch(samples):
-            return "grid"
-        if is_point_batch(samples):
-            return "scatter"
-        return "tensor"
+
+def draw_samples(trainer: "GANTrainer", stem: Path, kind: str = "auto") -> Path:
+    """The fixed latents' samples as ``<stem>.png`` (a grid, one row per class in a conditional run, or a scatter
+    plot over real points) or ``<stem>.pt``."""
+    samples = trainer.generate()
+    if kind == "auto":
+        kind = "grid" if is_image_batch(samples) else "scatter" if is_point_batch(samples) else "tensor"
+    if kind == "grid":
+        columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
+            else None
+        return save_grid(samples, Path(f"{stem}.png"), nrow=columns)
+    if kind == "scatter":
+        return save_scatter(samples, Path(f"{stem}.png"), reference=trainer.reference_samples,
+                            title=f"step {trainer.step}")
+    path = Path(f"{stem}.pt")
+    torch.save(samples.cpu(), path)
+    return path

@@ -1,21 +1,8 @@
-"""Experiment trackers through Accelerate: TensorBoard, MLflow, W&B, trackio, Aim, Comet, ClearML, DVCLive, SwanLab.
-
-The engine builds the Accelerator with ``log_with=`` the trackers of ``TrainConfig.log_with`` whose
-package is installed and with the run folder as its project folder (``engine/launch.py``). This
-callback, ``trackers``, then drives them:
-
-* ``setup``: one warning line per requested tracker whose package is missing (Accelerate drops those
-  silently), naming the pip extra that installs it;
-* ``on_fit_start``: ``accelerator.init_trackers(project)`` and the config as flat hyperparameters;
-  a resumed run continues the same tracker run where the tracker allows it (see :func:`init_kwargs`);
-* ``on_log(row)``: every numeric value of the metrics row, at the row's step;
-* ``on_sample``: the fixed-latent samples as one picture (the grid ``samples_<step>.png`` shows, or the
-  scatter plot of 2-D points) to each tracker that takes images;
-* ``on_close``: each tracker's ``finish()``, also after an error. Not ``accelerator.end_training()``:
-  that also destroys the process group, which a later ``fit()`` of the same trainer still needs.
-
-Trackers live on the main process only (``init_trackers`` runs there), so every event is a no-op on
-the others. Files of the trackers that write locally go under ``<run>/trackers/``.
+"""Experiment trackers through Accelerate (TensorBoard, MLflow, W&B, trackio, Aim, Comet, ClearML, DVCLive,
+SwanLab): the ``tracker_logger`` callback starts them with the run folder as project folder, logs the metrics
+rows, the config and the progress samples, and finishes them (not ``accelerator.end_training()``, which also
+destroys the process group a later ``fit()`` still needs). Trackers live on the main process only; a resumed
+run continues the same tracker run where the tracker allows it (:func:`init_kwargs`).
 """
 
 from __future__ import annotations
@@ -28,19 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..pictures.samples import is_image_batch, is_point_batch, save_scatter, to_grid
 from ..state.layout import TRACKER_IDS, TRACKERS
-from ..tracking import (BUILTIN_TRACKERS, missing_tracker_warning, resolve_trackers, tracker_available,  # noqa: F401
-                        tracker_name)
+from ..tracking import missing_tracker_warning, resolve_trackers, tracker_name
 from .base import Callback
+from .samples import draw_samples
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
-TRACKERS_DIR = TRACKERS  # <run>/trackers: Accelerate's logging_dir (TensorBoard, Aim), W&B's and DVCLive's files
-RUN_IDS = TRACKER_IDS  # <run>/trackers/runs.json: the tracker runs a resume continues (MLflow, Aim)
 IMAGE_KEY = "samples"
 _STRICT_KEYS = ("mlflow", "swanlab")  # metric names limited to letters, digits and _ - . / space: "D(x)" -> "D_x"
 
@@ -84,7 +66,7 @@ def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) ->
     W&B: the run folder's id with ``resume="allow"``, files under ``<run>/trackers`` unless ``WANDB_DIR`` is
     set; DVCLive: ``<run>/trackers/dvclive``, resumed; MLflow and Aim: the run id saved in ``runs.json``.
     """
-    folder, step, kwargs = trainer.output_dir / TRACKERS_DIR, trainer.step, {}
+    folder, step, kwargs = trainer.output_dir / TRACKERS, trainer.step, {}
     if "tensorboard" in names and step > 0:
         kwargs["tensorboard"] = {"purge_step": step + 1}
     if "wandb" in names:
@@ -100,24 +82,17 @@ def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) ->
 
 
 def sample_picture(trainer: "GANTrainer") -> Any:
-    """The fixed-latent samples as an (H, W, 3) uint8 array: the grid of ``samples_<step>.png`` (same pixels), or
-    the scatter plot of 2-D points; None for samples of another form."""
-    samples = trainer.generate()
-    if is_image_batch(samples):
-        columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
-            else None
-        grid = to_grid(samples, nrow=columns)  # rounded as torchvision's save_image rounds the PNG
-        return grid.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
-    if is_point_batch(samples):
-        import numpy as np
-        from PIL import Image
+    """The fixed-latent samples as an (H, W, 3) uint8 array: the picture ``samples_<step>.png`` shows (same pixels);
+    None for samples that are neither images nor 2-D points."""
+    import numpy as np
+    from PIL import Image
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = save_scatter(samples, Path(tmp) / "scatter.png", reference=trainer.reference_samples,
-                                title=f"step {trainer.step}")
-            with Image.open(path) as image:
-                return np.asarray(image.convert("RGB")).copy()
-    return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = draw_samples(trainer, Path(tmp) / "samples")
+        if path.suffix != ".png":
+            return None
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB")).copy()
 
 
 def log_picture(tracker: Any, picture: Any, step: int) -> bool:
@@ -163,7 +138,7 @@ class TrackerLogger(Callback):
         if not acc.is_main_process or acc.trackers or not acc.log_with:
             return
         names = [tracker_name(t) for t in acc.log_with]
-        project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS_DIR
+        project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS
         folder.mkdir(parents=True, exist_ok=True)
         ids = _read_ids(folder).get(project, {})
         try:
@@ -240,7 +215,7 @@ def _run_ids(trackers: list[Any]) -> dict[str, str]:
 def _read_ids(folder: Path) -> dict[str, dict[str, str]]:
     """The tracker run ids a resume continues; anything but {project: {tracker: id}} is ignored (a new run)."""
     try:
-        saved = json.loads((folder / RUN_IDS).read_text())
+        saved = json.loads((folder / TRACKER_IDS).read_text())
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(saved, dict):
@@ -253,4 +228,4 @@ def _write_ids(folder: Path, project: str, ids: dict[str, str]) -> None:
     if ids:
         saved = _read_ids(folder)
         saved[project] = ids
-        (folder / RUN_IDS).write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
+        (folder / TRACKER_IDS).write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")

@@ -21,11 +21,11 @@ from ..state.files import atomic_path
 KEY = "features"
 
 
-def default_feature_root() -> Path:
+def cache_dir() -> Path:
+    """gan_accel's evaluation cache: ``$GAN_ACCEL_CACHE``, else ``$XDG_CACHE_HOME/gan_accel`` or ``~/.cache/gan_accel``."""
     if os.environ.get("GAN_ACCEL_CACHE"):
-        return Path(os.environ["GAN_ACCEL_CACHE"]) / "features"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gan_accel" / "features"
+        return Path(os.environ["GAN_ACCEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gan_accel"
 
 
 def cached_features(fingerprint: str, space: str, count: int, compute: Callable[[], Tensor],
@@ -34,7 +34,7 @@ def cached_features(fingerprint: str, space: str, count: int, compute: Callable[
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save
 
-    folder = Path(root) if root is not None else default_feature_root()
+    folder = Path(root) if root is not None else cache_dir() / "features"
     safe_space = "".join(c if c.isalnum() or c in "-_." else "_" for c in space)
     path = folder / f"{fingerprint}-{safe_space}-{count}.safetensors"
     if path.is_file():

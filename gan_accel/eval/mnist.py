@@ -22,6 +22,7 @@ from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _s
 from ..errors import ConfigError, GanAccelError
 from ..state.files import atomic_path
 from ..state.safe_tree import check_regular_file
+from .feature_cache import cache_dir
 from .features import compute_features
 
 
@@ -132,20 +133,14 @@ def load_or_train_classifier(
             check_regular_file(path)
             state = load_file(str(path))  # safetensors: tensors only, nothing in the file can run
         except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
-            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            raise ClassifierCacheError(
-                f"cannot read cached MNIST classifier {path} ({reason}); delete the file to retrain it"
-            ) from None
+            raise ClassifierCacheError(f"cannot read cached MNIST classifier {path} ({_short_reason(exc)}); "
+                                       "delete the file to retrain it") from None
         model = MnistClassifier()
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        found = {k: tuple(v.shape) for k, v in state.items()}
-        if found != expected:
-            diff = sorted(set(expected.items()) ^ set(found.items()))
-            raise ClassifierCacheError(
-                f"cached MNIST classifier {path} does not fit MnistClassifier (mismatched entries: "
-                f"{diff[:6]}); delete the file to retrain it"
-            )
-        model.load_state_dict(state)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ClassifierCacheError(f"cached MNIST classifier {path} does not fit MnistClassifier "
+                                       f"({_short_reason(exc)}); delete the file to retrain it") from None
         return model.eval()
 
     model = train_mnist_classifier(images, labels, **train_kwargs)
@@ -251,27 +246,14 @@ def format_evaluation(result: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- a generator's score
 
 
-def cache_dir() -> Path:
-    """Where trained evaluation classifiers are kept."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gan_accel"
-    return Path(os.environ.get("GAN_ACCEL_CACHE", default))
-
-
 MAX_EVAL_SAMPLES = 50_000  # precision and recall compare every pair of samples: time and memory grow with N^2
-
-
-@torch.no_grad()
-def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
-                     batch_size: int = 500, labels: Tensor | None = None) -> torch.Tensor:
-    """``num`` images from ``G`` in eval mode, from seeded noise (the same noise for every model);
-    ``G(z, labels)`` when ``labels`` (``num`` class indices) are given."""
-    return torch.cat(list(iter_generated(G, num, z_dim, device, seed, batch_size, labels)))
 
 
 @torch.no_grad()
 def iter_generated(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
                    batch_size: int = 500, labels: Tensor | None = None) -> Iterator[Tensor]:
-    """:func:`generate_samples` chunk by chunk (float32, CPU): one chunk of images in memory at a time."""
+    """``num`` images of ``G`` in eval mode from seeded noise (the same for every model), chunk by chunk (float32,
+    CPU); ``G(z, labels)`` when ``labels`` (``num`` class indices) are given."""
     generator = torch.Generator().manual_seed(seed)
     was_training = G.training
     G.eval()
@@ -332,6 +314,12 @@ def _split(fallback) -> tuple[str, tuple, tuple]:
             (fallback.images[cut:], fallback.labels[cut:]))
 
 
+def _judge(data_dir: str | os.PathLike, fallback, download: bool) -> tuple[str, MnistClassifier, Tensor]:
+    """(the reference's name, its cached classifier, its held-out images)."""
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
+    return name, load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y), held_x
+
+
 def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, device: torch.device | str = "cpu",
                        fallback=None, num_samples: int = 10_000, download: bool = False) -> dict[str, Any]:
     """Generate ``num_samples`` digits and score them against held-out real digits.
@@ -340,8 +328,7 @@ def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, de
     judged) and ``summary`` (a printable text).
     """
     _check_eval_size(num_samples)
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
-    classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
+    name, classifier, held_x = _judge(data_dir, fallback, download)
     features = compute_features(classifier.features, iter_generated(G, num_samples, z_dim, device), 500)
     result = judge_features(features, held_x[:num_samples], classifier, reference=name)
     result["summary"] = format_evaluation(result)
@@ -358,8 +345,7 @@ def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_
     classifier features to held-out real digits), ``reference`` and a printable ``summary``.
     """
     _check_eval_size(per_class * MnistClassifier.num_classes)
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
-    classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
+    name, classifier, held_x = _judge(data_dir, fallback, download)
     labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
     features = compute_features(classifier.features, iter_generated(G, len(labels), z_dim, device, labels=labels), 500)
     result = judge_features(features, held_x[:len(labels)], classifier, reference=name)
