@@ -1,9 +1,5 @@
-"""Scoring digit generators with a compact MNIST classifier: its features for the Fréchet distance,
-its predictions for the class histogram and confidence.
-
-The classifier is trained once (about 30 s on 2 CPU cores) and cached under ``$GAN_ACCEL_CACHE``
-(default ``~/.cache/gan_accel``), because data folders may be read-only.
-"""
+"""Scoring digit generators with a compact MNIST classifier (its features for the distances, its predictions
+for the class histogram), trained once and cached under :func:`cache_dir` (data folders may be read-only)."""
 
 from __future__ import annotations
 
@@ -31,12 +27,8 @@ class ClassifierCacheError(GanAccelError, RuntimeError):
 
 
 class MnistClassifier(nn.Module):
-    """A compact CNN for 1x28x28 digits in [-1, 1]: two conv blocks (16, 32 channels), a 128-unit
-    layer, 10 logits. Small enough to train to ~98.7% test accuracy in two CPU epochs (~30 s, 2 cores).
-
-    ``features(x)`` returns the 128-dim penultimate activations used for the Fréchet distance.
-    No dropout or batch norm, so train and eval modes compute the same function.
-    """
+    """A compact CNN for 1x28x28 digits in [-1, 1] (~98.7% test accuracy after two CPU epochs); ``features(x)``
+    are its 128-dim penultimate activations. No dropout or batch norm: train and eval modes agree."""
 
     feature_dim = 128
     num_classes = 10
@@ -71,12 +63,8 @@ def train_mnist_classifier(
     lr: float = 2e-3,
     seed: int = 0,
 ) -> MnistClassifier:
-    """Train a :class:`MnistClassifier` on CPU from uint8 images (N, 1, 28, 28) and labels (N,).
-
-    Deterministic for a given seed, and leaves the global RNG state untouched (training inside a
-    GAN run must not shift its noise stream). Adam with a one-cycle schedule reaches ~98.7% test
-    accuracy on MNIST in the default two epochs. Returns the model in eval mode.
-    """
+    """Train a :class:`MnistClassifier` on CPU from uint8 images (N, 1, 28, 28) and labels (N,); returned in eval
+    mode. Deterministic for a seed, and the global RNG is untouched (a GAN run's noise stream must not shift)."""
     if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
         raise ValueError(f"images must have shape (N, 1, 28, 28), got {tuple(images.shape)}")
     if labels.shape != (images.shape[0],):
@@ -103,28 +91,14 @@ def train_mnist_classifier(
     return model.eval()
 
 
-def classifier_accuracy(classifier: nn.Module, images: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
-    """Top-1 accuracy of a classifier on uint8 (or [-1, 1] float) images (N, 1, 28, 28)."""
-    x = uint8_to_float(images) if images.dtype == torch.uint8 else images
-    logits = compute_features(classifier, x, batch_size=batch_size)
-    return float((logits.argmax(1) == labels.cpu()).float().mean())
-
-
 def load_or_train_classifier(
     cache_path: str | os.PathLike,
     images: Tensor,
     labels: Tensor,
     **train_kwargs: Any,
 ) -> MnistClassifier:
-    """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train and cache one.
-
-    A typical cache path is ``<data_dir>/gan_accel_mnist_classifier.safetensors``. The file is written
-    atomically (temporary file, then rename), so concurrent runs never read half a file.
-    ``train_kwargs`` go to :func:`train_mnist_classifier` and matter only when training.
-
-    Raises:
-        ClassifierCacheError: the file exists but is unreadable or its weights do not fit the model.
-    """
+    """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
+    cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
     from safetensors.torch import load_file, save_file
 
     path = Path(cache_path)
@@ -159,37 +133,23 @@ def evaluate_mnist_samples(
     batch_size: int = 500,
     reference: str = "mnist",
 ) -> dict[str, Any]:
-    """Judge generated digits with an MNIST classifier.
+    """Judge generated digits (N, 1, 28, 28) in [-1, 1] against real ones (uint8 or [-1, 1]) with a classifier.
 
-    Args:
-        samples: generated images (N, 1, 28, 28) in [-1, 1].
-        real_images: real images (M, 1, 28, 28) in [-1, 1] (uint8 is converted) to compare against.
-        classifier: a trained :class:`MnistClassifier`.
-        reference: what ``real_images`` are (``"mnist"``, or the offline ``"digits"``): the report says so.
-
-    Returns a dict with, all in the classifier's 128-dim feature space (see
-    :func:`gan_accel.eval.score_features`):
-        ``fd``: Fréchet distance; ``kid`` / ``kid_std``: kernel inception distance (mean, std over
-        subsets); ``precision`` / ``recall``: k-NN manifold precision and recall (k = 3);
-        ``class_share``: 10 floats, the share of samples predicted as each digit;
-        ``min_class_share`` / ``max_class_share``: its extremes (a collapsed mode shows as ~0);
-        ``class_entropy``: entropy (nats) of ``class_share``, ``log(10) ~ 2.303`` when balanced;
-        ``mean_confidence``: mean max softmax probability (recognisable digits score high, but so can
-        far off-distribution inputs such as noise, so read it next to ``fd``);
-        ``num_samples``, ``num_real``, ``reference``.
+    Returns :func:`gan_accel.eval.score_features`'s ``fd``, ``kid``, ``kid_std``, ``precision``, ``recall`` in
+    the classifier's features; ``class_share`` (10 floats) with its ``min_class_share``, ``max_class_share`` and
+    ``class_entropy`` (nats, log 10 when balanced); ``mean_confidence`` (mean max softmax: noise can score high
+    too, read it next to ``fd``); ``num_samples``, ``num_real`` and ``reference`` (what the real images are).
     """
     for name, t in (("samples", samples), ("real_images", real_images)):
         if t.ndim != 4 or t.shape[1:] != (1, 28, 28):
             raise ValueError(f"{name} must have shape (N, 1, 28, 28), got {tuple(t.shape)}")
-    classifier.eval()
     return judge_features(compute_features(classifier.features, samples.float(), batch_size), real_images, classifier,
                           batch_size, reference)
 
 
 def judge_features(sample_feats: Tensor, real_images: Tensor, classifier: MnistClassifier, batch_size: int = 500,
                    reference: str = "mnist") -> dict[str, Any]:
-    """:func:`evaluate_mnist_samples` from the samples' classifier features (N, 128): what a caller that made
-    the samples chunk by chunk has (the images themselves need never be whole in memory)."""
+    """:func:`evaluate_mnist_samples` from the samples' classifier features (N, 128), made chunk by chunk."""
     from .scores import score_features
 
     if real_images.dtype == torch.uint8:
@@ -275,11 +235,9 @@ def _check_eval_size(num: int) -> None:
 
 
 def reference_digits(data_dir: str | os.PathLike, fallback=None, download: bool = False) -> tuple[str, tuple, tuple]:
-    """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set
-    (a ``DatasetInfo``) when MNIST cannot be read or when the run trained on that set (the offline
-    digits): samples are judged against what the run learned, and the report names it. Without a
-    fallback, MNIST missing from ``data_dir`` (and not downloaded: ``download``) is a
-    :class:`~gan_accel.data.mnist.DatasetUnavailableError` saying where it looked and how to point at it."""
+    """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set (a
+    ``DatasetInfo``) when MNIST cannot be read or the run trained on that set; without a fallback, MNIST
+    missing is a :class:`~gan_accel.data.mnist.DatasetUnavailableError` saying where it looked."""
     if fallback is not None and fallback.name != "mnist":
         return _split(fallback)
     try:
@@ -322,11 +280,8 @@ def _judge(data_dir: str | os.PathLike, fallback, download: bool) -> tuple[str, 
 
 def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, device: torch.device | str = "cpu",
                        fallback=None, num_samples: int = 10_000, download: bool = False) -> dict[str, Any]:
-    """Generate ``num_samples`` digits and score them against held-out real digits.
-
-    Returns :func:`gan_accel.metrics.evaluate_mnist_samples`'s dict plus ``reference`` (which digits
-    judged) and ``summary`` (a printable text).
-    """
+    """Generate ``num_samples`` digits and score them against held-out real digits: :func:`evaluate_mnist_samples`'s
+    dict plus a printable ``summary``."""
     _check_eval_size(num_samples)
     name, classifier, held_x = _judge(data_dir, fallback, download)
     features = compute_features(classifier.features, iter_generated(G, num_samples, z_dim, device), 500)
@@ -338,12 +293,9 @@ def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, de
 def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int,
                                    device: torch.device | str = "cpu", fallback=None,
                                    per_class: int = 1000, download: bool = False) -> dict[str, Any]:
-    """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them.
-
-    Returns ``agreement`` (per digit: the share of its samples that the MNIST classifier assigns to
-    that digit), ``mean_agreement``, ``min_agreement``, ``fd`` (Fréchet distance of the whole set's
-    classifier features to held-out real digits), ``reference`` and a printable ``summary``.
-    """
+    """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them: the scores of
+    :func:`evaluate_generator` plus ``agreement`` (per digit, the share the classifier assigns to it),
+    ``mean_agreement`` and ``min_agreement``."""
     _check_eval_size(per_class * MnistClassifier.num_classes)
     name, classifier, held_x = _judge(data_dir, fallback, download)
     labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
@@ -352,8 +304,7 @@ def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_
     with torch.no_grad():  # the head on the features: the classifier's prediction, without a second forward
         predicted = classifier.head(features.to(classifier.head.weight.device)).argmax(dim=1).cpu()
     agreement = [float((predicted[labels == d] == d).float().mean()) for d in range(MnistClassifier.num_classes)]
-    result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement),
-                  reference=name)
+    result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement))
     result["summary"] = "\n".join([
         f"conditional {reference_title(name)} ({per_class} samples per digit, judged by a classifier trained on "
         f"{name})",
