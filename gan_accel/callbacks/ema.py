@@ -111,8 +111,8 @@ class EMA:
         self.module.load_state_dict(state["module"])
         self.num_updates = int(state["num_updates"])
         self.decay = state["decay"] if state["decay"] is None else float(state["decay"])
-        self.images_seen = int(state.get("images_seen", 0))
-        self.stale = bool(state.get("stale", False))
+        self.images_seen = int(state["images_seen"])
+        self.stale = bool(state["stale"])
 
 
 class GeneratorEMA(Callback):

@@ -93,19 +93,22 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pat
 def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Plot ``<run_dir>/metrics.jsonl`` to ``out`` (default ``<run_dir>/training_plot.png``); returns the path.
 
-    Lines that are not whole rows (cut short by a crash) are skipped. Raises
-    :class:`~gan_accel.errors.RunFolderError` when the folder has no metrics rows to draw.
+    Raises :class:`~gan_accel.errors.RunFolderError` when the folder has no metrics rows to draw.
     """
     log = Path(run_dir) / METRICS
     if not log.is_file():
         raise RunFolderError(f"{log} does not exist: plot a run folder (the output_dir of a run that has "
                              "logged at least one row, every log_every steps)")
-    rows = [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]  # a line
-    # cut short by a crash is skipped, not fatal (gan-accel plot says how many)
+    rows = run_rows(log)
     if not rows:
         raise RunFolderError(f"{log} has no metrics rows yet: plot again once the run has logged its first "
                              "row (every log_every steps)")
     return plot_metrics(rows, Path(run_dir) / TRAINING_PLOT if out is None else out)
+
+
+def run_rows(log: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics log; a line cut short by a crash is skipped, not fatal."""
+    return [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]
 
 
 # -- drawing ------------------------------------------------------------------------------------------
