@@ -29,12 +29,9 @@ def snake_case(class_name: str) -> str:
 
 
 class Callback:
-    """Base class: override the events you need. ``name`` identifies the callback: the snake case of the
-    class name (``SampleSaver`` -> ``"sample_saver"``), unless a subclass of your own sets ``name``.
-
-    ``setup(trainer)`` runs once when the callback joins a trainer (after ``prepare``, before any
-    resume), ``state_dict``/``load_state_dict`` put the callback's state in checkpoints.
-    """
+    """Base class: override the events you need. ``name`` (what ``disable_callbacks`` takes, and the key of the
+    state in checkpoints) is the snake case of the class name (``SampleSaver`` -> ``"sample_saver"``) unless set.
+    ``setup(trainer)`` runs once when the callback joins a trainer (after ``prepare``, before any resume)."""
 
     name: str = ""
 
@@ -137,8 +134,7 @@ class CallbackList:
 
     # -- dispatch -------------------------------------------------------------------------------
     def bind(self, trainer: "GANTrainer", after_each: Callable[[], None] | None = None) -> None:
-        """Attach to a trainer and run every callback's ``setup``; ``after_each`` runs after every handler
-        (the trainer applies the handler's ``trainer.control`` requests there)."""
+        """Attach to a trainer and run every callback's ``setup``; ``after_each`` runs after every handler."""
         self._trainer = trainer
         if after_each is not None:
             self._after_each = after_each
@@ -175,9 +171,8 @@ class CallbackList:
             ) from error
 
     def state_dict(self, include_shared: bool = True) -> dict[str, Any]:
-        """Each callback's state by name. A callback with ``shared_state = True`` holds the same state
-        on every process (the EMA): with ``include_shared=False`` it is replaced by ``SHARED_STATE``, so
-        a checkpoint keeps one copy (the main process's) instead of one per process."""
+        """Each callback's state by name; with ``include_shared=False`` the state of one with ``shared_state = True``
+        (the same on every process, as the EMA's) is ``SHARED_STATE``, so a checkpoint keeps one copy."""
         states = {}
         for callback in self._callbacks:
             if not include_shared and getattr(callback, "shared_state", False):

@@ -83,9 +83,8 @@ class EMA:
 
     @torch.no_grad()
     def recompute_batchnorm(self, batches: Iterable[Callable[[nn.Module], Any]]) -> None:
-        """Measure the average's BatchNorm statistics anew: each item of ``batches`` runs the module
-        once (e.g. ``lambda G: G(z)``); every BatchNorm layer ends with the plain mean of the batch
-        statistics (cumulative averaging), whatever its momentum."""
+        """Measure the average's BatchNorm statistics anew as the plain mean over ``batches``, each running the
+        module once (e.g. ``lambda G: G(z)``)."""
         norms = [m for m in self.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
                  and m.track_running_stats]
         if norms:
@@ -116,9 +115,8 @@ class EMA:
 
 
 class GeneratorEMA(Callback):
-    """Keeps an :class:`EMA` of G, updated after every step; samples, evaluation and the exported
-    weights use it (through ``trainer.sampling_generator()``, which recomputes stale BatchNorm
-    statistics first when ``batchnorm="recompute"``)."""
+    """Keeps an :class:`EMA` of G, updated after every step; samples, evaluation and the exported weights use it
+    (``trainer.sampling_generator()``)."""
 
     shared_state = True  # identical on every process: a checkpoint keeps the main process's copy only
     recompute_batches = 8  # batches of 256 latents measure the average's BatchNorm statistics
@@ -148,8 +146,7 @@ class GeneratorEMA(Callback):
             self.ema.recompute_batchnorm(self._batches(self._trainer))
 
     def _batches(self, trainer: "GANTrainer", size: int = 256) -> list[Callable[[nn.Module], Any]]:
-        """Fixed latents (labels cycling over the classes in a conditional run), the same on every
-        process, drawn without touching the training RNG."""
+        """Fixed latents (labels cycling over the classes), the same on every process, off the training RNG."""
         device = trainer.accelerator.device
         latents = [trainer.draw_latents(size, trainer.config.seed + 1 + i, device) for i in range(self.recompute_batches)]
         if not trainer.conditioning.conditional:

@@ -41,8 +41,8 @@ def metric_values(row: dict[str, Any]) -> dict[str, float | int]:
 
 
 def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float | str]:
-    """A config dict as the flat ``{name: bool/int/float/str}`` every tracker takes: nested dicts (``extra``) as
-    ``extra.model.width``, tuples joined by commas, None left out."""
+    """A config dict as the flat ``{name: bool/int/float/str}`` every tracker takes (``extra.model.width``,
+    tuples joined by commas, None left out)."""
     flat: dict[str, bool | int | float | str] = {}
 
     def add(key: str, value: Any) -> None:
@@ -60,12 +60,8 @@ def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float
 
 
 def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Per-tracker arguments so files land in the run folder and a resumed run continues the tracker's run.
-
-    TensorBoard: ``purge_step`` (events past the checkpoint, from a crash, are hidden);
-    W&B: the run folder's id with ``resume="allow"``, files under ``<run>/trackers`` unless ``WANDB_DIR`` is
-    set; DVCLive: ``<run>/trackers/dvclive``, resumed; MLflow and Aim: the run id saved in ``runs.json``.
-    """
+    """Per-tracker arguments so files land in the run folder and a resumed run continues the tracker's run
+    (TensorBoard hides events past the checkpoint; MLflow and Aim take the run id saved in ``runs.json``)."""
     folder, step, kwargs = trainer.output_dir / TRACKERS, trainer.step, {}
     if "tensorboard" in names and step > 0:
         kwargs["tensorboard"] = {"purge_step": step + 1}
@@ -117,11 +113,8 @@ def log_picture(tracker: Any, picture: Any, step: int) -> bool:
 
 
 class TrackerLogger(Callback):
-    """Logs the metrics rows, the config and the progress samples to the Accelerator's trackers (``log_with``).
-
-    With an Accelerator whose trackers were started before ``fit`` (``init_trackers`` called by you), those
-    are used as they are, and left open at the end.
-    """
+    """Logs the metrics rows, the config and the progress samples to the Accelerator's trackers (``log_with``);
+    trackers you started before ``fit`` (``init_trackers``) are used as they are, and left open at the end."""
 
     def __init__(self) -> None:
         self._owned: list[Any] = []  # the trackers this callback started (and finishes)

@@ -1,11 +1,6 @@
-"""Real images' features, computed once per dataset, resolution and feature space, and kept on disk.
-
-Scoring a run against a folder needs the features of up to 10,000 of its images; computing them
-(Inception on a CPU: minutes) is the slow half of an evaluation. They are stored under the cache
-root (``$GAN_ACCEL_CACHE/features``, else ``~/.cache/gan_accel/features``) as safetensors, named by
-the data's fingerprint (which changes with the files, the resolution, the channels and the crop),
-the feature space and the number of images: a changed folder or another feature space is computed
-anew, never confused with an old one. A file that cannot be read is computed again and replaced.
+"""Real images' features, computed once per dataset, resolution and feature space, and kept on disk under
+``cache_dir()/features`` as safetensors, named by the data's fingerprint (files, resolution, channels, crop), the
+feature space and the number of images. A file that cannot be read is computed again and replaced.
 """
 
 from __future__ import annotations

@@ -49,10 +49,8 @@ def _inception_class() -> type:
 
 
 def _torch_fidelity_backend(weights: str, features_list: list[str]) -> nn.Module:
-    """torch-fidelity's Inception-v3, loaded from a local file (a path, so it never downloads).
-
-    torch-fidelity reads the file with a plain ``torch.load``, which unpickles anything before torch 2.6: the
-    file is first checked to hold tensors and plain data only (``weights_only=True``), else refused."""
+    """torch-fidelity's Inception-v3 from a local file; checked first with ``weights_only=True``, since
+    torch-fidelity's plain ``torch.load`` unpickles anything before torch 2.6."""
     from ..errors import UnsafeFileError
     from ..state.pickles import load_pickle
 
@@ -97,12 +95,8 @@ def to_uint8_rgb(images: Tensor) -> Tensor:
 
 
 class InceptionExtractor(nn.Module):
-    """Images (N, 1 or 3, H, W) in [-1, 1], any size -> Inception pool features (N, F), float32.
-
-    ``logits(images)`` gives the 1008-way class logits without the fc bias (torch-fidelity's
-    ``logits_unbiased``), which the original Inception-score code used. ``features_and_logits``
-    returns both from one pass. The network stays in eval mode, whatever ``train()`` is called with.
-    """
+    """Images (N, 1 or 3, H, W) in [-1, 1], any size -> Inception pool features (N, F), float32; ``logits(images)``
+    the 1008 class logits without the fc bias (as the original Inception score). Always in eval mode."""
 
     def __init__(self, backend: nn.Module, feature_layer: str) -> None:
         super().__init__()
