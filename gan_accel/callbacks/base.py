@@ -185,7 +185,7 @@ class CallbackList:
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         for name, state in states.items():
-            callback = next((c for c in self._callbacks if _name_of(c) == name), None)
+            callback = self.get(name)
             if callback is not None and hasattr(callback, "load_state_dict"):
                 callback.load_state_dict(state)
 

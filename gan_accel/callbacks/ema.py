@@ -26,15 +26,14 @@ class EMA:
 
     Args:
         model: the module to average (unwrapped).
-        decay: per-update decay in (0, 1); exclusive with ``half_life_images``.
+        decay: per-update decay in (0, 1), at most ``(1 + n) / (10 + n)`` at update n; or ``half_life_images``.
         half_life_images: half-life of an update's weight, in training images.
         rampup: with ``half_life_images``: cap the half-life at ``rampup * images seen``.
-        warmup: with ``decay``: use ``min(decay, (1 + n) / (10 + n))`` at update n.
         batchnorm: ``"copy"`` G's BatchNorm buffers, or ``"recompute"`` them for the averaged weights.
     """
 
     def __init__(self, model: nn.Module, decay: float | None = 0.999, *, half_life_images: float | None = None,
-                 rampup: float | None = None, warmup: bool = True, batchnorm: str = "copy") -> None:
+                 rampup: float | None = None, batchnorm: str = "copy") -> None:
         if (decay is None) == (half_life_images is None):
             raise ValueError("give the EMA either decay or half_life_images, not both or neither")
         if decay is not None and not 0.0 < decay < 1.0:
@@ -46,7 +45,7 @@ class EMA:
         if batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"EMA batchnorm={batchnorm!r} is invalid: choose {' or '.join(BATCHNORM_MODES)}")
         self.decay, self.half_life_images, self.rampup = decay, half_life_images, rampup
-        self.warmup, self.batchnorm = warmup, batchnorm
+        self.batchnorm = batchnorm
         self.num_updates = 0
         self.images_seen = 0
         self.stale = batchnorm == "recompute"  # the buffers do not yet match the averaged weights
@@ -54,9 +53,7 @@ class EMA:
 
     def current_decay(self, images_per_update: int = 1) -> float:
         """The decay the next update uses (``images_per_update``: training images in one G step)."""
-        if self.decay is not None:
-            if not self.warmup:
-                return self.decay
+        if self.decay is not None:  # with a short-run warmup
             return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
         half_life = self.half_life_images
         if self.rampup is not None:

@@ -110,13 +110,12 @@ class Evaluator(Callback):
         labels = None
         if trainer.conditioning.conditional:
             labels = torch.arange(self.num_samples) % trainer.config.num_classes
-        extractor, feature_dim = self.extractor, None
-        if self.logits is not None:  # features and logits side by side: one pass over the samples
-            feature_dim = int(self.reference.shape[1])
+        feature_dim = None if self.logits is None else int(self.reference.shape[1])
 
-            def extractor(images: Tensor) -> Tensor:
-                return torch.cat([self.extractor(images).float(), self.logits(images).float()], dim=1)
+        def joined(images: Tensor) -> Tensor:  # features and logits side by side: one pass over the samples
+            return torch.cat([self.extractor(images).float(), self.logits(images).float()], dim=1)
 
+        extractor = self.extractor if feature_dim is None else joined
         feats = generated_features(acc, trainer.sampling_generator(), extractor, self.num_samples, latents=latents,
                                    labels=labels, seed=self.seed, batch_size=self.batch_size)
         result: list[Any] = [None]

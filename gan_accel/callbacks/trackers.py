@@ -34,12 +34,6 @@ def metric_key(tracker: str, key: str) -> str:
     return re.sub(r"[^0-9A-Za-z_\-./ ]+", "_", key).strip("_") or "_"
 
 
-def metric_values(row: dict[str, Any]) -> dict[str, float | int]:
-    """The numeric values of a metrics row (non-finite ones included), without its ``step``."""
-    return {key: (int(value) if isinstance(value, numbers.Integral) else float(value)) for key, value in row.items()
-            if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)}
-
-
 def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float | str]:
     """A config dict as the flat ``{name: bool/int/float/str}`` every tracker takes (``extra.model.width``,
     tuples joined by commas, None left out)."""
@@ -146,7 +140,9 @@ class TrackerLogger(Callback):
         _write_ids(folder, project, {**ids, **_run_ids(self._owned)})
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
-        values = metric_values(row)
+        values = {key: int(value) if isinstance(value, numbers.Integral) else float(value)  # non-finite ones too
+                  for key, value in row.items()
+                  if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)}
         for tracker in trainer.accelerator.trackers:
             name = tracker_name(tracker)
             tracker.log({metric_key(name, k): v for k, v in values.items()}, step=trainer.step)

@@ -76,18 +76,6 @@ def gather_exact(accelerator: Any, local: Tensor, total: int) -> Tensor:
     return torch.cat([gathered[r * largest : r * largest + sizes[r]] for r in range(world)])
 
 
-def _all_latents(num_samples: int, latents: Callable[[torch.Generator, int], Tensor] | None, z_dim: int | None,
-                 seed: int) -> Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    if latents is None:
-        return torch.randn(num_samples, _check_int("z_dim", z_dim, 1), generator=generator)
-    z_all = latents(generator, num_samples)
-    if not isinstance(z_all, Tensor) or z_all.ndim < 1 or z_all.shape[0] != num_samples:
-        shape = tuple(z_all.shape) if isinstance(z_all, Tensor) else type(z_all).__name__
-        raise ValueError(f"latents(generator, {num_samples}) must return {num_samples} rows (one tensor), got {shape}")
-    return z_all
-
-
 def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtractor, num_samples: int, *,
                        latents: Callable[[torch.Generator, int], Tensor] | None = None, z_dim: int | None = None,
                        labels: Tensor | None = None, seed: int = 1234, batch_size: int = 250) -> Tensor:
@@ -113,7 +101,16 @@ def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtract
     modes = [(module, module.training) for module in G.modules()]
     local, error = torch.empty(0), None
     try:
-        z_mine = _all_latents(num_samples, latents, z_dim, seed)[share.start : share.stop]
+        generator = torch.Generator().manual_seed(seed)  # every sample's latent, whatever the process count
+        if latents is None:
+            z_all = torch.randn(num_samples, _check_int("z_dim", z_dim, 1), generator=generator)
+        else:
+            z_all = latents(generator, num_samples)
+            if not isinstance(z_all, Tensor) or z_all.ndim < 1 or z_all.shape[0] != num_samples:
+                shape = tuple(z_all.shape) if isinstance(z_all, Tensor) else type(z_all).__name__
+                raise ValueError(f"latents(generator, {num_samples}) must return {num_samples} rows (one tensor), "
+                                 f"got {shape}")
+        z_mine = z_all[share.start : share.stop]
         y_mine = None if labels is None else labels[share.start : share.stop]
 
         def images() -> Iterator[Tensor]:

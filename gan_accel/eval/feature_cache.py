@@ -17,7 +17,7 @@ KEY = "features"
 
 
 def cache_dir() -> Path:
-    """gan_accel's evaluation cache: ``$GAN_ACCEL_CACHE``, else ``$XDG_CACHE_HOME/gan_accel`` or ``~/.cache/gan_accel``."""
+    """The evaluation cache: ``$GAN_ACCEL_CACHE``, else ``$XDG_CACHE_HOME/gan_accel`` or ``~/.cache/gan_accel``."""
     if os.environ.get("GAN_ACCEL_CACHE"):
         return Path(os.environ["GAN_ACCEL_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gan_accel"

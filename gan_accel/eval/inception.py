@@ -121,7 +121,8 @@ class InceptionExtractor(nn.Module):
         feats, logits = out
         if feats.shape != (len(x), int(self.feature_layer)) or logits.ndim != 2 or len(logits) != len(x):
             raise RuntimeError(f"Inception backend returned features {tuple(feats.shape)} and logits "
-                               f"{tuple(logits.shape)} for N={len(x)}, expected {self.feature_layer} features and K logits per row")
+                               f"{tuple(logits.shape)} for N={len(x)}, expected {self.feature_layer} features "
+                               "and K logits per row")
         return feats.float(), logits.float()
 
     def forward(self, images: Tensor) -> Tensor:

@@ -55,14 +55,8 @@ class MnistClassifier(nn.Module):
         return self.head(self.features(x))
 
 
-def train_mnist_classifier(
-    images: Tensor,
-    labels: Tensor,
-    epochs: int = 2,
-    batch_size: int = 128,
-    lr: float = 2e-3,
-    seed: int = 0,
-) -> MnistClassifier:
+def train_mnist_classifier(images: Tensor, labels: Tensor, epochs: int = 2, batch_size: int = 128, lr: float = 2e-3,
+                           seed: int = 0) -> MnistClassifier:
     """Train a :class:`MnistClassifier` on CPU from uint8 images (N, 1, 28, 28) and labels (N,); returned in eval
     mode. Deterministic for a seed, and the global RNG is untouched (a GAN run's noise stream must not shift)."""
     if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
@@ -76,9 +70,8 @@ def train_mnist_classifier(
         torch.manual_seed(seed)
         model = MnistClassifier()
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch, pct_start=0.2
-        )
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch,
+                                                        pct_start=0.2)
         shuffle = torch.Generator().manual_seed(seed)
         model.train()
         for _ in range(epochs):
@@ -91,12 +84,8 @@ def train_mnist_classifier(
     return model.eval()
 
 
-def load_or_train_classifier(
-    cache_path: str | os.PathLike,
-    images: Tensor,
-    labels: Tensor,
-    **train_kwargs: Any,
-) -> MnistClassifier:
+def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labels: Tensor,
+                             **train_kwargs: Any) -> MnistClassifier:
     """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
     cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
     from safetensors.torch import load_file, save_file
@@ -162,9 +151,8 @@ def judge_features(sample_feats: Tensor, real_images: Tensor, classifier: MnistC
         probs = classifier.head(sample_feats.to(head_device)).float().softmax(dim=1).cpu()
     share = torch.bincount(probs.argmax(dim=1), minlength=MnistClassifier.num_classes).double() / len(probs)
     nonzero = share[share > 0]
-    scores = score_features(sample_feats, real_feats)
     return {
-        **{k: scores[k] for k in ("fd", "kid", "kid_std", "precision", "recall")},
+        **score_features(sample_feats, real_feats),  # fd, kid, kid_std, precision, recall
         "class_share": share.tolist(),
         "min_class_share": float(share.min()),
         "max_class_share": float(share.max()),
@@ -188,19 +176,17 @@ def format_evaluation(result: dict[str, Any]) -> str:
     """A short multi-line summary of :func:`evaluate_mnist_samples` output."""
     shares = " ".join(f"{d}:{s:.1%}" for d, s in enumerate(result["class_share"]))
     reference = result.get("reference", "mnist")
-    return "\n".join(
-        [
-            f"{reference_title(reference)} ({result['num_samples']} samples vs {result['num_real']} real, "
-            f"in the {reference} classifier's features)",
-            f"  Frechet distance: {result['fd']:.3f}",
-            f"  KID: {result['kid']:.3f} +- {result['kid_std']:.3f}",
-            f"  precision {result['precision']:.3f}, recall {result['recall']:.3f} (k-NN manifolds, k = 3)",
-            f"  mean confidence: {result['mean_confidence']:.3f}",
-            f"  class entropy: {result['class_entropy']:.3f} nats (balanced = {math.log(10):.3f})",
-            f"  class share min/max: {result['min_class_share']:.1%} / {result['max_class_share']:.1%}",
-            f"  class shares: {shares}",
-        ]
-    )
+    return "\n".join([
+        f"{reference_title(reference)} ({result['num_samples']} samples vs {result['num_real']} real, "
+        f"in the {reference} classifier's features)",
+        f"  Frechet distance: {result['fd']:.3f}",
+        f"  KID: {result['kid']:.3f} +- {result['kid_std']:.3f}",
+        f"  precision {result['precision']:.3f}, recall {result['recall']:.3f} (k-NN manifolds, k = 3)",
+        f"  mean confidence: {result['mean_confidence']:.3f}",
+        f"  class entropy: {result['class_entropy']:.3f} nats (balanced = {math.log(10):.3f})",
+        f"  class share min/max: {result['min_class_share']:.1%} / {result['max_class_share']:.1%}",
+        f"  class shares: {shares}",
+    ])
 
 
 # ----------------------------------------------------------------------------- a generator's score
