@@ -89,8 +89,7 @@ class Evaluator(Callback):
             self._new_best_step = step
 
     def on_checkpoint(self, trainer: "GANTrainer") -> None:
-        """After the checkpoint the new best asked for: name it in ``best.json`` (or null, when the
-        ``checkpointer`` callback is switched off and none was written)."""
+        """Name the new best's checkpoint in ``best.json`` (null when the ``checkpointer`` is switched off)."""
         if self._new_best_step != trainer.step:
             return
         self._new_best_step = None

@@ -127,7 +127,8 @@ class TrackerLogger(Callback):
         names = [tracker_name(t) for t in acc.log_with]
         project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS
         folder.mkdir(parents=True, exist_ok=True)
-        ids = _read_ids(folder).get(project, {})
+        saved = _read_ids(folder)
+        ids = saved.get(project, {})
         try:
             acc.init_trackers(project, init_kwargs=init_kwargs(trainer, names, ids))
         except BaseException:
@@ -137,7 +138,9 @@ class TrackerLogger(Callback):
         hyperparameters = flat_hyperparameters(trainer.config.to_dict())
         for tracker in self._owned:
             _store_config(tracker, hyperparameters, continued=tracker_name(tracker) in ids)
-        _write_ids(folder, project, {**ids, **_run_ids(self._owned)})
+        ids = {**ids, **_run_ids(self._owned)}
+        if ids:
+            (folder / TRACKER_IDS).write_text(json.dumps({**saved, project: ids}, indent=1, sort_keys=True) + "\n")
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
         values = {key: int(value) if isinstance(value, numbers.Integral) else float(value)  # non-finite ones too
@@ -149,9 +152,7 @@ class TrackerLogger(Callback):
 
     def on_sample(self, trainer: "GANTrainer") -> None:
         trackers = trainer.accelerator.trackers
-        if not trackers:
-            return
-        picture = sample_picture(trainer)
+        picture = sample_picture(trainer) if trackers else None
         if picture is None:
             return
         for tracker in trackers:
@@ -211,10 +212,3 @@ def _read_ids(folder: Path) -> dict[str, dict[str, str]]:
         return {}
     return {project: {k: v for k, v in ids.items() if isinstance(k, str) and isinstance(v, str)}
             for project, ids in saved.items() if isinstance(ids, dict)}
-
-
-def _write_ids(folder: Path, project: str, ids: dict[str, str]) -> None:
-    if ids:
-        saved = _read_ids(folder)
-        saved[project] = ids
-        (folder / TRACKER_IDS).write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")

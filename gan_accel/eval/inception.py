@@ -134,25 +134,18 @@ class InceptionExtractor(nn.Module):
         return self.features_and_logits(images)[1]
 
 
-def inception_extractor(
-    weights_path: PathLike | None = None,
-    device: str | torch.device = "cpu",
-    features: str = "2048",
-    *,
-    _backend: BackendFactory | None = None,
-) -> InceptionExtractor:
+def inception_extractor(weights_path: PathLike | None = None, device: str | torch.device = "cpu",
+                        features: str = "2048", *, _backend: BackendFactory | None = None) -> InceptionExtractor:
     """torch-fidelity's Inception-v3 as a :class:`~gan_accel.eval.features.FeatureExtractor`.
 
     Args:
-        weights_path: a local copy of ``weights-inception-2015-12-05-6726825d.pth``; default
-            ``$GAN_ACCEL_INCEPTION_WEIGHTS``, then torch hub's cache. Nothing is ever downloaded.
+        weights_path: a local copy of :data:`WEIGHTS_FILE`; default ``$GAN_ACCEL_INCEPTION_WEIGHTS``, then torch
+            hub's cache. Nothing is ever downloaded.
         device: where the network runs; batches are moved there.
-        features: the pool layer, one of "64", "192", "768", "2048" (FID uses "2048"). The class
-            logits are always computed too, so layers before "2048" save no time.
+        features: the pool layer, "64", "192", "768" or "2048" (FID's; the logits are computed in any case).
         _backend: test seam, replaces torch-fidelity's network (see ``BackendFactory``).
 
-    Raises:
-        InceptionUnavailable: torch-fidelity is not installed, or the weights file is missing or unreadable.
+    Raises InceptionUnavailable when torch-fidelity is not installed or the weights are missing or unreadable.
     """
     features = str(features)
     if features not in FEATURE_LAYERS:

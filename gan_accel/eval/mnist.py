@@ -112,9 +112,6 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
     return model
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-
 def evaluate_mnist_samples(
     samples: Tensor,
     real_images: Tensor,
@@ -187,9 +184,6 @@ def format_evaluation(result: dict[str, Any]) -> str:
         f"  class share min/max: {result['min_class_share']:.1%} / {result['max_class_share']:.1%}",
         f"  class shares: {shares}",
     ])
-
-
-# ----------------------------------------------------------------------------- a generator's score
 
 
 MAX_EVAL_SAMPLES = 50_000  # precision and recall compare every pair of samples: time and memory grow with N^2

@@ -16,11 +16,9 @@ What it sees, measured on 1,200 RGB digits of ``benchmarks/make_rgb_digits.py`` 
 noise 49x; a 0.7-px blur (1.06x) and +-0.1 pixel noise (0.98x) it does not see. tests/test_train_cli.py
 checks the blur, the duplication and the noise on the offline digits.
 
-What it is not: an FID. It was never trained, so it does not know what an object is; its distances are
-comparable only between runs scored with this same extractor (:data:`NAME`), on the same data at the same
-resolution, never with Inception-based numbers or published scores. Use it to watch a run improve and to
-compare settings on your data; for a number others can compare with, use Inception features
-(:func:`~gan_accel.eval.inception_extractor`, ``pip install 'gan_accel[inception]'`` and its weights).
+What it is not: an FID. Never trained, it does not know what an object is; its distances compare only runs
+scored with this extractor (:data:`NAME`) on the same data and resolution. For a number others can compare
+with, use Inception features (:func:`~gan_accel.eval.inception_extractor`).
 """
 
 from __future__ import annotations
