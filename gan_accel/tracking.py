@@ -59,11 +59,8 @@ def tracker_name(tracker: Any) -> str:
 def tracker_choices() -> tuple[str, ...]:
     """The names ``log_with`` accepts: Accelerate's trackers (``LoggerType``, "all" included) and any tracker class
     registered with ``accelerate.tracking.register_tracker_class`` before the config is built."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
     from accelerate.utils import LoggerType
 
     names = {str(getattr(t, "value", t)) for t in LoggerType}
-    try:
-        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
-    except ImportError:  # pragma: no cover - very old accelerate
-        LOGGER_TYPE_TO_CLASS = {}
     return tuple(sorted(names | set(LOGGER_TYPE_TO_CLASS), key=lambda n: (n != "all", n)))

@@ -212,7 +212,8 @@ def mnist():
 
 def test_brief_classifier_is_accurate(mnist):
     test_x, test_y = mnist["test"]
-    assert metrics.classifier_accuracy(mnist["classifier"], test_x[:2000], test_y[:2000]) > 0.9
+    logits = compute_features(mnist["classifier"], uint8_to_float(test_x[:2000]))
+    assert (logits.argmax(1) == test_y[:2000]).float().mean() > 0.9
 
 
 def test_evaluate_real_vs_noise_vs_collapsed(mnist):

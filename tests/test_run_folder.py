@@ -425,16 +425,16 @@ def _agree(out_dir: str) -> None:
             seen.append(f"{name}: {type(error).__name__}: {error}")
 
     # 1. a disk full for the main process's metrics log at step 3 (the other rank writes nothing there)
-    original = metrics_log.MetricsLog.write
+    original = metrics_log.MetricsLogger.on_log
 
-    def full_disk(self, row):
-        if self.enabled and row["step"] == 3:
-            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
-        original(self, row)
+    def full_disk(self, trainer, row):
+        if trainer.accelerator.is_main_process and row["step"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", str(trainer.output_dir / self.filename))
+        original(self, trainer, row)
 
-    metrics_log.MetricsLog.write = full_disk
+    metrics_log.MetricsLogger.on_log = full_disk
     attempt("disk", lambda: trainer_for(out / "disk", reset=False).fit())
-    metrics_log.MetricsLog.write = original
+    metrics_log.MetricsLogger.on_log = original
     # 2. a checkpoint written by one process, resumed on two
     attempt("processes", lambda: trainer_for(out / "one", reset=False).fit(resume_from="latest"))
     # 3. a folder held by another run (the test process holds the lock)

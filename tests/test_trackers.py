@@ -20,7 +20,9 @@ from conftest import Z_DIM, TableLatents, launch_two_processes, make_images, mak
 from gan_accel import ConfigError, GANTrainer, TrainConfig
 from gan_accel import tracking as trackers_module
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.callbacks.trackers import BUILTIN_TRACKERS, TRACKERS_DIR, flat_hyperparameters, metric_key
+from gan_accel.callbacks.trackers import flat_hyperparameters, metric_key
+from gan_accel.state.layout import TRACKERS
+from gan_accel.tracking import BUILTIN_TRACKERS
 from gan_accel.config import compare_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +56,7 @@ def tensorboard_events(run: Path, project: str = "proj"):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run / TRACKERS_DIR / project), size_guidance={"scalars": 0, "images": 0})
+    events = EventAccumulator(str(run / TRACKERS / project), size_guidance={"scalars": 0, "images": 0})
     events.Reload()
     return events
 
@@ -263,6 +265,6 @@ def test_two_processes_log_once_from_the_main_process(tmp_path):
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
     events = tensorboard_events(run)
     assert_tensorboard_has_the_rows(events, rows)  # one writer: each step once
-    writers = [p for p in (run / TRACKERS_DIR / "proj").iterdir() if p.name.startswith("events.out")]
+    writers = [p for p in (run / TRACKERS / "proj").iterdir() if p.name.startswith("events.out")]
     assert len(writers) == 1
     assert [json.loads((tmp_path / f"trackers_rank{rank}.json").read_text()) for rank in (0, 1)] == [[1], [0]]

@@ -12,14 +12,14 @@ from .ema import EMA, GeneratorEMA
 from .evaluation import Evaluator
 from .export import WeightsExporter
 from .health import HealthMonitor
-from .metrics_log import MetricsLog, MetricsLogger, read_metrics
+from .metrics_log import MetricsLogger, read_metrics
 from .progress import ProgressBar
 from .samples import SampleSaver
 from .trackers import TrackerLogger
 from .training_plot import TrainingPlot
 
 __all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "GeneratorEMA", "Evaluator",
-           "WeightsExporter", "HealthMonitor", "MetricsLog", "MetricsLogger", "read_metrics", "ProgressBar",
+           "WeightsExporter", "HealthMonitor", "MetricsLogger", "read_metrics", "ProgressBar",
            "SampleSaver", "SignalHandler", "TrackerLogger", "TrainingPlot", "default_callbacks", "BUILTIN_CALLBACKS"]
 
 # The built-in callbacks, in the order they run (each is named after its class: see Callback.name).

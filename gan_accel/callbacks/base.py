@@ -1,33 +1,9 @@
-"""The callback protocol: side concerns hang off named events of the training loop.
+"""The callback protocol: side concerns hang off named events of the training loop (``EVENTS``, in firing
+order; docs/callbacks.md lists when each fires and what a callback may touch).
 
-Events, in the order the trainer fires them (see ``GANTrainer.fit``)::
-
-    on_fit_start                      once, after resume, before the first step
-    per step:
-      on_phase_end(phase)             after each phase that ran, in phase-list order
-      on_step_end                     after the last phase of the step
-      on_log(row)                     every log_every steps and at the last step; row = metrics, all processes
-      on_sample                       every sample_every steps and at the last step
-      on_checkpoint                   every checkpoint_every steps, at the end, and on a stop request
-    on_fit_end                        the run reached max_steps (not after stop_at_step)
-    on_close                          always, last, also after an error (release what on_fit_start took)
-
-Within one event, callbacks run in list order: the built-ins first (in the order of
-``gan_accel.callbacks.BUILTIN_CALLBACKS``), then yours. Events fire on every process: write files only
-where ``trainer.accelerator.is_main_process``, and run a collective (``accelerator.reduce``,
-``save_state``) on every process or on none.
-
-What a callback may touch: it reads ``trainer.state`` (a :class:`~gan_accel.engine.control.RunState`:
-step, run id, last checkpoint, kept checkpoints), the config, the networks and the accelerator, and it
-changes the run only through ``trainer.control`` (a :class:`~gan_accel.engine.control.Control`: values
-for the next metrics row, a checkpoint now, checkpoints kept from pruning, files the run wrote, a stop).
-The trainer applies a callback's requests right after its handler returns.
-
-A callback's name (what ``disable_callbacks`` and ``trainer.callbacks.get`` take, and the key of its state
-in checkpoints) is the snake case of its class name: ``SampleSaver`` is ``"sample_saver"``.
-
-A callback that raises stops the run with a :class:`~gan_accel.errors.CallbackError` naming it, the
-event and the step; the last complete checkpoint is left as it was.
+Events fire on every process; within one, callbacks run in list order. A callback changes the run only
+through ``trainer.control``, applied right after its handler returns; one that raises stops the run
+with a :class:`~gan_accel.errors.CallbackError` naming it, the event and the step.
 """
 
 from __future__ import annotations
@@ -53,12 +29,9 @@ def snake_case(class_name: str) -> str:
 
 
 class Callback:
-    """Base class: override the events you need. ``name`` identifies the callback: the snake case of the
-    class name (``SampleSaver`` -> ``"sample_saver"``), unless a subclass of your own sets ``name``.
-
-    ``setup(trainer)`` runs once when the callback joins a trainer (after ``prepare``, before any
-    resume), ``state_dict``/``load_state_dict`` put the callback's state in checkpoints.
-    """
+    """Base class: override the events you need. ``name`` (what ``disable_callbacks`` takes, and the key of the
+    state in checkpoints) is the snake case of the class name (``SampleSaver`` -> ``"sample_saver"``) unless set.
+    ``setup(trainer)`` runs once when the callback joins a trainer (after ``prepare``, before any resume)."""
 
     name: str = ""
 
@@ -161,8 +134,7 @@ class CallbackList:
 
     # -- dispatch -------------------------------------------------------------------------------
     def bind(self, trainer: "GANTrainer", after_each: Callable[[], None] | None = None) -> None:
-        """Attach to a trainer and run every callback's ``setup``; ``after_each`` runs after every handler
-        (the trainer applies the handler's ``trainer.control`` requests there)."""
+        """Attach to a trainer and run every callback's ``setup``; ``after_each`` runs after every handler."""
         self._trainer = trainer
         if after_each is not None:
             self._after_each = after_each
@@ -199,9 +171,8 @@ class CallbackList:
             ) from error
 
     def state_dict(self, include_shared: bool = True) -> dict[str, Any]:
-        """Each callback's state by name. A callback with ``shared_state = True`` holds the same state
-        on every process (the EMA): with ``include_shared=False`` it is replaced by ``SHARED_STATE``, so
-        a checkpoint keeps one copy (the main process's) instead of one per process."""
+        """Each callback's state by name; with ``include_shared=False`` the state of one with ``shared_state = True``
+        (the same on every process, as the EMA's) is ``SHARED_STATE``, so a checkpoint keeps one copy."""
         states = {}
         for callback in self._callbacks:
             if not include_shared and getattr(callback, "shared_state", False):
@@ -214,7 +185,7 @@ class CallbackList:
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         for name, state in states.items():
-            callback = next((c for c in self._callbacks if _name_of(c) == name), None)
+            callback = self.get(name)
             if callback is not None and hasattr(callback, "load_state_dict"):
                 callback.load_state_dict(state)
 

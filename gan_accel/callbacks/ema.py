@@ -1,26 +1,8 @@
-"""Exponential moving average of the generator's weights (a cheap, reliable sample-quality boost).
+"""Exponential moving average of the generator's weights (docs/evaluation.md, "The EMA of G").
 
-Two ways to set how fast the average forgets:
-
-* ``decay`` (per G step): ``shadow = decay * shadow + (1 - decay) * G``, with the short-run warmup
-  ``min(decay, (1 + n) / (10 + n))``.
-* ``half_life_images`` (StyleGAN2's way): the weight of an update halves after that many training
-  images, so the average means the same thing whatever the batch size or process count:
-  ``beta = 0.5 ** (images_per_update / half_life)``. With ``rampup`` (StyleGAN2 uses 0.05) the
-  half-life is at most ``rampup`` times the images seen so far, so early in training the average
-  follows G closely instead of dragging the random initialisation along.
-
-BatchNorm buffers (running mean and variance) are not weights and are handled deliberately:
-
-* ``batchnorm="copy"`` (StyleGAN2's choice): the average takes G's buffers as they are. Cheap, but
-  they are the statistics of G's weights, not of the averaged ones.
-* ``batchnorm="recompute"``: before the average is used (samples, evaluation, export), its
-  BatchNorm statistics are measured anew by running the averaged weights on a fixed set of latents
-  (the same on every process, drawn from a private RNG so the training noise is unchanged).
-
-The average lives outside Accelerate: a plain module on the same device, updated after every
-generator step from the unwrapped G. Under DDP every rank holds identical G weights, so every rank
-holds an identical average without any communication, and a checkpoint keeps one copy of it.
+The average lives outside Accelerate: a plain module on the same device, updated after every generator step
+from the unwrapped G. Under DDP every rank holds identical G weights, so every rank holds an identical
+average without communication, and a checkpoint keeps one copy of it.
 """
 
 from __future__ import annotations
@@ -40,19 +22,18 @@ BATCHNORM_MODES = ("copy", "recompute")
 
 
 class EMA:
-    """A moving average of a module's parameters (see the module docstring for the options).
+    """A moving average of a module's parameters.
 
     Args:
         model: the module to average (unwrapped).
-        decay: per-update decay in (0, 1); exclusive with ``half_life_images``.
+        decay: per-update decay in (0, 1), at most ``(1 + n) / (10 + n)`` at update n; or ``half_life_images``.
         half_life_images: half-life of an update's weight, in training images.
         rampup: with ``half_life_images``: cap the half-life at ``rampup * images seen``.
-        warmup: with ``decay``: use ``min(decay, (1 + n) / (10 + n))`` at update n.
         batchnorm: ``"copy"`` G's BatchNorm buffers, or ``"recompute"`` them for the averaged weights.
     """
 
     def __init__(self, model: nn.Module, decay: float | None = 0.999, *, half_life_images: float | None = None,
-                 rampup: float | None = None, warmup: bool = True, batchnorm: str = "copy") -> None:
+                 rampup: float | None = None, batchnorm: str = "copy") -> None:
         if (decay is None) == (half_life_images is None):
             raise ValueError("give the EMA either decay or half_life_images, not both or neither")
         if decay is not None and not 0.0 < decay < 1.0:
@@ -64,7 +45,7 @@ class EMA:
         if batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"EMA batchnorm={batchnorm!r} is invalid: choose {' or '.join(BATCHNORM_MODES)}")
         self.decay, self.half_life_images, self.rampup = decay, half_life_images, rampup
-        self.warmup, self.batchnorm = warmup, batchnorm
+        self.batchnorm = batchnorm
         self.num_updates = 0
         self.images_seen = 0
         self.stale = batchnorm == "recompute"  # the buffers do not yet match the averaged weights
@@ -72,9 +53,7 @@ class EMA:
 
     def current_decay(self, images_per_update: int = 1) -> float:
         """The decay the next update uses (``images_per_update``: training images in one G step)."""
-        if self.decay is not None:
-            if not self.warmup:
-                return self.decay
+        if self.decay is not None:  # with a short-run warmup
             return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
         half_life = self.half_life_images
         if self.rampup is not None:
@@ -101,9 +80,8 @@ class EMA:
 
     @torch.no_grad()
     def recompute_batchnorm(self, batches: Iterable[Callable[[nn.Module], Any]]) -> None:
-        """Measure the average's BatchNorm statistics anew: each item of ``batches`` runs the module
-        once (e.g. ``lambda G: G(z)``); every BatchNorm layer ends with the plain mean of the batch
-        statistics (cumulative averaging), whatever its momentum."""
+        """Measure the average's BatchNorm statistics anew as the plain mean over ``batches``, each running the
+        module once (e.g. ``lambda G: G(z)``)."""
         norms = [m for m in self.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
                  and m.track_running_stats]
         if norms:
@@ -129,14 +107,13 @@ class EMA:
         self.module.load_state_dict(state["module"])
         self.num_updates = int(state["num_updates"])
         self.decay = state["decay"] if state["decay"] is None else float(state["decay"])
-        self.images_seen = int(state.get("images_seen", 0))
-        self.stale = bool(state.get("stale", False))
+        self.images_seen = int(state["images_seen"])
+        self.stale = bool(state["stale"])
 
 
 class GeneratorEMA(Callback):
-    """Keeps an :class:`EMA` of G, updated after every step; samples, evaluation and the exported
-    weights use it (through ``trainer.sampling_generator()``, which recomputes stale BatchNorm
-    statistics first when ``batchnorm="recompute"``)."""
+    """Keeps an :class:`EMA` of G, updated after every step; samples, evaluation and the exported weights use it
+    (``trainer.sampling_generator()``)."""
 
     shared_state = True  # identical on every process: a checkpoint keeps the main process's copy only
     recompute_batches = 8  # batches of 256 latents measure the average's BatchNorm statistics
@@ -166,8 +143,7 @@ class GeneratorEMA(Callback):
             self.ema.recompute_batchnorm(self._batches(self._trainer))
 
     def _batches(self, trainer: "GANTrainer", size: int = 256) -> list[Callable[[nn.Module], Any]]:
-        """Fixed latents (labels cycling over the classes in a conditional run), the same on every
-        process, drawn without touching the training RNG."""
+        """Fixed latents (labels cycling over the classes), the same on every process, off the training RNG."""
         device = trainer.accelerator.device
         latents = [trainer.draw_latents(size, trainer.config.seed + 1 + i, device) for i in range(self.recompute_batches)]
         if not trainer.conditioning.conditional:

@@ -1,18 +1,6 @@
-"""Evaluation during training: every N steps, score the sampling generator on a fixed sample budget,
-log the scores with the other metrics and keep the best checkpoint.
-
-    extractor = classifier.features                       # any images -> (N, F) features
-    reference = compute_features(extractor, real_images)  # once, before training
-    evaluator = Evaluator(extractor, reference, every=1000, num_samples=5000, metric="fd")
-    GANTrainer(G, D, loader, config, callbacks=[evaluator])
-
-At each evaluation every process generates and featurises its share of the samples (the same latents
-whatever the process count, see :mod:`gan_accel.eval.distributed`), the main process scores them, and
-the scores reach every process, so all agree on the best step. The scores appear as ``eval/<name>``
-(and ``eval/step``) in the next row of ``metrics.jsonl``; set ``every`` to a multiple of
-``log_every`` to have them in the row of the same step. When the chosen metric improves, a
-checkpoint is written at that step (if there is none), it is never pruned while it is the best,
-and ``best.json`` in the run folder names it with its score.
+"""Evaluation during training (docs/evaluation.md): every N steps, score the sampling generator on a fixed
+sample budget, log the scores as ``eval/<name>`` with the other metrics, and keep the best checkpoint
+(named in ``best.json``, never pruned while it is the best).
 """
 
 from __future__ import annotations
@@ -33,7 +21,6 @@ if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
 LOWER_IS_BETTER = {"fd": True, "kid": True, "precision": False, "recall": False, "is": False}
-BEST_FILE = BEST  # the name older code imported from here
 
 
 class Evaluator(Callback):
@@ -88,7 +75,8 @@ class Evaluator(Callback):
         scores = self.evaluate(trainer)
         trainer.control.log({**{f"eval/{k}": v for k, v in scores.items()}, "eval/step": step})
         self.history.append({"step": step, **scores})
-        if self.keep_best and self._improves(scores[self.metric]):
+        value, best = scores[self.metric], None if self.best is None else self.best["value"]
+        if self.keep_best and (best is None or (value < best if LOWER_IS_BETTER[self.metric] else value > best)):
             # The new best is set before its checkpoint is written, so that checkpoint knows it is the
             # best (a resume from it keeps it); the old best is no longer protected from pruning.
             if self.best is not None and self.best["checkpoint"] is not None:
@@ -101,8 +89,7 @@ class Evaluator(Callback):
             self._new_best_step = step
 
     def on_checkpoint(self, trainer: "GANTrainer") -> None:
-        """After the checkpoint the new best asked for: name it in ``best.json`` (or null, when the
-        ``checkpointer`` callback is switched off and none was written)."""
+        """Name the new best's checkpoint in ``best.json`` (null when the ``checkpointer`` is switched off)."""
         if self._new_best_step != trainer.step:
             return
         self._new_best_step = None
@@ -122,10 +109,12 @@ class Evaluator(Callback):
         labels = None
         if trainer.conditioning.conditional:
             labels = torch.arange(self.num_samples) % trainer.config.num_classes
-        extractor, feature_dim = self.extractor, None
-        if self.logits is not None:
-            feature_dim = int(self.reference.shape[1])
-            extractor = _joined(self.extractor, self.logits)
+        feature_dim = None if self.logits is None else int(self.reference.shape[1])
+
+        def joined(images: Tensor) -> Tensor:  # features and logits side by side: one pass over the samples
+            return torch.cat([self.extractor(images).float(), self.logits(images).float()], dim=1)
+
+        extractor = self.extractor if feature_dim is None else joined
         feats = generated_features(acc, trainer.sampling_generator(), extractor, self.num_samples, latents=latents,
                                    labels=labels, seed=self.seed, batch_size=self.batch_size)
         result: list[Any] = [None]
@@ -138,11 +127,6 @@ class Evaluator(Callback):
 
             broadcast_object_list(result, from_process=0)
         return result[0]
-
-    def _improves(self, value: float) -> bool:
-        if self.best is None:
-            return True
-        return value < self.best["value"] if LOWER_IS_BETTER[self.metric] else value > self.best["value"]
 
     def _write_best(self, trainer: "GANTrainer") -> None:
         if not trainer.accelerator.is_main_process:
@@ -157,11 +141,3 @@ class Evaluator(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.history = state["best"], list(state["history"])
 
-
-def _joined(features: FeatureExtractor, logits: Callable[[Tensor], Tensor]) -> FeatureExtractor:
-    """One extractor returning [features, logits] side by side (one pass over the samples)."""
-
-    def both(images: Tensor) -> Tensor:
-        return torch.cat([features(images).float(), logits(images).float()], dim=1)
-
-    return both

@@ -1,28 +1,9 @@
-"""Training health: warnings when a run is failing in a recognisable way, and the samples' diversity.
+"""Training health: one warning line per episode when a run fails in a recognisable way (D wins outright,
+G's loss explodes, the samples' diversity collapses), and ``health/diversity`` in the metrics.
 
-:class:`HealthMonitor` (built-in name ``health_monitor``) watches the metrics rows and the fixed latents'
-samples. Each rule prints one line, ``gan_accel: warning: ...``, naming what it saw and what to try,
-once per *episode*: a rule warns when its condition starts to hold and is silent until it has
-cleared (one healthy row or measurement) and holds again. The rules, with the constructor's defaults:
-
-* **D wins outright**: ``loss/D`` below ``d_loss_fraction`` (0.05) times D's loss at chance (both
-  logits 0: 2·ln 2 = 1.39 for the non-saturating loss, 2 for hinge, 0.5 for least squares, computed
-  from the run's loss) on ``patience`` (3) consecutive log rows. A loss with no floor, whose chance
-  level is not above 0 (Wasserstein: the critic's margin is its distance estimate, not a defeat), is
-  not checked.
-* **G's loss explodes**: ``loss/G`` not finite on any row; or above ``m + g_loss_factor · max(|m|, 1)``
-  (factor 3) on ``patience`` consecutive rows, where ``m`` is the median of its first ``early_rows``
-  (5) finite values.
-* **Sample diversity collapses**: at every sample interval (the steps ``on_sample`` fires at), the mean
-  pairwise Euclidean distance between G's samples of the run's fixed latents (``trainer.generate()``,
-  the EMA when enabled, flattened) is measured and logged as ``health/diversity`` in the next metrics
-  row. It warns when a measurement falls below ``diversity_drop`` (0.5) times the largest of the first
-  ``early_samples`` (3) measurements before it, or (from the measurement after those) below ``diversity_floor`` (0.1) times the same
-  distance among real samples (the preflight's reference batch): the latter catches a G collapsed
-  from the start.
-
-The state (early values, streaks, episodes, measurements) is checkpointed, so a resumed run warns
-exactly where the uninterrupted one would.
+The rules and their defaults are in docs/health-and-trackers.md. A rule warns when its condition starts to
+hold and is silent until one healthy row or measurement ends the episode. The state is checkpointed, so a
+resumed run warns exactly where the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -50,7 +31,7 @@ def mean_pairwise_distance(samples: torch.Tensor, limit: int | None = None) -> f
 
 class HealthMonitor(Callback):
     """Warns once per episode when D wins outright, G's loss explodes or the samples' diversity
-    collapses; logs ``health/diversity`` (see the module's docstring for the rules)."""
+    collapses; logs ``health/diversity`` (the rules: docs/health-and-trackers.md)."""
 
     def __init__(self, *, patience: int = 3, d_loss_fraction: float = 0.05, g_loss_factor: float = 3.0,
                  early_rows: int = 5, diversity_drop: float = 0.5, diversity_floor: float = 0.1,

@@ -1,14 +1,8 @@
-"""Progress samples from the fixed latents, in the form that suits the data.
+"""Progress samples from the fixed latents: ``samples_<step>.png`` grids of images or scatter plots of 2-D
+points (``.pt`` for other samples), and at the end ``samples_final.png`` and ``progress.gif``.
 
-* image batches (N, C, H, W): ``samples_<step>.png`` grids, and at the end ``samples_final.png`` and
-  ``progress.gif`` (the grids as an animation);
-* 2-D points (N, 2): ``samples_<step>.png`` scatter plots over real points, the same final files;
-* anything else: ``samples_<step>.pt`` (``torch.save`` of the samples).
-
-Bounded (``TrainConfig``): ``gif_frames`` caps the GIF's frames, chosen evenly spaced over the run
-(:func:`gif_steps`) and written one at a time; ``keep_samples`` keeps the newest K step-stamped
-files and prunes older ones, except the grids the GIF will show: a run's only deletions besides its
-own pruned checkpoints (its folder holds only its own files: a new run starts in an empty one).
+``gif_frames`` caps the GIF's frames, evenly spaced over the run; ``keep_samples`` prunes step-stamped files
+older than the newest K, except the GIF's frames: a run's only deletions besides its own pruned checkpoints.
 """
 
 from __future__ import annotations
@@ -33,12 +27,8 @@ _STAMPED = re.compile(r"samples_(\d+)\.(png|pt)")
 
 
 def gif_steps(steps: Iterable[int], frames: int) -> list[int]:
-    """At most ``frames`` of ``steps``, evenly spaced from the first to the last: for each of ``frames``
-    evenly spaced targets, the nearest step (the lower one on a tie), each once, in order.
-
-    Choosing from a subset that holds every chosen step gives the same steps: the grids kept while a
-    run prunes (:func:`scheduled_gif_steps`) are the frames the GIF shows at the end.
-    """
+    """At most ``frames`` of ``steps``: for each of ``frames`` evenly spaced targets the nearest step (the lower on
+    a tie), each once. A subset holding every chosen step gives the same steps, so pruning keeps the frames."""
     steps = sorted(set(steps))
     if len(steps) <= frames:
         return steps
@@ -51,8 +41,8 @@ def gif_steps(steps: Iterable[int], frames: int) -> list[int]:
 
 
 def scheduled_gif_steps(sample_every: int, max_steps: int, frames: int) -> set[int] | None:
-    """The steps :func:`gif_steps` chooses from a run's whole sampling schedule (every ``sample_every`` steps and
-    the last), computed without listing it; None when the schedule has ``frames`` steps or fewer (all shown)."""
+    """The steps :func:`gif_steps` chooses from a run's whole sampling schedule, without listing it; None when
+    the schedule has ``frames`` steps or fewer."""
     last_multiple = max_steps // sample_every
     if last_multiple + (1 if max_steps % sample_every else 0) <= frames:
         return None
@@ -88,10 +78,8 @@ def stamped_samples(folder: Path) -> dict[int, list[Path]]:
 
 
 class SampleSaver(Callback):
-    """Writes samples of the sampling generator (the EMA when enabled) on ``on_sample`` and at the end.
-
-    ``kind``: ``"auto"`` chooses by the samples' shape; ``"grid"``, ``"scatter"`` or ``"tensor"`` force one.
-    """
+    """Writes samples of the sampling generator (the EMA when enabled) on ``on_sample`` and at the end; ``kind``
+    ``"auto"`` chooses by the samples' shape, ``"grid"``, ``"scatter"`` or ``"tensor"`` force one."""
 
     def __init__(self, kind: str = "auto") -> None:
         if kind not in KINDS:
@@ -114,8 +102,7 @@ class SampleSaver(Callback):
             save_gif(frames, trainer.output_dir / PROGRESS_GIF)
 
     def prune(self, trainer: "GANTrainer") -> None:
-        """With ``keep_samples``: remove the step-stamped samples older than the newest K, except those
-        ``progress.gif`` will show (:func:`scheduled_gif_steps`)."""
+        """With ``keep_samples``: remove step-stamped samples older than the newest K, except the GIF's frames."""
         config = trainer.config
         if config.keep_samples is None:
             return
@@ -132,23 +119,22 @@ class SampleSaver(Callback):
 
     def write(self, trainer: "GANTrainer", stem: str) -> Path:
         """Samples of the fixed latents as ``<stem>.png`` (grid or scatter) or ``<stem>.pt``."""
-        samples = trainer.generate()
-        kind = self.kind if self.kind != "auto" else self.kind_for(samples)
-        if kind == "grid":  # a conditional run: one row per class
-            columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
-                else None
-            return save_grid(samples, trainer.output_dir / f"{stem}.png", nrow=columns)
-        if kind == "scatter":
-            return save_scatter(samples, trainer.output_dir / f"{stem}.png", reference=trainer.reference_samples,
-                                title=f"step {trainer.step}")
-        path = trainer.output_dir / f"{stem}.pt"
-        torch.save(samples.cpu(), path)
-        return path
+        return draw_samples(trainer, trainer.output_dir / stem, self.kind)
 
-    @staticmethod
-    def kind_for(samples: torch.Tensor) -> str:
-        if is_image_batch(samples):
-            return "grid"
-        if is_point_batch(samples):
-            return "scatter"
-        return "tensor"
+
+def draw_samples(trainer: "GANTrainer", stem: Path, kind: str = "auto") -> Path:
+    """The fixed latents' samples as ``<stem>.png`` (a grid, one row per class in a conditional run, or a scatter
+    plot over real points) or ``<stem>.pt``."""
+    samples = trainer.generate()
+    if kind == "auto":
+        kind = "grid" if is_image_batch(samples) else "scatter" if is_point_batch(samples) else "tensor"
+    if kind == "grid":
+        columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
+            else None
+        return save_grid(samples, Path(f"{stem}.png"), nrow=columns)
+    if kind == "scatter":
+        return save_scatter(samples, Path(f"{stem}.png"), reference=trainer.reference_samples,
+                            title=f"step {trainer.step}")
+    path = Path(f"{stem}.pt")
+    torch.save(samples.cpu(), path)
+    return path

@@ -1,21 +1,8 @@
-"""Experiment trackers through Accelerate: TensorBoard, MLflow, W&B, trackio, Aim, Comet, ClearML, DVCLive, SwanLab.
-
-The engine builds the Accelerator with ``log_with=`` the trackers of ``TrainConfig.log_with`` whose
-package is installed and with the run folder as its project folder (``engine/launch.py``). This
-callback, ``trackers``, then drives them:
-
-* ``setup``: one warning line per requested tracker whose package is missing (Accelerate drops those
-  silently), naming the pip extra that installs it;
-* ``on_fit_start``: ``accelerator.init_trackers(project)`` and the config as flat hyperparameters;
-  a resumed run continues the same tracker run where the tracker allows it (see :func:`init_kwargs`);
-* ``on_log(row)``: every numeric value of the metrics row, at the row's step;
-* ``on_sample``: the fixed-latent samples as one picture (the grid ``samples_<step>.png`` shows, or the
-  scatter plot of 2-D points) to each tracker that takes images;
-* ``on_close``: each tracker's ``finish()``, also after an error. Not ``accelerator.end_training()``:
-  that also destroys the process group, which a later ``fit()`` of the same trainer still needs.
-
-Trackers live on the main process only (``init_trackers`` runs there), so every event is a no-op on
-the others. Files of the trackers that write locally go under ``<run>/trackers/``.
+"""Experiment trackers through Accelerate (TensorBoard, MLflow, W&B, trackio, Aim, Comet, ClearML, DVCLive,
+SwanLab): the ``tracker_logger`` callback starts them with the run folder as project folder, logs the metrics
+rows, the config and the progress samples, and finishes them (not ``accelerator.end_training()``, which also
+destroys the process group a later ``fit()`` still needs). Trackers live on the main process only; a resumed
+run continues the same tracker run where the tracker allows it (:func:`init_kwargs`).
 """
 
 from __future__ import annotations
@@ -28,19 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..pictures.samples import is_image_batch, is_point_batch, save_scatter, to_grid
 from ..state.layout import TRACKER_IDS, TRACKERS
-from ..tracking import (BUILTIN_TRACKERS, missing_tracker_warning, resolve_trackers, tracker_available,  # noqa: F401
-                        tracker_name)
+from ..tracking import missing_tracker_warning, resolve_trackers, tracker_name
 from .base import Callback
+from .samples import draw_samples
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
-TRACKERS_DIR = TRACKERS  # <run>/trackers: Accelerate's logging_dir (TensorBoard, Aim), W&B's and DVCLive's files
-RUN_IDS = TRACKER_IDS  # <run>/trackers/runs.json: the tracker runs a resume continues (MLflow, Aim)
 IMAGE_KEY = "samples"
 _STRICT_KEYS = ("mlflow", "swanlab")  # metric names limited to letters, digits and _ - . / space: "D(x)" -> "D_x"
 
@@ -52,15 +34,9 @@ def metric_key(tracker: str, key: str) -> str:
     return re.sub(r"[^0-9A-Za-z_\-./ ]+", "_", key).strip("_") or "_"
 
 
-def metric_values(row: dict[str, Any]) -> dict[str, float | int]:
-    """The numeric values of a metrics row (non-finite ones included), without its ``step``."""
-    return {key: (int(value) if isinstance(value, numbers.Integral) else float(value)) for key, value in row.items()
-            if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)}
-
-
 def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float | str]:
-    """A config dict as the flat ``{name: bool/int/float/str}`` every tracker takes: nested dicts (``extra``) as
-    ``extra.model.width``, tuples joined by commas, None left out."""
+    """A config dict as the flat ``{name: bool/int/float/str}`` every tracker takes (``extra.model.width``,
+    tuples joined by commas, None left out)."""
     flat: dict[str, bool | int | float | str] = {}
 
     def add(key: str, value: Any) -> None:
@@ -78,13 +54,9 @@ def flat_hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float
 
 
 def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Per-tracker arguments so files land in the run folder and a resumed run continues the tracker's run.
-
-    TensorBoard: ``purge_step`` (events past the checkpoint, from a crash, are hidden);
-    W&B: the run folder's id with ``resume="allow"``, files under ``<run>/trackers`` unless ``WANDB_DIR`` is
-    set; DVCLive: ``<run>/trackers/dvclive``, resumed; MLflow and Aim: the run id saved in ``runs.json``.
-    """
-    folder, step, kwargs = trainer.output_dir / TRACKERS_DIR, trainer.step, {}
+    """Per-tracker arguments so files land in the run folder and a resumed run continues the tracker's run
+    (TensorBoard hides events past the checkpoint; MLflow and Aim take the run id saved in ``runs.json``)."""
+    folder, step, kwargs = trainer.output_dir / TRACKERS, trainer.step, {}
     if "tensorboard" in names and step > 0:
         kwargs["tensorboard"] = {"purge_step": step + 1}
     if "wandb" in names:
@@ -100,24 +72,17 @@ def init_kwargs(trainer: "GANTrainer", names: list[str], ids: dict[str, str]) ->
 
 
 def sample_picture(trainer: "GANTrainer") -> Any:
-    """The fixed-latent samples as an (H, W, 3) uint8 array: the grid of ``samples_<step>.png`` (same pixels), or
-    the scatter plot of 2-D points; None for samples of another form."""
-    samples = trainer.generate()
-    if is_image_batch(samples):
-        columns = trainer.conditioning.per_class(trainer.config.num_samples) if trainer.fixed_labels is not None \
-            else None
-        grid = to_grid(samples, nrow=columns)  # rounded as torchvision's save_image rounds the PNG
-        return grid.mul(255).add_(0.5).clamp_(0, 255).permute(1, 2, 0).to(torch.uint8).numpy()
-    if is_point_batch(samples):
-        import numpy as np
-        from PIL import Image
+    """The fixed-latent samples as an (H, W, 3) uint8 array: the picture ``samples_<step>.png`` shows (same pixels);
+    None for samples that are neither images nor 2-D points."""
+    import numpy as np
+    from PIL import Image
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = save_scatter(samples, Path(tmp) / "scatter.png", reference=trainer.reference_samples,
-                                title=f"step {trainer.step}")
-            with Image.open(path) as image:
-                return np.asarray(image.convert("RGB")).copy()
-    return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = draw_samples(trainer, Path(tmp) / "samples")
+        if path.suffix != ".png":
+            return None
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB")).copy()
 
 
 def log_picture(tracker: Any, picture: Any, step: int) -> bool:
@@ -142,11 +107,8 @@ def log_picture(tracker: Any, picture: Any, step: int) -> bool:
 
 
 class TrackerLogger(Callback):
-    """Logs the metrics rows, the config and the progress samples to the Accelerator's trackers (``log_with``).
-
-    With an Accelerator whose trackers were started before ``fit`` (``init_trackers`` called by you), those
-    are used as they are, and left open at the end.
-    """
+    """Logs the metrics rows, the config and the progress samples to the Accelerator's trackers (``log_with``);
+    trackers you started before ``fit`` (``init_trackers``) are used as they are, and left open at the end."""
 
     def __init__(self) -> None:
         self._owned: list[Any] = []  # the trackers this callback started (and finishes)
@@ -163,9 +125,10 @@ class TrackerLogger(Callback):
         if not acc.is_main_process or acc.trackers or not acc.log_with:
             return
         names = [tracker_name(t) for t in acc.log_with]
-        project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS_DIR
+        project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS
         folder.mkdir(parents=True, exist_ok=True)
-        ids = _read_ids(folder).get(project, {})
+        saved = _read_ids(folder)
+        ids = saved.get(project, {})
         try:
             acc.init_trackers(project, init_kwargs=init_kwargs(trainer, names, ids))
         except BaseException:
@@ -175,19 +138,21 @@ class TrackerLogger(Callback):
         hyperparameters = flat_hyperparameters(trainer.config.to_dict())
         for tracker in self._owned:
             _store_config(tracker, hyperparameters, continued=tracker_name(tracker) in ids)
-        _write_ids(folder, project, {**ids, **_run_ids(self._owned)})
+        ids = {**ids, **_run_ids(self._owned)}
+        if ids:
+            (folder / TRACKER_IDS).write_text(json.dumps({**saved, project: ids}, indent=1, sort_keys=True) + "\n")
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
-        values = metric_values(row)
+        values = {key: int(value) if isinstance(value, numbers.Integral) else float(value)  # non-finite ones too
+                  for key, value in row.items()
+                  if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)}
         for tracker in trainer.accelerator.trackers:
             name = tracker_name(tracker)
             tracker.log({metric_key(name, k): v for k, v in values.items()}, step=trainer.step)
 
     def on_sample(self, trainer: "GANTrainer") -> None:
         trackers = trainer.accelerator.trackers
-        if not trackers:
-            return
-        picture = sample_picture(trainer)
+        picture = sample_picture(trainer) if trackers else None
         if picture is None:
             return
         for tracker in trackers:
@@ -240,17 +205,10 @@ def _run_ids(trackers: list[Any]) -> dict[str, str]:
 def _read_ids(folder: Path) -> dict[str, dict[str, str]]:
     """The tracker run ids a resume continues; anything but {project: {tracker: id}} is ignored (a new run)."""
     try:
-        saved = json.loads((folder / RUN_IDS).read_text())
+        saved = json.loads((folder / TRACKER_IDS).read_text())
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(saved, dict):
         return {}
     return {project: {k: v for k, v in ids.items() if isinstance(k, str) and isinstance(v, str)}
             for project, ids in saved.items() if isinstance(ids, dict)}
-
-
-def _write_ids(folder: Path, project: str, ids: dict[str, str]) -> None:
-    if ids:
-        saved = _read_ids(folder)
-        saved[project] = ids
-        (folder / RUN_IDS).write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")

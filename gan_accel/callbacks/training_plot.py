@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..pictures.training_plot import plot_metrics
-from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
+from ..pictures.training_plot import plot_metrics, run_rows
+from ..state.layout import METRICS, TRAINING_PLOT
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -14,24 +14,17 @@ if TYPE_CHECKING:
 
 class TrainingPlot(Callback):
     """Draws the metrics log (``metrics.jsonl``, all rows of the run so far, resumes included) to
-    ``<run>/training_plot.png`` on the main process, and records it as the run's file."""
+    ``<run>/training_plot.png`` on the main process."""
 
     def __init__(self, filename: str = TRAINING_PLOT) -> None:
         self.filename = filename
 
     def on_sample(self, trainer: "GANTrainer") -> None:
-        self.draw(trainer)
-
-    def on_fit_end(self, trainer: "GANTrainer") -> None:
-        self.draw(trainer)
-
-    def draw(self, trainer: "GANTrainer") -> None:
         """Redraw the plot from the metrics log (nothing before the first row, or without the log)."""
-        if not trainer.accelerator.is_main_process:
-            return
-        logger = trainer.callbacks.get("metrics_logger")
-        log = trainer.output_dir / getattr(logger, "filename", METRICS)
-        rows = [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]  # a row cut
-        # short by a crash is skipped (info names it)
-        if rows:
-            plot_metrics(rows, trainer.output_dir / self.filename)
+        if trainer.accelerator.is_main_process:
+            logger = trainer.callbacks.get("metrics_logger")
+            rows = run_rows(trainer.output_dir / getattr(logger, "filename", METRICS))
+            if rows:
+                plot_metrics(rows, trainer.output_dir / self.filename)
+
+    on_fit_end = on_sample

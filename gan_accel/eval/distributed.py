@@ -1,12 +1,6 @@
-"""Sample metrics over several processes: each process generates and featurises its share of N samples,
-then the features are gathered so that exactly N rows exist, in the order one process would give.
-
-The split is by contiguous index ranges (:func:`share_of`); the latent of sample ``i`` is drawn from one
-seeded generator for all N samples, so it is the same whatever the number of processes. Gathering pads
-every share to the largest one (collectives need equal shapes) and drops the padding again using the
-known share sizes, so no sample is duplicated and none is missing: unlike a dataloader's even split,
-which repeats samples to fill the last batch.
-"""
+"""Sample metrics over several processes: each process generates and featurises its share of N samples (a
+contiguous index range), then exactly N rows are gathered, in the order one process would give: unlike a
+dataloader's even split, no sample is repeated to fill the last batch."""
 
 from __future__ import annotations
 
@@ -29,16 +23,10 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def share_of(total: int, num_processes: int, rank: int) -> range:
-    """The contiguous sample indices that process ``rank`` of ``num_processes`` handles out of ``total``.
+    """The contiguous sample indices that process ``rank`` of ``num_processes`` handles out of ``total``: the
+    shares cover ``range(total)`` once, in rank order; the first ``total % num_processes`` get one more sample.
 
-    Shares are consecutive ranges covering ``range(total)`` exactly once, in rank order; the first
-    ``total % num_processes`` ranks get one sample more than the others. A share may be empty when
-    ``total < num_processes``.
-
-    Raises:
-        TypeError: an argument is not an int.
-        ValueError: ``total < 0``, ``num_processes < 1``, or ``rank`` not in ``[0, num_processes)``.
-    """
+    Raises TypeError for an argument that is not an int, ValueError for one out of range."""
     _check_int("total", total, 0)
     _check_int("num_processes", num_processes, 1)
     _check_int("rank", rank, 0)
@@ -50,18 +38,12 @@ def share_of(total: int, num_processes: int, rank: int) -> range:
 
 
 def gather_exact(accelerator: Any, local: Tensor, total: int) -> Tensor:
-    """Collective (call on every process): all ``total`` rows, in index order, on every process.
+    """Collective (call on every process): all ``total`` rows, in index order, on CPU on every process.
 
-    Each process passes the rows of its share (:func:`share_of` for its ``process_index``), shape
-    ``(len(share), ...)``; a process with an empty share may pass any tensor with 0 rows (its trailing
-    shape and dtype are taken from the other processes). Shares are padded to the largest one, gathered
-    with ``accelerator.gather`` (a no-op on one process) and the padding is dropped again, so the result
-    has exactly ``total`` rows with no duplicates, row ``i`` being sample ``i``: the same tensor one
-    process would hold. Returned on CPU with the input's dtype (float32 for :func:`compute_features`).
-
-    Raises (on every process alike, so none is left waiting in the gather):
-        ValueError: a process passed a row count other than its share's size, or the processes'
-            trailing shapes or dtypes differ.
+    Each process passes the rows of its :func:`share_of` (an empty share: any tensor with 0 rows). Shares are
+    padded to the largest one for ``accelerator.gather`` and the padding dropped again, so row ``i`` is sample
+    ``i``, with no duplicates. Raises ValueError on every process alike (none is left waiting) when a row count
+    is not its share's size or the trailing shapes or dtypes differ.
     """
     from accelerate.utils import gather_object
 
@@ -94,33 +76,15 @@ def gather_exact(accelerator: Any, local: Tensor, total: int) -> Tensor:
     return torch.cat([gathered[r * largest : r * largest + sizes[r]] for r in range(world)])
 
 
-def _all_latents(num_samples: int, latents: Callable[[torch.Generator, int], Tensor] | None, z_dim: int | None,
-                 seed: int) -> Tensor:
-    """Every sample's latent, drawn on CPU from one generator seeded with ``seed``."""
-    generator = torch.Generator().manual_seed(seed)
-    if latents is None:
-        return torch.randn(num_samples, _check_int("z_dim", z_dim, 1), generator=generator)
-    z_all = latents(generator, num_samples)
-    if not isinstance(z_all, Tensor) or z_all.ndim < 1 or z_all.shape[0] != num_samples:
-        shape = tuple(z_all.shape) if isinstance(z_all, Tensor) else type(z_all).__name__
-        raise ValueError(f"latents(generator, {num_samples}) must return {num_samples} rows (one tensor), got {shape}")
-    return z_all
-
-
 def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtractor, num_samples: int, *,
                        latents: Callable[[torch.Generator, int], Tensor] | None = None, z_dim: int | None = None,
                        labels: Tensor | None = None, seed: int = 1234, batch_size: int = 250) -> Tensor:
-    """Collective (call on every process): features (num_samples, F) of ``num_samples`` samples of ``G``,
-    each process generating and featurising only its share.
+    """Collective (call on every process): features (num_samples, F) of ``num_samples`` samples of ``G``
+    (bare or prepared, run in eval mode without gradients), each process featurising only its share.
 
-    Guarantees: exactly ``num_samples`` rows on every process, row ``i`` being sample ``i`` (no padding
-    duplicates); sample ``i``'s latent and label are the same for any number of processes (all latents
-    are drawn on CPU from one generator seeded with ``seed``: ``torch.randn(num_samples, z_dim)`` or
-    ``latents(generator, num_samples)``), so the result equals a one-process evaluation row for row;
-    the global RNG is never used, and G's train/eval modes are restored, also on error.
-
-    ``G`` (bare or prepared) runs in eval mode, without gradients, in batches on ``accelerator.device``;
-    an error on one process is raised on every process."""
+    All latents are drawn on CPU from one generator seeded with ``seed`` (``torch.randn(num_samples, z_dim)`` or
+    ``latents(generator, num_samples)``), so the result equals a one-process evaluation row for row. The global
+    RNG is never used, G's modes are restored, and an error on one process is raised on every process."""
     _check_int("num_samples", num_samples, 1)
     _check_int("batch_size", batch_size, 1)
     if latents is None and z_dim is None:
@@ -137,7 +101,16 @@ def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtract
     modes = [(module, module.training) for module in G.modules()]
     local, error = torch.empty(0), None
     try:
-        z_mine = _all_latents(num_samples, latents, z_dim, seed)[share.start : share.stop]
+        generator = torch.Generator().manual_seed(seed)  # every sample's latent, whatever the process count
+        if latents is None:
+            z_all = torch.randn(num_samples, _check_int("z_dim", z_dim, 1), generator=generator)
+        else:
+            z_all = latents(generator, num_samples)
+            if not isinstance(z_all, Tensor) or z_all.ndim < 1 or z_all.shape[0] != num_samples:
+                shape = tuple(z_all.shape) if isinstance(z_all, Tensor) else type(z_all).__name__
+                raise ValueError(f"latents(generator, {num_samples}) must return {num_samples} rows (one tensor), "
+                                 f"got {shape}")
+        z_mine = z_all[share.start : share.stop]
         y_mine = None if labels is None else labels[share.start : share.stop]
 
         def images() -> Iterator[Tensor]:

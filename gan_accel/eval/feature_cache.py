@@ -1,11 +1,6 @@
-"""Real images' features, computed once per dataset, resolution and feature space, and kept on disk.
-
-Scoring a run against a folder needs the features of up to 10,000 of its images; computing them
-(Inception on a CPU: minutes) is the slow half of an evaluation. They are stored under the cache
-root (``$GAN_ACCEL_CACHE/features``, else ``~/.cache/gan_accel/features``) as safetensors, named by
-the data's fingerprint (which changes with the files, the resolution, the channels and the crop),
-the feature space and the number of images: a changed folder or another feature space is computed
-anew, never confused with an old one. A file that cannot be read is computed again and replaced.
+"""Real images' features, computed once per dataset, resolution and feature space, and kept on disk under
+``cache_dir()/features`` as safetensors, named by the data's fingerprint (files, resolution, channels, crop), the
+feature space and the number of images. A file that cannot be read is computed again and replaced.
 """
 
 from __future__ import annotations
@@ -21,11 +16,11 @@ from ..state.files import atomic_path
 KEY = "features"
 
 
-def default_feature_root() -> Path:
+def cache_dir() -> Path:
+    """The evaluation cache: ``$GAN_ACCEL_CACHE``, else ``$XDG_CACHE_HOME/gan_accel`` or ``~/.cache/gan_accel``."""
     if os.environ.get("GAN_ACCEL_CACHE"):
-        return Path(os.environ["GAN_ACCEL_CACHE"]) / "features"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gan_accel" / "features"
+        return Path(os.environ["GAN_ACCEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gan_accel"
 
 
 def cached_features(fingerprint: str, space: str, count: int, compute: Callable[[], Tensor],
@@ -34,7 +29,7 @@ def cached_features(fingerprint: str, space: str, count: int, compute: Callable[
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save
 
-    folder = Path(root) if root is not None else default_feature_root()
+    folder = Path(root) if root is not None else cache_dir() / "features"
     safe_space = "".join(c if c.isalnum() or c in "-_." else "_" for c in space)
     path = folder / f"{fingerprint}-{safe_space}-{count}.safetensors"
     if path.is_file():

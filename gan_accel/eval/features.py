@@ -26,11 +26,8 @@ def _extractor_device(extractor: FeatureExtractor) -> torch.device | None:
     return None
 
 
-def compute_features(
-    extractor: FeatureExtractor,
-    images: Union[Tensor, Iterable[Any]],
-    batch_size: int = 256,
-) -> Tensor:
+def compute_features(extractor: FeatureExtractor, images: Union[Tensor, Iterable[Any]],
+                     batch_size: int = 256) -> Tensor:
     """Features (N, F) of images, computed under ``torch.no_grad`` in batches, returned float32 on CPU.
 
     ``images`` is either one tensor (N, C, H, W), split into batches of ``batch_size``, or an iterable
@@ -48,10 +45,8 @@ def compute_features(
                 batch = batch.to(device)
             feats = extractor(batch)
             if feats.ndim != 2 or feats.shape[0] != batch.shape[0]:
-                raise ValueError(
-                    f"feature extractor must return (N, F) for a batch of N={batch.shape[0]}, "
-                    f"got {tuple(feats.shape)}"
-                )
+                raise ValueError(f"feature extractor must return (N, F) for a batch of N={batch.shape[0]}, "
+                                 f"got {tuple(feats.shape)}")
             outputs.append(feats.float().cpu())
     if not outputs:
         raise ValueError("no images to compute features of")

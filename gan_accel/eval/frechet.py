@@ -21,12 +21,8 @@ def _sym_sqrt(matrix: Tensor) -> Tensor:
 
 
 def frechet_distance(mu1: Tensor, sigma1: Tensor, mu2: Tensor, sigma2: Tensor) -> float:
-    """Fréchet distance between N(mu1, sigma1) and N(mu2, sigma2), computed in float64.
-
-    Args:
-        mu1, mu2: means, shape (F,).
-        sigma1, sigma2: symmetric PSD covariances, shape (F, F).
-    """
+    """Fréchet distance between N(mu1, sigma1) and N(mu2, sigma2) (means (F,), symmetric PSD covariances
+    (F, F)), computed in float64."""
     mu1, mu2, sigma1, sigma2 = (t.detach().to(torch.float64).cpu() for t in (mu1, mu2, sigma1, sigma2))
     if mu1.shape != mu2.shape or mu1.ndim != 1:
         raise ValueError(f"means must be 1-D with equal shapes, got {tuple(mu1.shape)} and {tuple(mu2.shape)}")

@@ -1,27 +1,11 @@
-"""Inception-v3 features for the standard FID / KID / Inception score, through torch-fidelity.
+"""Inception-v3 features for the standard FID / KID / Inception score, through torch-fidelity (the optional
+extra ``gan_accel[inception]``, imported only when :func:`inception_extractor` is called).
 
-An optional extra (``pip install 'gan_accel[inception]'``); gan_accel imports without it, and
-torch-fidelity is imported only when :func:`inception_extractor` is called.
-
-What makes the numbers comparable with published FIDs (and with torch-fidelity / torchmetrics):
-
-* the weights: torch-fidelity's ``weights-inception-2015-12-05-6726825d.pth``, a port of the
-  TensorFlow Inception graph of 2015-12-05 that the original FID and Inception-score code used
-  (not torchvision's ImageNet Inception-v3, whose features differ);
-* the input: images in [-1, 1] are quantised to uint8 as ``clamp(round((x + 1) * 127.5), 0, 255)``,
-  the exact inverse of ``uint8 / 127.5 - 1`` (the project's ``uint8_to_float``), so real images
-  decoded from uint8 reach the network unchanged; grayscale is repeated to 3 channels;
-* the resize: torch-fidelity's own bilinear resize to 299x299 that reproduces TensorFlow 1.x's
-  (not ``F.interpolate``), done inside the network on the uint8 values;
-* float32 inside the network (torch-fidelity's default).
-
-These machines cannot download the weights: give a local copy through ``weights_path`` or the
-``GAN_ACCEL_INCEPTION_WEIGHTS`` environment variable, or place it in torch hub's cache
-(``$TORCH_HOME/hub/checkpoints/``). On a machine with internet it is at :data:`WEIGHTS_URL`.
-
-Distances computed on other extractors' features (e.g. the MNIST classifier of
-:mod:`gan_accel.eval.mnist`) are Fréchet distances in another space: useful to compare runs with
-each other, never comparable to an FID.
+Comparable with published FIDs: torch-fidelity's port of the 2015 TensorFlow Inception weights, images in
+[-1, 1] quantised as ``clamp(round((x + 1) * 127.5), 0, 255)`` (the exact inverse of ``uint8_to_float``),
+torch-fidelity's TensorFlow-1.x resize to 299x299, float32 inside. Nothing is downloaded: the weights come from
+``weights_path``, ``$GAN_ACCEL_INCEPTION_WEIGHTS`` or torch hub's cache (on a machine with internet:
+:data:`WEIGHTS_URL`).
 """
 
 from __future__ import annotations
@@ -65,10 +49,8 @@ def _inception_class() -> type:
 
 
 def _torch_fidelity_backend(weights: str, features_list: list[str]) -> nn.Module:
-    """torch-fidelity's Inception-v3, loaded from a local file (a path, so it never downloads).
-
-    torch-fidelity reads the file with a plain ``torch.load``, which unpickles anything before torch 2.6: the
-    file is first checked to hold tensors and plain data only (``weights_only=True``), else refused."""
+    """torch-fidelity's Inception-v3 from a local file; checked first with ``weights_only=True``, since
+    torch-fidelity's plain ``torch.load`` unpickles anything before torch 2.6."""
     from ..errors import UnsafeFileError
     from ..state.pickles import load_pickle
 
@@ -79,33 +61,18 @@ def _torch_fidelity_backend(weights: str, features_list: list[str]) -> nn.Module
     return _inception_class()("inception-v3-compat", features_list, feature_extractor_weights_path=weights)
 
 
-def hub_cache_path() -> Path:
-    """Where torch hub (and so torch-fidelity) keeps the weights: ``<torch.hub.get_dir()>/checkpoints``."""
-    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE
-
-
 def resolve_weights(weights_path: PathLike | None = None) -> Path:
-    """The local weights file: ``weights_path``, else ``$GAN_ACCEL_INCEPTION_WEIGHTS``, else torch hub's cache.
-
-    Never downloads: raises :class:`InceptionUnavailable` when none of these holds the file.
-    """
-    if weights_path is not None:
-        path = Path(weights_path).expanduser()
-        if not path.is_file():
-            raise InceptionUnavailable(
-                f"Inception weights file {path} does not exist; pass weights_path= a local copy of {WEIGHTS_FILE}"
-            )
-        return path
+    """The local weights file: ``weights_path``, else ``$GAN_ACCEL_INCEPTION_WEIGHTS``, else torch hub's cache."""
     env = os.environ.get(WEIGHTS_ENV, "").strip()
-    if env:
-        path = Path(env).expanduser()
+    if weights_path is not None or env:
+        path = Path(weights_path if weights_path is not None else env).expanduser()
         if not path.is_file():
-            raise InceptionUnavailable(
-                f"Inception weights file {path} (from ${WEIGHTS_ENV}) does not exist; "
-                f"point {WEIGHTS_ENV} at a local copy of {WEIGHTS_FILE}"
-            )
+            given = "" if weights_path is not None else f" (from ${WEIGHTS_ENV})"
+            fix = "pass weights_path=" if weights_path is not None else f"point {WEIGHTS_ENV} at"
+            raise InceptionUnavailable(f"Inception weights file {path}{given} does not exist; {fix} a local copy of "
+                                       f"{WEIGHTS_FILE}")
         return path
-    cached = hub_cache_path()
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE  # where torch-fidelity would download it
     if cached.is_file():
         return cached
     raise InceptionUnavailable(
@@ -115,10 +82,7 @@ def resolve_weights(weights_path: PathLike | None = None) -> Path:
 
 
 def to_uint8_rgb(images: Tensor) -> Tensor:
-    """Images (N, 1 or 3, H, W) in [-1, 1] -> uint8 (N, 3, H, W): ``clamp(round((x + 1) * 127.5), 0, 255)``.
-
-    Values outside [-1, 1] are clamped; NaN or inf raise, since they have no pixel value.
-    """
+    """Images (N, 1 or 3, H, W) in [-1, 1] -> uint8 (N, 3, H, W), clamped; NaN or inf raise (no pixel value)."""
     if images.ndim != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"Inception features need images (N, 1 or 3, H, W), got shape {tuple(images.shape)}")
     if images.dtype == torch.uint8:
@@ -131,12 +95,8 @@ def to_uint8_rgb(images: Tensor) -> Tensor:
 
 
 class InceptionExtractor(nn.Module):
-    """Images (N, 1 or 3, H, W) in [-1, 1], any size -> Inception pool features (N, F), float32.
-
-    ``logits(images)`` gives the 1008-way class logits without the fc bias (torch-fidelity's
-    ``logits_unbiased``), which the original Inception-score code used. ``features_and_logits``
-    returns both from one pass. The network stays in eval mode, whatever ``train()`` is called with.
-    """
+    """Images (N, 1 or 3, H, W) in [-1, 1], any size -> Inception pool features (N, F), float32; ``logits(images)``
+    the 1008 class logits without the fc bias (as the original Inception score). Always in eval mode."""
 
     def __init__(self, backend: nn.Module, feature_layer: str) -> None:
         super().__init__()
@@ -149,30 +109,20 @@ class InceptionExtractor(nn.Module):
         self.net.eval()  # batch-norm statistics must stay the ported ones
         return self
 
-    def _device(self) -> torch.device | None:
-        param = next(self.net.parameters(), None)
-        return None if param is None else param.device
-
     @torch.no_grad()
     def features_and_logits(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """Pool features (N, F) and class logits (N, K) of one batch, both float32."""
+        param = next(self.net.parameters(), None)
         x = to_uint8_rgb(images)
-        device = self._device()
-        if device is not None:
-            x = x.to(device)
-        out = self.net(x)
+        out = self.net(x if param is None else x.to(param.device))
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise RuntimeError(
-                f"Inception backend returned {type(out).__name__}, expected a (features, logits) tuple; "
-                "is torch-fidelity's version supported (>=0.3)?"
-            )
-        n = images.shape[0]
+            raise RuntimeError(f"Inception backend returned {type(out).__name__}, expected a (features, logits) tuple; "
+                               "is torch-fidelity's version supported (>=0.3)?")
         feats, logits = out
-        for name, t in (("features", feats), ("logits", logits)):
-            if t.ndim != 2 or t.shape[0] != n:
-                raise RuntimeError(f"Inception backend returned {name} of shape {tuple(t.shape)} for N={n}, expected (N, K)")
-        if feats.shape[1] != int(self.feature_layer):
-            raise RuntimeError(f"Inception backend returned {feats.shape[1]} features, expected {self.feature_layer}")
+        if feats.shape != (len(x), int(self.feature_layer)) or logits.ndim != 2 or len(logits) != len(x):
+            raise RuntimeError(f"Inception backend returned features {tuple(feats.shape)} and logits "
+                               f"{tuple(logits.shape)} for N={len(x)}, expected {self.feature_layer} features "
+                               "and K logits per row")
         return feats.float(), logits.float()
 
     def forward(self, images: Tensor) -> Tensor:
@@ -184,25 +134,18 @@ class InceptionExtractor(nn.Module):
         return self.features_and_logits(images)[1]
 
 
-def inception_extractor(
-    weights_path: PathLike | None = None,
-    device: str | torch.device = "cpu",
-    features: str = "2048",
-    *,
-    _backend: BackendFactory | None = None,
-) -> InceptionExtractor:
+def inception_extractor(weights_path: PathLike | None = None, device: str | torch.device = "cpu",
+                        features: str = "2048", *, _backend: BackendFactory | None = None) -> InceptionExtractor:
     """torch-fidelity's Inception-v3 as a :class:`~gan_accel.eval.features.FeatureExtractor`.
 
     Args:
-        weights_path: a local copy of ``weights-inception-2015-12-05-6726825d.pth``; default
-            ``$GAN_ACCEL_INCEPTION_WEIGHTS``, then torch hub's cache. Nothing is ever downloaded.
+        weights_path: a local copy of :data:`WEIGHTS_FILE`; default ``$GAN_ACCEL_INCEPTION_WEIGHTS``, then torch
+            hub's cache. Nothing is ever downloaded.
         device: where the network runs; batches are moved there.
-        features: the pool layer, one of "64", "192", "768", "2048" (FID uses "2048"). The class
-            logits are always computed too, so layers before "2048" save no time.
+        features: the pool layer, "64", "192", "768" or "2048" (FID's; the logits are computed in any case).
         _backend: test seam, replaces torch-fidelity's network (see ``BackendFactory``).
 
-    Raises:
-        InceptionUnavailable: torch-fidelity is not installed, or the weights file is missing or unreadable.
+    Raises InceptionUnavailable when torch-fidelity is not installed or the weights are missing or unreadable.
     """
     features = str(features)
     if features not in FEATURE_LAYERS:

@@ -1,9 +1,5 @@
-"""Kernel inception distance (Binkowski et al., 2018): an unbiased MMD^2 between two feature sets with
-the cubic polynomial kernel ``k(x, y) = (x . y / d + 1) ** 3``, averaged over random subsets.
-
-Unlike the Fréchet distance it has an unbiased estimator, so small sample sets do not inflate it;
-it is reported as the mean and standard deviation over subsets (as torch-fidelity does).
-"""
+"""Kernel inception distance (Binkowski et al., 2018): an unbiased MMD^2 with the cubic polynomial kernel, mean
+and std over random subsets (as torch-fidelity); unlike the Fréchet distance, small sets do not inflate it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Scoring digit generators with a compact MNIST classifier: its features for the Fréchet distance,
-its predictions for the class histogram and confidence.
-
-The classifier is trained once (about 30 s on 2 CPU cores) and cached under ``$GAN_ACCEL_CACHE``
-(default ``~/.cache/gan_accel``), because data folders may be read-only.
-"""
+"""Scoring digit generators with a compact MNIST classifier (its features for the distances, its predictions
+for the class histogram), trained once and cached under :func:`cache_dir` (data folders may be read-only)."""
 
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _s
 from ..errors import ConfigError, GanAccelError
 from ..state.files import atomic_path
 from ..state.safe_tree import check_regular_file
+from .feature_cache import cache_dir
 from .features import compute_features
 
 
@@ -30,12 +27,8 @@ class ClassifierCacheError(GanAccelError, RuntimeError):
 
 
 class MnistClassifier(nn.Module):
-    """A compact CNN for 1x28x28 digits in [-1, 1]: two conv blocks (16, 32 channels), a 128-unit
-    layer, 10 logits. Small enough to train to ~98.7% test accuracy in two CPU epochs (~30 s, 2 cores).
-
-    ``features(x)`` returns the 128-dim penultimate activations used for the Fréchet distance.
-    No dropout or batch norm, so train and eval modes compute the same function.
-    """
+    """A compact CNN for 1x28x28 digits in [-1, 1] (~98.7% test accuracy after two CPU epochs); ``features(x)``
+    are its 128-dim penultimate activations. No dropout or batch norm: train and eval modes agree."""
 
     feature_dim = 128
     num_classes = 10
@@ -62,20 +55,10 @@ class MnistClassifier(nn.Module):
         return self.head(self.features(x))
 
 
-def train_mnist_classifier(
-    images: Tensor,
-    labels: Tensor,
-    epochs: int = 2,
-    batch_size: int = 128,
-    lr: float = 2e-3,
-    seed: int = 0,
-) -> MnistClassifier:
-    """Train a :class:`MnistClassifier` on CPU from uint8 images (N, 1, 28, 28) and labels (N,).
-
-    Deterministic for a given seed, and leaves the global RNG state untouched (training inside a
-    GAN run must not shift its noise stream). Adam with a one-cycle schedule reaches ~98.7% test
-    accuracy on MNIST in the default two epochs. Returns the model in eval mode.
-    """
+def train_mnist_classifier(images: Tensor, labels: Tensor, epochs: int = 2, batch_size: int = 128, lr: float = 2e-3,
+                           seed: int = 0) -> MnistClassifier:
+    """Train a :class:`MnistClassifier` on CPU from uint8 images (N, 1, 28, 28) and labels (N,); returned in eval
+    mode. Deterministic for a seed, and the global RNG is untouched (a GAN run's noise stream must not shift)."""
     if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
         raise ValueError(f"images must have shape (N, 1, 28, 28), got {tuple(images.shape)}")
     if labels.shape != (images.shape[0],):
@@ -87,9 +70,8 @@ def train_mnist_classifier(
         torch.manual_seed(seed)
         model = MnistClassifier()
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch, pct_start=0.2
-        )
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=epochs * steps_per_epoch,
+                                                        pct_start=0.2)
         shuffle = torch.Generator().manual_seed(seed)
         model.train()
         for _ in range(epochs):
@@ -102,28 +84,10 @@ def train_mnist_classifier(
     return model.eval()
 
 
-def classifier_accuracy(classifier: nn.Module, images: Tensor, labels: Tensor, batch_size: int = 1000) -> float:
-    """Top-1 accuracy of a classifier on uint8 (or [-1, 1] float) images (N, 1, 28, 28)."""
-    x = uint8_to_float(images) if images.dtype == torch.uint8 else images
-    logits = compute_features(classifier, x, batch_size=batch_size)
-    return float((logits.argmax(1) == labels.cpu()).float().mean())
-
-
-def load_or_train_classifier(
-    cache_path: str | os.PathLike,
-    images: Tensor,
-    labels: Tensor,
-    **train_kwargs: Any,
-) -> MnistClassifier:
-    """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train and cache one.
-
-    A typical cache path is ``<data_dir>/gan_accel_mnist_classifier.safetensors``. The file is written
-    atomically (temporary file, then rename), so concurrent runs never read half a file.
-    ``train_kwargs`` go to :func:`train_mnist_classifier` and matter only when training.
-
-    Raises:
-        ClassifierCacheError: the file exists but is unreadable or its weights do not fit the model.
-    """
+def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labels: Tensor,
+                             **train_kwargs: Any) -> MnistClassifier:
+    """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
+    cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
     from safetensors.torch import load_file, save_file
 
     path = Path(cache_path)
@@ -132,29 +96,20 @@ def load_or_train_classifier(
             check_regular_file(path)
             state = load_file(str(path))  # safetensors: tensors only, nothing in the file can run
         except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
-            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            raise ClassifierCacheError(
-                f"cannot read cached MNIST classifier {path} ({reason}); delete the file to retrain it"
-            ) from None
+            raise ClassifierCacheError(f"cannot read cached MNIST classifier {path} ({_short_reason(exc)}); "
+                                       "delete the file to retrain it") from None
         model = MnistClassifier()
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        found = {k: tuple(v.shape) for k, v in state.items()}
-        if found != expected:
-            diff = sorted(set(expected.items()) ^ set(found.items()))
-            raise ClassifierCacheError(
-                f"cached MNIST classifier {path} does not fit MnistClassifier (mismatched entries: "
-                f"{diff[:6]}); delete the file to retrain it"
-            )
-        model.load_state_dict(state)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ClassifierCacheError(f"cached MNIST classifier {path} does not fit MnistClassifier "
+                                       f"({_short_reason(exc)}); delete the file to retrain it") from None
         return model.eval()
 
     model = train_mnist_classifier(images, labels, **train_kwargs)
     with atomic_path(path) as tmp:  # per-process temporary name: concurrent runs never clash
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
     return model
-
-
-# ----------------------------------------------------------------------------- evaluation
 
 
 def evaluate_mnist_samples(
@@ -164,37 +119,23 @@ def evaluate_mnist_samples(
     batch_size: int = 500,
     reference: str = "mnist",
 ) -> dict[str, Any]:
-    """Judge generated digits with an MNIST classifier.
+    """Judge generated digits (N, 1, 28, 28) in [-1, 1] against real ones (uint8 or [-1, 1]) with a classifier.
 
-    Args:
-        samples: generated images (N, 1, 28, 28) in [-1, 1].
-        real_images: real images (M, 1, 28, 28) in [-1, 1] (uint8 is converted) to compare against.
-        classifier: a trained :class:`MnistClassifier`.
-        reference: what ``real_images`` are (``"mnist"``, or the offline ``"digits"``): the report says so.
-
-    Returns a dict with, all in the classifier's 128-dim feature space (see
-    :func:`gan_accel.eval.score_features`):
-        ``fd``: Fréchet distance; ``kid`` / ``kid_std``: kernel inception distance (mean, std over
-        subsets); ``precision`` / ``recall``: k-NN manifold precision and recall (k = 3);
-        ``class_share``: 10 floats, the share of samples predicted as each digit;
-        ``min_class_share`` / ``max_class_share``: its extremes (a collapsed mode shows as ~0);
-        ``class_entropy``: entropy (nats) of ``class_share``, ``log(10) ~ 2.303`` when balanced;
-        ``mean_confidence``: mean max softmax probability (recognisable digits score high, but so can
-        far off-distribution inputs such as noise, so read it next to ``fd``);
-        ``num_samples``, ``num_real``, ``reference``.
+    Returns :func:`gan_accel.eval.score_features`'s ``fd``, ``kid``, ``kid_std``, ``precision``, ``recall`` in
+    the classifier's features; ``class_share`` (10 floats) with its ``min_class_share``, ``max_class_share`` and
+    ``class_entropy`` (nats, log 10 when balanced); ``mean_confidence`` (mean max softmax: noise can score high
+    too, read it next to ``fd``); ``num_samples``, ``num_real`` and ``reference`` (what the real images are).
     """
     for name, t in (("samples", samples), ("real_images", real_images)):
         if t.ndim != 4 or t.shape[1:] != (1, 28, 28):
             raise ValueError(f"{name} must have shape (N, 1, 28, 28), got {tuple(t.shape)}")
-    classifier.eval()
     return judge_features(compute_features(classifier.features, samples.float(), batch_size), real_images, classifier,
                           batch_size, reference)
 
 
 def judge_features(sample_feats: Tensor, real_images: Tensor, classifier: MnistClassifier, batch_size: int = 500,
                    reference: str = "mnist") -> dict[str, Any]:
-    """:func:`evaluate_mnist_samples` from the samples' classifier features (N, 128): what a caller that made
-    the samples chunk by chunk has (the images themselves need never be whole in memory)."""
+    """:func:`evaluate_mnist_samples` from the samples' classifier features (N, 128), made chunk by chunk."""
     from .scores import score_features
 
     if real_images.dtype == torch.uint8:
@@ -207,9 +148,8 @@ def judge_features(sample_feats: Tensor, real_images: Tensor, classifier: MnistC
         probs = classifier.head(sample_feats.to(head_device)).float().softmax(dim=1).cpu()
     share = torch.bincount(probs.argmax(dim=1), minlength=MnistClassifier.num_classes).double() / len(probs)
     nonzero = share[share > 0]
-    scores = score_features(sample_feats, real_feats)
     return {
-        **{k: scores[k] for k in ("fd", "kid", "kid_std", "precision", "recall")},
+        **score_features(sample_feats, real_feats),  # fd, kid, kid_std, precision, recall
         "class_share": share.tolist(),
         "min_class_share": float(share.min()),
         "max_class_share": float(share.max()),
@@ -233,45 +173,27 @@ def format_evaluation(result: dict[str, Any]) -> str:
     """A short multi-line summary of :func:`evaluate_mnist_samples` output."""
     shares = " ".join(f"{d}:{s:.1%}" for d, s in enumerate(result["class_share"]))
     reference = result.get("reference", "mnist")
-    return "\n".join(
-        [
-            f"{reference_title(reference)} ({result['num_samples']} samples vs {result['num_real']} real, "
-            f"in the {reference} classifier's features)",
-            f"  Frechet distance: {result['fd']:.3f}",
-            f"  KID: {result['kid']:.3f} +- {result['kid_std']:.3f}",
-            f"  precision {result['precision']:.3f}, recall {result['recall']:.3f} (k-NN manifolds, k = 3)",
-            f"  mean confidence: {result['mean_confidence']:.3f}",
-            f"  class entropy: {result['class_entropy']:.3f} nats (balanced = {math.log(10):.3f})",
-            f"  class share min/max: {result['min_class_share']:.1%} / {result['max_class_share']:.1%}",
-            f"  class shares: {shares}",
-        ]
-    )
-
-
-# ----------------------------------------------------------------------------- a generator's score
-
-
-def cache_dir() -> Path:
-    """Where trained evaluation classifiers are kept."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gan_accel"
-    return Path(os.environ.get("GAN_ACCEL_CACHE", default))
+    return "\n".join([
+        f"{reference_title(reference)} ({result['num_samples']} samples vs {result['num_real']} real, "
+        f"in the {reference} classifier's features)",
+        f"  Frechet distance: {result['fd']:.3f}",
+        f"  KID: {result['kid']:.3f} +- {result['kid_std']:.3f}",
+        f"  precision {result['precision']:.3f}, recall {result['recall']:.3f} (k-NN manifolds, k = 3)",
+        f"  mean confidence: {result['mean_confidence']:.3f}",
+        f"  class entropy: {result['class_entropy']:.3f} nats (balanced = {math.log(10):.3f})",
+        f"  class share min/max: {result['min_class_share']:.1%} / {result['max_class_share']:.1%}",
+        f"  class shares: {shares}",
+    ])
 
 
 MAX_EVAL_SAMPLES = 50_000  # precision and recall compare every pair of samples: time and memory grow with N^2
 
 
 @torch.no_grad()
-def generate_samples(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
-                     batch_size: int = 500, labels: Tensor | None = None) -> torch.Tensor:
-    """``num`` images from ``G`` in eval mode, from seeded noise (the same noise for every model);
-    ``G(z, labels)`` when ``labels`` (``num`` class indices) are given."""
-    return torch.cat(list(iter_generated(G, num, z_dim, device, seed, batch_size, labels)))
-
-
-@torch.no_grad()
 def iter_generated(G: nn.Module, num: int, z_dim: int, device: torch.device | str, seed: int = 1234,
                    batch_size: int = 500, labels: Tensor | None = None) -> Iterator[Tensor]:
-    """:func:`generate_samples` chunk by chunk (float32, CPU): one chunk of images in memory at a time."""
+    """``num`` images of ``G`` in eval mode from seeded noise (the same for every model), chunk by chunk (float32,
+    CPU); ``G(z, labels)`` when ``labels`` (``num`` class indices) are given."""
     generator = torch.Generator().manual_seed(seed)
     was_training = G.training
     G.eval()
@@ -293,11 +215,9 @@ def _check_eval_size(num: int) -> None:
 
 
 def reference_digits(data_dir: str | os.PathLike, fallback=None, download: bool = False) -> tuple[str, tuple, tuple]:
-    """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set
-    (a ``DatasetInfo``) when MNIST cannot be read or when the run trained on that set (the offline
-    digits): samples are judged against what the run learned, and the report names it. Without a
-    fallback, MNIST missing from ``data_dir`` (and not downloaded: ``download``) is a
-    :class:`~gan_accel.data.mnist.DatasetUnavailableError` saying where it looked and how to point at it."""
+    """(name, (train images, labels), (held-out images, labels)): real MNIST, or the ``fallback`` set (a
+    ``DatasetInfo``) when MNIST cannot be read or the run trained on that set; without a fallback, MNIST
+    missing is a :class:`~gan_accel.data.mnist.DatasetUnavailableError` saying where it looked."""
     if fallback is not None and fallback.name != "mnist":
         return _split(fallback)
     try:
@@ -332,16 +252,18 @@ def _split(fallback) -> tuple[str, tuple, tuple]:
             (fallback.images[cut:], fallback.labels[cut:]))
 
 
+def _judge(data_dir: str | os.PathLike, fallback, download: bool) -> tuple[str, MnistClassifier, Tensor]:
+    """(the reference's name, its cached classifier, its held-out images)."""
+    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
+    return name, load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y), held_x
+
+
 def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, device: torch.device | str = "cpu",
                        fallback=None, num_samples: int = 10_000, download: bool = False) -> dict[str, Any]:
-    """Generate ``num_samples`` digits and score them against held-out real digits.
-
-    Returns :func:`gan_accel.metrics.evaluate_mnist_samples`'s dict plus ``reference`` (which digits
-    judged) and ``summary`` (a printable text).
-    """
+    """Generate ``num_samples`` digits and score them against held-out real digits: :func:`evaluate_mnist_samples`'s
+    dict plus a printable ``summary``."""
     _check_eval_size(num_samples)
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
-    classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
+    name, classifier, held_x = _judge(data_dir, fallback, download)
     features = compute_features(classifier.features, iter_generated(G, num_samples, z_dim, device), 500)
     result = judge_features(features, held_x[:num_samples], classifier, reference=name)
     result["summary"] = format_evaluation(result)
@@ -351,23 +273,18 @@ def evaluate_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int, de
 def evaluate_conditional_generator(G: nn.Module, data_dir: str | os.PathLike, z_dim: int,
                                    device: torch.device | str = "cpu", fallback=None,
                                    per_class: int = 1000, download: bool = False) -> dict[str, Any]:
-    """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them.
-
-    Returns ``agreement`` (per digit: the share of its samples that the MNIST classifier assigns to
-    that digit), ``mean_agreement``, ``min_agreement``, ``fd`` (Fréchet distance of the whole set's
-    classifier features to held-out real digits), ``reference`` and a printable ``summary``.
-    """
+    """Ask a conditional ``G(z, y)`` for ``per_class`` samples of each digit and judge them: the scores of
+    :func:`evaluate_generator` plus ``agreement`` (per digit, the share the classifier assigns to it),
+    ``mean_agreement`` and ``min_agreement``."""
     _check_eval_size(per_class * MnistClassifier.num_classes)
-    name, (train_x, train_y), (held_x, _) = reference_digits(data_dir, fallback, download)
-    classifier = load_or_train_classifier(cache_dir() / f"{name}_classifier.safetensors", train_x, train_y)
+    name, classifier, held_x = _judge(data_dir, fallback, download)
     labels = torch.arange(MnistClassifier.num_classes).repeat_interleave(per_class)
     features = compute_features(classifier.features, iter_generated(G, len(labels), z_dim, device, labels=labels), 500)
     result = judge_features(features, held_x[:len(labels)], classifier, reference=name)
     with torch.no_grad():  # the head on the features: the classifier's prediction, without a second forward
         predicted = classifier.head(features.to(classifier.head.weight.device)).argmax(dim=1).cpu()
     agreement = [float((predicted[labels == d] == d).float().mean()) for d in range(MnistClassifier.num_classes)]
-    result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement),
-                  reference=name)
+    result.update(agreement=agreement, mean_agreement=sum(agreement) / len(agreement), min_agreement=min(agreement))
     result["summary"] = "\n".join([
         f"conditional {reference_title(name)} ({per_class} samples per digit, judged by a classifier trained on "
         f"{name})",

@@ -1,10 +1,6 @@
-"""Improved precision and recall (Kynkaanniemi et al., 2019) from k-nearest-neighbour manifolds.
-
-Each set's manifold is the union of balls around its points, each with the radius of the distance
-to its k-th nearest neighbour in the same set. Precision: the share of generated samples inside the
-real manifold (are the samples realistic?). Recall: the share of real samples inside the generated
-manifold (is the data's variety covered?).
-"""
+"""Improved precision and recall (Kynkaanniemi et al., 2019): each set's manifold is the union of balls reaching
+each point's k-th nearest neighbour; precision is the share of generated samples inside the real manifold
+(realism), recall the share of real samples inside the generated one (coverage)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A feature space for any images that needs no download: a fixed, randomly initialised convolutional network.
 
-    extractor = random_conv_extractor()                 # the same weights on every machine and every run
+    extractor = RandomConvFeatures()                    # the same weights on every machine and every run
     reference = compute_features(extractor, real_images)
     Evaluator(extractor, reference, every=1000)
 
@@ -16,11 +16,9 @@ What it sees, measured on 1,200 RGB digits of ``benchmarks/make_rgb_digits.py`` 
 noise 49x; a 0.7-px blur (1.06x) and +-0.1 pixel noise (0.98x) it does not see. tests/test_train_cli.py
 checks the blur, the duplication and the noise on the offline digits.
 
-What it is not: an FID. It was never trained, so it does not know what an object is; its distances are
-comparable only between runs scored with this same extractor (:data:`NAME`), on the same data at the same
-resolution, never with Inception-based numbers or published scores. Use it to watch a run improve and to
-compare settings on your data; for a number others can compare with, use Inception features
-(:func:`~gan_accel.eval.inception_extractor`, ``pip install 'gan_accel[inception]'`` and its weights).
+What it is not: an FID. Never trained, it does not know what an object is; its distances compare only runs
+scored with this extractor (:data:`NAME`) on the same data and resolution. For a number others can compare
+with, use Inception features (:func:`~gan_accel.eval.inception_extractor`).
 """
 
 from __future__ import annotations
@@ -45,9 +43,9 @@ class RandomConvFeatures(nn.Module):
 
     feature_dim = 2 * (WIDTHS[-2] + WIDTHS[-1])
 
-    def __init__(self, seed: int = SEED) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(SEED)
         layers, c_in = [], 3
         for c_out in WIDTHS:
             conv = nn.Conv2d(c_in, c_out, 4, stride=2, padding=1)
@@ -84,17 +82,12 @@ class RandomConvFeatures(nn.Module):
         return torch.cat(pooled, dim=1)
 
 
-def random_conv_extractor(device: str | torch.device = "cpu") -> RandomConvFeatures:
-    """The fixed random network of this module, on ``device``."""
-    return RandomConvFeatures().to(device)
-
-
 INCEPTION_NAME = "inception-v3-2048"
 
 
 def choose_features(choice: str, device: Any, log: Callable[[str], Any]) -> tuple[nn.Module, Any, str]:
     """(features, logits or None, the feature space's name) for ``choice``: "inception" (torch-fidelity's
-    Inception-v3, which must load here), "random" (:func:`random_conv_extractor`), or "auto" (Inception when
+    Inception-v3, which must load here), "random" (:class:`RandomConvFeatures`), or "auto" (Inception when
     it loads, else the random network, said in one line)."""
     from .inception import InceptionUnavailable, inception_extractor
 
@@ -107,4 +100,4 @@ def choose_features(choice: str, device: Any, log: Callable[[str], Any]) -> tupl
                 raise
             log(f"gan_accel: evaluation in the features of a fixed random network ({NAME}), not Inception "
                 f"({error}); its scores compare runs on this data with each other, they are not FIDs")
-    return random_conv_extractor(device), None, NAME
+    return RandomConvFeatures().to(device), None, NAME

@@ -13,14 +13,9 @@ from .precision_recall import precision_recall
 def score_features(fake: Tensor, real: Tensor, fake_logits: Tensor | None = None, *, kid_subsets: int = 100,
                    kid_subset_size: int = 1000, pr_k: int = 3, is_splits: int = 10,
                    seed: int = 0) -> dict[str, float]:
-    """Scores of generated features ``fake`` (N, F) against real ones ``real`` (M, F).
-
-    Keys: ``fd`` (Fréchet distance, lower is better), ``kid`` and ``kid_std`` (kernel inception
-    distance over subsets, lower is better), ``precision`` and ``recall`` (k-NN manifolds, higher is
-    better) and, with ``fake_logits`` (N, K), ``is`` and ``is_std`` (Inception score over
-    ``is_splits`` splits, capped at N; higher is better). Every number lives in the extractor's
-    feature space: scores from different extractors (an MNIST classifier, Inception-v3) are not
-    comparable with each other.
+    """Scores of generated features ``fake`` (N, F) against real ones ``real`` (M, F): ``fd``, ``kid`` and
+    ``kid_std`` (lower is better), ``precision`` and ``recall`` (higher is better) and, with ``fake_logits``
+    (N, K), ``is`` and ``is_std``. Scores from different extractors are not comparable with each other.
     """
     if fake_logits is not None and len(fake_logits) != len(fake):
         raise ValueError(f"fake_logits must have one row per fake feature vector: got {len(fake_logits)} rows "

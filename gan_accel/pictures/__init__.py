@@ -1,11 +1,6 @@
-"""Pictures, drawn with Pillow and torchvision only and always written atomically.
-
-* :mod:`~gan_accel.pictures.samples`: sample grids, scatter plots of 2-D points, animated GIFs;
-* :mod:`~gan_accel.pictures.training_plot`: a run's metrics log as line charts;
-* :mod:`~gan_accel.pictures.charts`: the chart axes both use.
-
-When they are drawn is decided elsewhere: during training by the ``sample_saver`` and
-``training_plot`` callbacks, on demand by ``gan-accel sample`` and ``gan-accel plot``.
+"""Pictures, drawn with Pillow and torchvision only and always written atomically: sample grids, scatter
+plots and GIFs (:mod:`~gan_accel.pictures.samples`), a run's metrics as line charts
+(:mod:`~gan_accel.pictures.training_plot`), and the chart axes both use (:mod:`~gan_accel.pictures.charts`).
 """
 
 from .charts import PlotArea

@@ -1,7 +1,5 @@
-"""Pictures of samples: image grids, scatter plots of 2-D points, and animated GIFs of them.
-
-Drawn with torchvision and Pillow only (no plotting library), always written atomically.
-"""
+"""Pictures of samples: image grids, scatter plots of 2-D points, and animated GIFs of them (torchvision and
+Pillow only, written atomically)."""
 
 from __future__ import annotations
 
@@ -50,11 +48,8 @@ def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = 
 
 def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch.Tensor | None = None,
                  title: str | None = None, size: int = 480) -> Path:
-    """A scatter plot PNG of 2-D points (blue), with ``reference`` points (orange, e.g. real data) on top.
-
-    The axes are square and fitted to the reference (or to the points), padded by 15%; points
-    outside are drawn on the border, so a sample far off the data is still visible.
-    """
+    """A scatter plot PNG of 2-D points (blue), with ``reference`` points (orange, e.g. real data) on top, on
+    square axes fitted to the reference; points outside are drawn on the border, so they stay visible."""
     from PIL import Image, ImageDraw
 
     pts = points.detach().float().cpu()
@@ -88,13 +83,9 @@ def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch
 
 def save_gif(frames: Iterable[str | os.PathLike], path: str | os.PathLike, frame_ms: int = 250,
              hold_last_ms: int = 1500) -> Path:
-    """An animated GIF of image files (e.g. the fixed-noise grids in step order), written atomically.
-
-    Streamed: each frame is read, encoded and written before the next is opened, so memory holds one
-    frame whatever their number (Pillow's own writer keeps every frame until the end). Each frame
-    carries its own colour table (as Pillow gives it for that picture), shown ``frame_ms`` and the
-    last ``hold_last_ms``.
-    """
+    """An animated GIF of image files (e.g. the fixed-noise grids in step order), written atomically; each frame
+    shown ``frame_ms``, the last ``hold_last_ms``. Streamed one frame at a time with its own colour table
+    (Pillow's own writer keeps every frame in memory until the end)."""
     from PIL import Image
 
     paths = list(frames)

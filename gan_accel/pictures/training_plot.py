@@ -1,18 +1,6 @@
-"""A picture of a run: its metrics rows as line charts, one panel per concern, drawn with Pillow only.
-
-``plot_metrics(rows, path)`` draws rows (``metrics.jsonl``'s, or any list of dicts with a ``step``);
-``plot_run(run_dir)`` draws a run folder's log as ``<run_dir>/training_plot.png``. The panels:
-
-* losses: every ``loss/<phase>``;
-* discriminator outputs: the mean logits ``D(x)`` and ``D(G(z))``;
-* gradient norms: every ``grad_norm/<network>``;
-* learning rates: every ``lr/<network>``;
-* sample diversity: ``health/diversity`` (see :class:`~gan_accel.callbacks.health.HealthMonitor`);
-* speed: ``images/s``;
-* augmentation, only for a run that augments D's inputs: ``augment/p`` (and ADA's ``augment/rt``).
-
-Step is on every x axis. A value that is not finite breaks its line and is marked by a red tick on
-the panel's top edge (and counted in the legend), so a NaN row shows up instead of crashing the plot.
+"""A picture of a run: its metrics rows as line charts, one panel per concern (:data:`PANELS`, and the
+augmentation panel for a run that augments), step on every x axis, drawn with Pillow only. A value that is not
+finite breaks its line and is marked by a red tick on the panel's top edge (and counted in the legend).
 """
 
 from __future__ import annotations
@@ -55,12 +43,6 @@ PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 AUGMENT_PANEL = ("augmentation (p; ADA's r_t = mean sign of D on reals)", _prefix("augment/"))
 
 
-def panels_for(rows: Sequence[dict[str, Any]]) -> tuple[tuple[str, Callable[[str], bool]], ...]:
-    """The panels a picture of ``rows`` has: :data:`PANELS`, and the augmentation panel when rows log it."""
-    augmented = any(AUGMENT_PANEL[1](key) for row in rows for key in row)
-    return PANELS + ((AUGMENT_PANEL,) if augmented else ())
-
-
 def plot_size(panels: int = len(PANELS)) -> tuple[int, int]:
     """The picture's (width, height) in pixels, for ``panels`` panels."""
     rows = math.ceil(panels / COLUMNS)
@@ -74,7 +56,7 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pat
     """
     from PIL import Image, ImageDraw
 
-    panels = panels_for(rows)
+    panels = PANELS + ((AUGMENT_PANEL,) if any(AUGMENT_PANEL[1](key) for row in rows for key in row) else ())
     image = Image.new("RGB", plot_size(len(panels)), "white")
     draw = ImageDraw.Draw(image)
     steps = [float(row["step"]) for row in rows if _finite(row.get("step"))]
@@ -93,19 +75,22 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pat
 def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Plot ``<run_dir>/metrics.jsonl`` to ``out`` (default ``<run_dir>/training_plot.png``); returns the path.
 
-    Lines that are not whole rows (cut short by a crash) are skipped. Raises
-    :class:`~gan_accel.errors.RunFolderError` when the folder has no metrics rows to draw.
+    Raises :class:`~gan_accel.errors.RunFolderError` when the folder has no metrics rows to draw.
     """
     log = Path(run_dir) / METRICS
     if not log.is_file():
         raise RunFolderError(f"{log} does not exist: plot a run folder (the output_dir of a run that has "
                              "logged at least one row, every log_every steps)")
-    rows = [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]  # a line
-    # cut short by a crash is skipped, not fatal (gan-accel plot says how many)
+    rows = run_rows(log)
     if not rows:
         raise RunFolderError(f"{log} has no metrics rows yet: plot again once the run has logged its first "
                              "row (every log_every steps)")
     return plot_metrics(rows, Path(run_dir) / TRAINING_PLOT if out is None else out)
+
+
+def run_rows(log: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics log; a line cut short by a crash is skipped, not fatal."""
+    return [row for row in read_metrics_tolerant(log)[0] if isinstance(row, dict) and "step" in row]
 
 
 # -- drawing ------------------------------------------------------------------------------------------
