@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models import build_generator, normalize_spec
-from ..state.checkpoint import engine_state_file, is_complete, list_checkpoints, read_engine_state, read_marker
+from ..state.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
 from ..state.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
                             GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
 from ..state.safe_tree import check_regular_file
@@ -138,11 +138,8 @@ def _from_run(run: Path, ema: bool) -> nn.Module:
 
 
 def _from_checkpoint(path: Path, ema: bool) -> nn.Module:
-    state_file = engine_state_file(path, 0)
-    if state_file is None:
-        raise CheckpointError(f"checkpoint {path} has no {ENGINE_STATE.format(rank=0)} (the engine state, with the EMA "
-                              "and the config): it was copied in part or damaged; pass another checkpoint of the run")
     state = read_engine_state(path, 0)  # safe formats only: nothing in it can run code
+    state_file = path / ENGINE_STATE.format(rank=0)
     marker_config = read_marker(path).get("config")
     config = marker_config if isinstance(marker_config, dict) and marker_config else state["config"]
     average = state["callbacks"].get(EMA_STATE)

@@ -1,28 +1,14 @@
 """Crash-safe checkpoints on top of ``accelerator.save_state`` / ``load_state``.
 
-A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint_<step>``:
+A checkpoint ``<output_dir>/checkpoints/checkpoint_<step>`` holds Accelerate's state (one
+``random_states_<rank>.pkl`` per process, so ``save_state`` runs on every rank), the trainer's own state per
+process as a safe tree (``gan_accel_state_<rank>.safetensors``) and ``COMPLETE``, written last.
 
-* Accelerate's state: both models, both optimizers, both schedulers, the seedable sampler, the
-  fp16 scaler and one ``random_states_<rank>.pkl`` per process (so ``save_state`` runs on every rank).
-* ``gan_accel_state_<rank>.safetensors``: the trainer's own state on that process: counters, the
-  phase counters, its position in the epoch, the running metric sums, the callbacks' state (the EMA),
-  the fixed latents, the config and the BatchNorm buffers; tensors as safetensors, the rest as JSON
-  (:mod:`gan_accel.state.safe_tree`). Checkpoints written before hold ``gan_accel_state_<rank>.pt``,
-  still read, with ``torch.load(weights_only=True)``.
-* ``COMPLETE``: written last.
-
-Nothing is unpickled beyond tensors and plain data: before ``load_state``, every file of the
-checkpoint is checked (:func:`gan_accel.state.pickles.check_checkpoint_files`), and a file that would
-need more is refused in one line naming it.
-
-Everything is first written to ``.tmp-checkpoint_<step>``. After a barrier (``save_state`` has none
-of its own, and other ranks may still be writing their RNG files) the main process writes
-``COMPLETE`` and renames the folder, an atomic step on one filesystem. A crash while saving leaves at
-most a ``.tmp-`` folder, which resume never picks and the next save of that step clears.
-
-Pruning removes only a checkpoint of this run (its ``COMPLETE`` names the run's id), and of it only the
-files its ``COMPLETE`` lists as written by the save; anything else in the folder stays. A folder in the way
-of a new checkpoint stops the save (a run's folder only moves forward: it never holds one).
+Everything is written to ``.tmp-checkpoint_<step>`` first; once every rank is done, the main process writes
+``COMPLETE`` and renames the folder (atomic on one filesystem): a crash leaves at most a ``.tmp-`` folder,
+which resume never picks. Before ``load_state`` every file is checked to hold tensors and plain data only
+(:func:`gan_accel.state.pickles.check_checkpoint_files`). Pruning removes only this run's checkpoints (their
+``COMPLETE`` names the run id), and of each only the files its ``COMPLETE`` lists.
 """
 
 from __future__ import annotations
@@ -40,7 +26,7 @@ from torch import nn
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, RunFolderError, UnsafeFileError
 from .files import is_write_failure, write_failure_reason
-from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, LEGACY_ENGINE_STATE, RNG_STATE, TMP_PREFIX,
+from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
 from .safe_tree import load_tree, save_tree
@@ -256,23 +242,18 @@ def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> 
 
 
 def engine_state_file(path: Path, rank: int) -> Path | None:
-    """The engine state of process ``rank`` in checkpoint ``path``: the safe file, or an older checkpoint's
-    pickle; None when there is neither."""
-    for name in (ENGINE_STATE, LEGACY_ENGINE_STATE):
-        file = path / name.format(rank=rank)
-        if os.path.lexists(file):
-            return file
-    return None
+    """The engine state of process ``rank`` in checkpoint ``path``, or None when there is none."""
+    file = path / ENGINE_STATE.format(rank=rank)
+    return file if os.path.lexists(file) else None
 
 
 def read_engine_state(path: Path, rank: int) -> dict[str, Any]:
-    """Process ``rank``'s engine state in checkpoint ``path``, read without running code: the safe tree, or (an
-    older checkpoint) its pickle with ``weights_only=True``. Raises :class:`CheckpointError` in one line naming the
-    file when there is none, or it is unsafe, corrupt or not an engine state."""
+    """Process ``rank``'s engine state in checkpoint ``path``, read without running code. Raises
+    :class:`CheckpointError` in one line naming the file when there is none, or it is unsafe, corrupt or not one."""
     file = engine_state_file(path, rank)
     if file is None:
         raise CheckpointError(f"{path} has no {ENGINE_STATE.format(rank=rank)} (the engine state of process {rank})")
-    state = load_tree(file) if file.suffix == ".safetensors" else load_pickle(file)
+    state = load_tree(file)
     missing = [key for key in ENGINE_STATE_KEYS if not isinstance(state, dict) or key not in state]
     if missing or not isinstance(state["callbacks"], dict) or not isinstance(state["config"], dict):
         what = f"it lacks {missing}" if missing else "its callbacks or config is not a dict"

@@ -26,9 +26,8 @@ Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.s
 optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.safetensors``
 (the trainer's own state on that process) and ``COMPLETE`` (JSON: step, processes, run id, config).
 
-gan_accel's own files hold tensors as safetensors and everything else as JSON (``state/safe_tree.py``);
-the ``LEGACY_`` names are what runs wrote before, still recognised and read without unpickling code
-(``state/pickles.py``; docs/security.md lists every file read and how).
+gan_accel's own files hold tensors as safetensors and everything else as JSON (``state/safe_tree.py``;
+docs/security.md lists every file read and how).
 
 An exported generator (``gan-accel export RUN DIR``, :mod:`gan_accel.hub`) is a folder of its own::
 
@@ -78,11 +77,6 @@ ENGINE_STATE = "gan_accel_state_{rank}.safetensors"
 RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
 RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
 
-# -- the same files as runs wrote them before gan_accel used safe formats (pickles) ----------------------
-LEGACY_FIXED_NOISE = "fixed_noise.pt"
-LEGACY_FIXED_LABELS = "fixed_labels.pt"
-LEGACY_ENGINE_STATE = "gan_accel_state_{rank}.pt"
-
 # -- an exported generator (gan_accel.hub) --------------------------------------------------------------
 EXPORT_CONFIG = CONFIG
 EXPORT_WEIGHTS = RAW_GENERATOR  # the Hugging Face name for a model's weights
@@ -91,7 +85,7 @@ EXPORT_SAMPLES = "samples.png"
 
 # Names a run writes at its top level, and patterns of those it writes many of (and may replace or prune).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
-             TRACKERS, LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
+             TRACKERS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
 RUN_MARKS = (CONFIG, HISTORY, GENERATOR, METRICS)

@@ -1,16 +1,11 @@
-"""The pickle-based files gan_accel reads or lets Accelerate read, opened so that no code can run.
+"""The pickle-based files Accelerate reads from a checkpoint, opened so that no code can run.
 
-Accelerate writes a checkpoint's optimizers, schedulers, fp16 scaler, sampler and RNG states with
-``torch.save`` (a pickle), and engine states before ``gan_accel_state_<rank>.safetensors`` were
-pickles too. Unpickling runs whatever a file names, so every such file is opened here with
-``torch.load(weights_only=True)``: tensors, containers and plain values only, plus the few numpy
-types Accelerate's RNG state needs (the same allow-list as Accelerate's own loader). A file that needs
-more is refused in one line naming it (:class:`~gan_accel.errors.UnsafeFileError`) and nothing in it
-is built.
-
-:func:`check_checkpoint_files` does this for every file of a checkpoint *before* ``load_state``: then
-no Accelerate version (and no ``register_for_checkpointing`` object, which Accelerate always unpickles
-with ``weights_only=False``) can unpickle a payload through gan_accel.
+Accelerate writes optimizers, schedulers, the fp16 scaler, the sampler and RNG states with ``torch.save`` (a
+pickle), and unpickling runs whatever a file names. Every such file is opened here with
+``torch.load(weights_only=True)`` (plus the few numpy types Accelerate's RNG state needs, its own allow-list);
+a file that needs more is refused in one line naming it. :func:`check_checkpoint_files` does this for every
+file *before* ``load_state``, so no Accelerate version (nor a ``register_for_checkpointing`` object, which it
+unpickles with ``weights_only=False``) unpickles a payload through gan_accel.
 """
 
 from __future__ import annotations
