@@ -193,13 +193,6 @@ def sample_file_name(index: int, count: int, label: Any = None) -> str:
     return f"{index:0{width}d}.png" if label is None else f"{index:0{width}d}_label{int(label)}.png"
 
 
-def sample_file_names(count: int, labels: torch.Tensor | None) -> list[str]:
-    """The names of ``count`` samples (see :func:`sample_file_name`)."""
-    if labels is None:
-        return [sample_file_name(i, count) for i in range(count)]
-    return [sample_file_name(i, count, y) for i, y in enumerate(labels)]
-
-
 def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int) -> None:
     """One PNG per sample, chunk by chunk as they are made."""
     from PIL import Image

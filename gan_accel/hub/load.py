@@ -189,15 +189,11 @@ def _build(spec: Any, shapes: Mapping[str, tuple[int, ...]], source: Path) -> nn
         raise CheckpointError(f"{source} records a model spec gan_accel cannot rebuild ({error}): load the weights "
                               "with gan_accel.state.load_weights into your own generator class") from None
     expected = {key: tuple(t.shape) for key, t in shell.state_dict().items()}
-    if expected != dict(shapes):
-        missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
-        wrong = [f"{k}: {shapes[k]} in the file, {expected[k]} in the spec"
-                 for k in sorted(set(expected) & set(shapes)) if tuple(shapes[k]) != expected[k]]
-        detail = "; ".join(part for part in (
-            f"missing {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else "") if missing else "",
-            f"unexpected {', '.join(unexpected[:3])}" + (" ..." if len(unexpected) > 3 else "") if unexpected else "",
-            "; ".join(wrong[:2]) + (" ..." if len(wrong) > 2 else "")) if part)
-        raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({detail}): the "
+    differ = [k for k in sorted(set(expected) | set(shapes)) if expected.get(k) != shapes.get(k)]
+    if differ:
+        k = differ[0]
+        raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({k}: "
+                              f"{shapes.get(k, 'absent')} in the file, {expected.get(k, 'absent')} in the spec): the "
                               "file is damaged, or its config was edited; export the run again")
     return build_generator(spec)
 

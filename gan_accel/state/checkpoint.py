@@ -36,8 +36,7 @@ ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an e
 
 
 def read_marker(path: Path) -> dict[str, Any]:
-    """What ``COMPLETE`` records: the step, the number of processes and the run's id (older ones: fewer keys;
-    a marker that is not a JSON object counts as an old empty one)."""
+    """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object."""
     try:
         marker = json.loads((path / COMPLETE).read_text() or "{}")
     except (OSError, ValueError, RecursionError):
@@ -92,14 +91,9 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int,
                     engine_state: dict[str, Any], keep_last: int, marker: dict[str, Any] | None = None,
                     keep_also: Iterable[str | os.PathLike] = ()) -> Path:
-    """Collective: call on every rank. Returns the final folder.
-
-    The newest ``keep_last`` complete checkpoints are kept, and those named in ``keep_also`` (the
-    best one by an evaluation metric); older ones are removed.
-
-    A write failure on any process raises :class:`RunFolderError` on every process (naming the path
-    and the reason); the complete checkpoints already there are untouched.
-    """
+    """Collective: call on every rank. Returns the final folder. Keeps this run's newest ``keep_last`` checkpoints
+    and those in ``keep_also`` (the best one). A write failure on any process raises :class:`RunFolderError` on
+    every process, naming the path and the reason."""
     root = checkpoint_root(output_dir)
     final = root / checkpoint_name(step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
@@ -138,8 +132,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
 
 
 def written_by(checkpoint: Path, run_id: str | None) -> bool:
-    """Whether the complete checkpoint folder ``checkpoint`` was written by the run ``run_id`` (its ``COMPLETE``
-    names it) in its own folder, not through a link."""
+    """Whether ``checkpoint`` was written by the run ``run_id`` (its ``COMPLETE`` says so), and is no link."""
     return not checkpoint.is_symlink() and read_marker(checkpoint).get("run_id") == run_id
 
 
@@ -285,12 +278,8 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
 
 
 def _device_rng_not_restored(saved: dict) -> str | None:
-    """The device (``"cuda"``, ...) whose saved generator states differ from the live ones, else None.
-
-    Accelerate saves ``torch_<device>_manual_seed`` (one state per visible device for CUDA) and, like
-    the CPU state, only logs when it cannot set them. States saved on a machine without that device
-    (or checked on one without it) are not compared: there is nothing to restore them into.
-    """
+    """The device (``"cuda"``, ...) whose saved ``torch_<device>_manual_seed`` states differ from the live ones,
+    else None. A device this machine lacks is not compared: there is nothing to restore its states into."""
     for key, value in saved.items():
         device = key[len("torch_"):-len("_manual_seed")] if key.startswith("torch_") and key.endswith("_manual_seed") else ""
         module = getattr(torch, device, None) if device else None

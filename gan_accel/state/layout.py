@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_path
+from .files import write_bytes_synced
 
 # -- the run folder -------------------------------------------------------------------------------------
 CONFIG = "config.json"
@@ -94,11 +94,6 @@ RUN_MARKS = (CONFIG, HISTORY, GENERATOR, METRICS)
 def samples_stem(step: int | None) -> str:
     """``samples_000500`` for a step's progress samples, ``samples_final`` for the end of the run."""
     return FINAL_SAMPLES if step is None else f"samples_{step:06d}"
-
-
-def progress_frames(run: str | os.PathLike) -> list[Path]:
-    """The step-stamped progress grids of a run, in step order (the frames of ``progress.gif``)."""
-    return sorted(Path(run).glob("samples_[0-9]*.png"))
 
 
 def checkpoint_root(run: str | os.PathLike) -> Path:
@@ -194,12 +189,7 @@ def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]]
 # -- JSON files -------------------------------------------------------------------------------------------
 def write_json(path: str | os.PathLike, value: Any) -> Path:
     """Write ``value`` as indented JSON, atomically and flushed to disk (a reader never sees half a file)."""
-    data = (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+    write_bytes_synced(path, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode())
     return Path(path)
 
 
