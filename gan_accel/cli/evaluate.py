@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_new_output(out)
-    G = load_generator(source.path, ema=not args.no_ema)
+    G = load_generator(source, ema=not args.no_ema)
     info = G.info
     if args.data is not None:
         result = evaluate_on_data(G, args.data, args.num, args.features, args.seed)
@@ -117,9 +117,7 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
     from ..data.image_data import EVAL_IMAGES
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with torch.no_grad():
-        shape = G(torch.zeros(1, G.z_dim), *([torch.zeros(1, dtype=torch.long)] if classes_of(G) is not None else [])).shape
-    channels, resolution = int(shape[1]), int(shape[-1])
+    channels, resolution = G.info["model"]["channels"], G.info["model"]["image_size"]
     data = open_image_data(source, resolution=resolution, channels=channels, labels="none", log=log)
     extractor, _, space = choose_features(features, device, log)
     count = min(len(data), EVAL_IMAGES)

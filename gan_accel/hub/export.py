@@ -36,22 +36,27 @@ class ExportError(GanAccelError, ValueError):
     """A generator folder cannot be written, read or shared as asked; the message says the fix."""
 
 
-@torch.no_grad()
-def sample_grid(G: nn.Module, spec: dict[str, Any], num: int = 64, seed: int = 0) -> bytes:
-    """A PNG grid of samples: ``num`` of them, or in a conditional G 8 per class for the first 16 classes."""
+def png_grid(images: torch.Tensor, columns: int | None) -> bytes:
+    """A PNG grid as :func:`gan_accel.pictures.save_grid` draws it (``columns`` per row; None: square)."""
     from torchvision.utils import save_image
 
     from ..pictures.samples import to_grid
 
+    buffer = io.BytesIO()
+    save_image(to_grid(images, columns), buffer, format="png")
+    return buffer.getvalue()
+
+
+@torch.no_grad()
+def sample_grid(G: nn.Module, spec: dict[str, Any], num: int = 64, seed: int = 0) -> bytes:
+    """A PNG grid of samples: ``num`` of them, or in a conditional G 8 per class for the first 16 classes."""
     generator = torch.Generator().manual_seed(seed)
     if spec["num_classes"] is None:
         images, rows = G(torch.randn(num, spec["z_dim"], generator=generator)), None
     else:
         labels = torch.arange(min(spec["num_classes"], GRID_ROWS)).repeat_interleave(PER_CLASS)
         images, rows = G(torch.randn(len(labels), spec["z_dim"], generator=generator), labels), PER_CLASS
-    buffer = io.BytesIO()
-    save_image(to_grid(images, rows), buffer, format="png")
-    return buffer.getvalue()
+    return png_grid(images, rows)
 
 
 def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, ema: bool = True, num_samples: int = 64,

@@ -97,7 +97,8 @@ def is_write_failure(error: BaseException) -> bool:
         or "unexpected pos" in text or "inline_container" in text
 
 
-def _cannot_write(out: Path, error: OSError, flag: str) -> ConfigError:
+def cannot_write(out: Path, error: OSError, flag: str) -> ConfigError:
+    """The one line for an output a command cannot write."""
     return ConfigError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a folder "
                        "you can write to, with free space)")
 
@@ -110,7 +111,7 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
     except FileExistsError:
         raise ConfigError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
     except OSError as error:
-        raise _cannot_write(out, error, flag) from error
+        raise cannot_write(out, error, flag) from error
     tmp = temporary_name(out)
     try:
         try:
@@ -118,7 +119,7 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
             fill(tmp)
             os.rename(tmp, out)  # replaces only the empty folder claimed above
         except OSError as error:
-            raise _cannot_write(out, error, flag) from error
+            raise cannot_write(out, error, flag) from error
     except BaseException:
         if tmp.is_dir():
             for file in tmp.iterdir():
