@@ -53,18 +53,15 @@ def sample_labels(num_classes: int | None, num: int, label: int | None, start: i
     return torch.arange(start, stop) // max(1, num // num_classes)
 
 
-def _chunks(count: int, width: int, rows: int | None = None) -> Iterator[tuple[int, int]]:
+def _chunks(count: int, width: int) -> Iterator[tuple[int, int]]:
     """(start, stop) of the chunks of ``count`` latents of ``width`` numbers each.
 
-    ``torch.randn`` of n numbers on the CPU draws in blocks of 16 and redraws its last 16 when n is not a
-    multiple of 16, so chunks of a multiple of 16 rows, and a last chunk of at least 16 numbers, draw
-    exactly the numbers one call for all of them would: the same seed gives the same samples whatever
-    the chunking (a tail of fewer than 16 numbers joins the chunk before it).
+    ``torch.randn`` on the CPU draws in blocks of 16 numbers and redraws its last 16 when n is no multiple of 16:
+    chunks of a multiple of 16 rows and a last one of at least 16 numbers draw what one call would draw.
     """
-    rows = rows or CHUNK
     start = 0
     while start < count:
-        take = min(rows, count - start)
+        take = min(CHUNK, count - start)
         if 0 < (count - start - take) * width < 16:
             take = count - start
         yield start, start + take
@@ -90,11 +87,8 @@ def sample_images(G: nn.Module, num: int, label: int | None = None,
                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``num`` samples (N, C, H, W) in [-1, 1] and their labels (None for an unconditional G), all at once.
 
-    A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of
-    each class, class by class. Raises :class:`ConfigError` for a label the run cannot take, or more
-    than :data:`MAX_SAMPLES`. The latents come from ``seed`` (the same numbers as one draw of all of
-    them); G runs on a chunk of them at a time (in eval mode each sample's image depends on its latent
-    and label only). For many samples, :func:`iter_samples` keeps only one chunk in memory.
+    A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of each class.
+    Raises :class:`ConfigError` for a label the run cannot take, or more than :data:`MAX_SAMPLES`.
     """
     parts = list(iter_samples(G, num, label, seed))
     images = torch.cat([images for images, _ in parts])

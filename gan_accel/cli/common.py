@@ -51,7 +51,7 @@ def _common_mistakes(path: Path, what: str) -> None:
 
 
 def resolve_source(argument: str | os.PathLike) -> Path:
-    """RUN_OR_CHECKPOINT of ``sample``, ``eval`` and ``export``: a run folder with its G, or a checkpoint."""
+    """RUN_OR_CHECKPOINT of ``sample``, ``eval`` and ``export``: a run folder or a checkpoint."""
     path = Path(argument)
     _common_mistakes(path, PASS_A_RUN)
     if is_complete(path):

@@ -50,8 +50,6 @@ def describe_run(run: Path) -> dict[str, Any]:
     """Everything ``info`` reports, as a JSON-able dict (files that cannot be read are noted, not fatal)."""
     notes: list[str] = []
     rows, skipped = read_metrics_tolerant(run / METRICS)
-    objects = [row for row in rows if isinstance(row, dict)]  # a row of JSON that is not an object is not a row
-    rows, skipped = objects, skipped + len(rows) - len(objects)
     if skipped:
         notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     export = _export(run, notes)
@@ -67,7 +65,7 @@ def describe_run(run: Path) -> dict[str, Any]:
         export.pop("config", None)
     max_steps = config.get("max_steps")
     best = _json_file(run / BEST, notes)
-    report = {
+    return {
         "run": str(run),
         "status": _status(run, done, max_steps, export, checkpoints),
         "steps": {"done": done, "max_steps": max_steps, **steps},
@@ -82,7 +80,6 @@ def describe_run(run: Path) -> dict[str, Any]:
         "history": _history(run / HISTORY, notes),
         "notes": notes,
     }
-    return report
 
 
 def _export(run: Path, notes: list[str]) -> dict[str, Any] | None:
@@ -178,7 +175,7 @@ def _alive(pid: Any) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: it exists
-        return True
+        pass
     return True
 
 

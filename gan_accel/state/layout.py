@@ -26,18 +26,8 @@ Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.s
 optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.safetensors``
 (the trainer's own state on that process) and ``COMPLETE`` (JSON: step, processes, run id, config).
 
-gan_accel's own files hold tensors as safetensors and everything else as JSON (``state/safe_tree.py``;
-docs/security.md lists every file read and how).
-
-An exported generator (``gan-accel export RUN DIR``, :mod:`gan_accel.hub`) is a folder of its own::
-
-    <export>/
-      config.json               the networks' spec, the class names, what the weights are         gan_accel.hub
-      model.safetensors         G's weights (the EMA when the run kept one)                       gan_accel.hub
-      README.md                 the model card, with samples.png (a grid of samples)              gan_accel.hub
-
-Everything that names one of these files takes the name from here, and everything that reads
-``metrics.jsonl`` or a JSON file of the run reads it with the functions below.
+An export (:mod:`gan_accel.hub.export`) is ``config.json``, ``model.safetensors``, ``README.md`` and
+``samples.png``. Everything that names one of these files takes the name from here.
 """
 
 from __future__ import annotations
@@ -174,14 +164,12 @@ def current_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The whole rows of a metrics log (``metrics.jsonl``), as the run stands (:func:`current_rows`); a line cut
-    short by a crash is skipped (:func:`read_metrics_tolerant` counts them)."""
+    """The whole rows of ``metrics.jsonl`` as the run stands (:func:`current_rows`); a line cut short is skipped."""
     return read_metrics_tolerant(path)[0]
 
 
 def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
-    """(the rows that are whole, see :func:`current_rows`; how many lines were not): for readers of a log a crash
-    may have cut short."""
+    """(:func:`read_metrics`'s rows, how many lines were not whole)."""
     rows, skipped = read_json_lines(path)
     return current_rows(rows), skipped
 

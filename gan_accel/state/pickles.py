@@ -62,12 +62,8 @@ def _allowed(extra: list[Any]) -> Iterator[None]:
 
 
 def load_pickle(path: str | Path, numpy: bool = False, mmap: bool = False) -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU; ``numpy``: numpy arrays allowed (RNG states).
-
-    ``mmap``: map the tensors' bytes instead of reading them (a check that the file is safe, at little cost).
-    Raises :class:`UnsafeFileError` in one line naming the file: it holds more than tensors and plain data,
-    or it is not a readable ``torch.save`` file.
-    """
+    """``torch.load(path, weights_only=True)`` onto the CPU; ``numpy``: numpy arrays allowed (RNG states); ``mmap``:
+    map the tensors instead of reading them. Raises :class:`UnsafeFileError` in one line naming the file."""
     path = Path(path)
     check_regular_file(path)
     try:
@@ -97,12 +93,9 @@ def unsafe_or_corrupt(path: Path, error: BaseException) -> UnsafeFileError:
 
 
 def check_checkpoint_files(folder: str | Path) -> None:
-    """Refuse a checkpoint (one line naming the file) if any file Accelerate or gan_accel would read from it is not
-    safe to read: every pickle-based file must load with ``weights_only=True`` (numpy arrays allowed, as Accelerate
-    allows them), every gan_accel state file must be a well-formed safe tree, and none may be a FIFO or device.
-
-    Tensors are mapped, not read, so this costs little next to ``load_state``. Every process checks every file,
-    so every process comes to the same verdict (none is left waiting in a collective)."""
+    """Refuse a checkpoint (one line naming the file) unless every pickle loads with ``weights_only=True``, every
+    gan_accel state file is a well-formed safe tree and none is a FIFO or device. Tensors are mapped, not read;
+    every process checks every file, so all reach the same verdict (none is left waiting in a collective)."""
     folder = Path(folder)
     for path in sorted(folder.rglob("*")):
         if path.suffix in PICKLE_SUFFIXES:
