@@ -72,15 +72,17 @@ def _chunks(count: int, width: int) -> Iterator[tuple[int, int]]:
 def iter_samples(G: nn.Module, num: int, label: int | None = None,
                  seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """The samples of :func:`sample_images`, chunk by chunk: ``(images, labels)`` of at most a few hundred
-    samples at a time, so any ``num`` up to :data:`MAX_SAMPLES` runs in the memory of one chunk."""
+    samples at a time, so any ``num`` up to :data:`MAX_SAMPLES` runs in the memory of one chunk. The latents are
+    drawn on the CPU (the same numbers on any device), then moved to G's device."""
     num_classes = classes_of(G)
     check_sample_request(num_classes, num, label)
     count = sample_count(num_classes, num, label)
     generator = torch.Generator().manual_seed(seed)
+    device = next(G.parameters()).device
     for start, stop in _chunks(count, G.z_dim):
-        z = torch.randn(stop - start, G.z_dim, generator=generator)
+        z = torch.randn(stop - start, G.z_dim, generator=generator).to(device)
         labels = sample_labels(num_classes, num, label, start, stop)
-        yield (G(z) if labels is None else G(z, labels)), labels
+        yield (G(z) if labels is None else G(z, labels.to(device))), labels
 
 
 def sample_images(G: nn.Module, num: int, label: int | None = None,

@@ -23,7 +23,6 @@ from torch import nn
 
 from ..hub import load_generator
 from ..eval.mnist import MAX_EVAL_SAMPLES
-from ..sampling import classes_of
 from .arguments import bounded_int, seed_int
 from .common import check_new_output, resolve_source, write_new_file
 
@@ -92,17 +91,6 @@ def offline_digits(info: dict):
     return resolve_dataset("digits", ".", log=None)
 
 
-class _OnDevice(nn.Module):
-    """G on ``device`` behind the CPU latents :func:`iter_samples` draws (the same numbers on any device)."""
-
-    def __init__(self, G: nn.Module, device: torch.device) -> None:
-        super().__init__()
-        self.G, self.device, self.z_dim, self.num_classes = G.to(device), device, G.z_dim, classes_of(G)
-
-    def forward(self, z: torch.Tensor, *labels: torch.Tensor) -> torch.Tensor:
-        return self.G(z.to(self.device), *(y.to(self.device) for y in labels))
-
-
 def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto",
                      seed: int = 0, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Scores of ``num`` samples of G against the images of ``source`` (a folder, ZIP or ``hf:`` name): up to
@@ -126,7 +114,7 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
         return compute_features(extractor, (uint8_to_float(part) for part in data.real_images(count).split(250)))
 
     real, reused = cached_features(data.fingerprint, space, count, real_features)
-    fake = compute_features(extractor, (images for images, _ in iter_samples(_OnDevice(G, device), num, seed=seed)))
+    fake = compute_features(extractor, (images for images, _ in iter_samples(G.to(device), num, seed=seed)))
     scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0)
     fd_name = "FID" if space == INCEPTION_NAME else "Frechet distance"
     summary = "\n".join([

@@ -107,10 +107,7 @@ def _is_generator_folder(path: Path) -> bool:
 def _from_folder(folder: Path) -> nn.Module:
     """G of a generator folder (an export, or a run's ``generator/``)."""
     config = read_export_config(folder)
-    weights = folder / EXPORT_WEIGHTS
-    G = _build(config.get("model"), _file_shapes(weights), weights)
-    _load(G, load_file(str(weights)), weights)
-    return _described(G, config)
+    return _described(_build(config.get("model"), folder / EXPORT_WEIGHTS), config)
 
 
 def _from_run(run: Path, ema: bool) -> nn.Module:
@@ -149,16 +146,12 @@ def _from_checkpoint(path: Path, ema: bool) -> nn.Module:
         if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
             raise CheckpointError(f"{state_file} holds no EMA weights of G (its EMA state has no tensors under "
                                   "'module'): the checkpoint was damaged; pass another checkpoint, or --no-ema / ema=False")
-        source = state_file
-        G = _build(config.get("model"), {k: tuple(v.shape) for k, v in weights.items()}, source)
+        G = _build(config.get("model"), state_file, weights)
     else:
-        source = path / RAW_GENERATOR
-        if not source.is_file():
+        if not (path / RAW_GENERATOR).is_file():
             raise CheckpointError(f"checkpoint {path} holds no weights of G ({RAW_GENERATOR} is missing): it was copied "
                                   "in part or damaged; pass another checkpoint of the run")
-        G = _build(config.get("model"), _file_shapes(source), source)
-        weights = load_file(str(source))
-    _load(G, weights, source)
+        G = _build(config.get("model"), path / RAW_GENERATOR)
     return _described(G, generator_config(config, state["step"], has_ema and ema, has_ema, checkpoint_run_folder(path)))
 
 
@@ -170,10 +163,11 @@ def _described(G: nn.Module, info: dict[str, Any]) -> nn.Module:
     return G.eval()
 
 
-def _build(spec: Any, shapes: Mapping[str, tuple[int, ...]], source: Path) -> nn.Module:
-    """G from a recorded spec, once the spec is known to ask for sane sizes and to describe the weights there
-    are (``shapes``: read from the file's header): a spec is data from a file, and a damaged or hostile one must
-    not make this allocate gigabytes before any check."""
+def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+    """G from a recorded spec with ``weights`` (default: the safetensors file ``source``) loaded, once the spec is
+    known to ask for sane sizes and to fit the weights' shapes (a file's are read from its header): a spec is data
+    from a file, and a damaged or hostile one must not make this allocate gigabytes before any check."""
+    shapes = _file_shapes(source) if weights is None else {k: tuple(v.shape) for k, v in weights.items()}
     if not isinstance(spec, dict):
         raise CheckpointError(f"{source} records no model spec (config.model): load the weights with "
                               "gan_accel.state.load_weights into your own generator class")
@@ -195,7 +189,13 @@ def _build(spec: Any, shapes: Mapping[str, tuple[int, ...]], source: Path) -> nn
         raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({k}: "
                               f"{shapes.get(k, 'absent')} in the file, {expected.get(k, 'absent')} in the spec): the "
                               "file is damaged, or its config was edited; export the run again")
-    return build_generator(spec)
+    G = build_generator(spec)
+    try:
+        G.load_state_dict(load_file(str(source)) if weights is None else weights)
+    except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
+        raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
+                              f"{str(error).strip().splitlines()[0]}") from None
+    return G
 
 
 def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
@@ -207,14 +207,6 @@ def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{weights} is not a readable safetensors file (truncated or corrupt?): "
                               f"{str(error).strip()[:200]}") from None
-
-
-def _load(G: nn.Module, weights: Mapping[str, torch.Tensor], source: Path) -> None:
-    try:
-        G.load_state_dict(weights)
-    except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
-        raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
-                              f"{str(error).strip().splitlines()[0]}") from None
 
 
 def download(repo_id: str, revision: str | None = None, token: str | None = None) -> Path:
