@@ -265,31 +265,22 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
             f"continuation, or from another checkpoint ({_others(path)})"
         )
     saved = load_pickle(rng_file, numpy=True)  # the allow-list Accelerate loads it with: never more
-    seed = saved.get("torch_manual_seed") if isinstance(saved, dict) else None
-    if not isinstance(seed, torch.Tensor):
+    if not isinstance(saved, dict) or not isinstance(saved.get("torch_manual_seed"), torch.Tensor):
         raise CheckpointError(f"{rng_file} holds no torch RNG state (torch_manual_seed): the checkpoint was damaged; "
                               "resume from another one")
-    if not torch.equal(seed, torch.get_rng_state()):
-        raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
-    device = _device_rng_not_restored(saved)
-    if device:
-        raise CheckpointError(f"the {device} RNG state of process {accelerator.process_index} was not restored from "
-                              f"{rng_file}")
-
-
-def _device_rng_not_restored(saved: dict) -> str | None:
-    """The device (``"cuda"``, ...) whose saved ``torch_<device>_manual_seed`` states differ from the live ones,
-    else None. A device this machine lacks is not compared: there is nothing to restore its states into."""
-    for key, value in saved.items():
-        device = key[len("torch_"):-len("_manual_seed")] if key.startswith("torch_") and key.endswith("_manual_seed") else ""
-        module = getattr(torch, device, None) if device else None
-        if module is None or not hasattr(module, "is_available") or not module.is_available():
+    for key, value in saved.items():  # torch_manual_seed (the CPU), torch_<device>_manual_seed (a list for CUDA)
+        if not (key.startswith("torch_") and key.endswith("_manual_seed")):
             continue
-        saved_states = value if isinstance(value, (list, tuple)) else [value]
-        live = module.get_rng_state_all() if isinstance(value, (list, tuple)) else [module.get_rng_state()]
-        if any(not isinstance(s, torch.Tensor) or not torch.equal(s.cpu(), l.cpu()) for s, l in zip(saved_states, live)):
-            return device
-    return None
+        device = key[len("torch_"):-len("_manual_seed")]
+        module = getattr(torch, device, None) if device else torch
+        if device and (module is None or not hasattr(module, "is_available") or not module.is_available()):
+            continue  # saved on a device this machine lacks: nothing to restore it into
+        several = isinstance(value, (list, tuple))
+        live = module.get_rng_state_all() if several else [module.get_rng_state()]
+        if any(not isinstance(s, torch.Tensor) or not torch.equal(s.cpu(), l.cpu())
+               for s, l in zip(value if several else [value], live)):
+            raise CheckpointError(f"the {device or 'torch'} RNG state of process {accelerator.process_index} was not "
+                                  f"restored from {rng_file}")
 
 
 def parameters_finite(*models: nn.Module) -> bool:
