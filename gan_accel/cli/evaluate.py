@@ -93,10 +93,8 @@ def offline_digits(info: dict):
 
 def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto",
                      seed: int = 0, log: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Scores of ``num`` samples of G against the images of ``source`` (a folder, ZIP or ``hf:`` name): up to
-    :data:`~gan_accel.data.image_data.EVAL_IMAGES` real images (a fixed, seeded choice, centre crops at G's
-    resolution and channels), their features cached per dataset, resolution and feature space
-    (:mod:`gan_accel.eval.feature_cache`); samples and real images a chunk at a time."""
+    """Scores of ``num`` samples of G against up to ``EVAL_IMAGES`` images of ``source`` (a folder, ZIP or ``hf:``
+    name) at G's resolution; the real features are cached per dataset, resolution and feature space."""
     from ..data import open_image_data, uint8_to_float
     from ..eval import compute_features, score_features
     from ..eval.feature_cache import cached_features

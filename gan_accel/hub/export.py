@@ -1,14 +1,6 @@
-"""``export_generator``: a run's generator folder (the format of :mod:`gan_accel.state.weights`) with its model
-card, as a new folder the Hugging Face Hub shows::
-
-    photos_gan/
-      config.json         the networks' spec, class names, what the weights are, training config, data, scores
-      model.safetensors   G's weights (the EMA when the run kept one)
-      README.md           the model card (card.py)
-      samples.png         a grid of samples (a conditional G: one row per class, at most 16 rows)
-
-The folder is written beside its final name and renamed into place when complete; an existing folder
-is never replaced.
+"""``export_generator``: a run's generator folder (:mod:`gan_accel.state.weights`) with its model card
+(``README.md``) and ``samples.png`` (a conditional G: one row per class, at most 16), as a new folder the
+Hugging Face Hub shows. It is written beside its final name and renamed into place; nothing is replaced.
 """
 
 from __future__ import annotations
@@ -61,12 +53,10 @@ def sample_grid(G: nn.Module, spec: dict[str, Any], num: int = 64, seed: int = 0
 
 def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, ema: bool = True, num_samples: int = 64,
                      seed: int = 0, license: str | None = None, repo_id: str | None = None) -> Path:
-    """Write the new folder ``out_dir``: the generator of a run or a checkpoint (see the module docstring) with
-    its model card and sample grid.
+    """Write the new folder ``out_dir``: the generator of a run or a checkpoint with its model card and grid.
 
-    ``ema=False`` exports the raw G instead of its EMA. ``num_samples`` and ``seed`` make the card's
-    grid. ``license`` goes into the card's metadata; ``repo_id`` is the Hub name the card's snippet
-    loads (default: ``out_dir``). Returns ``out_dir``.
+    ``ema=False``: the raw G. ``num_samples``, ``seed``: the card's grid. ``license``: the card's metadata.
+    ``repo_id``: what the card's snippet loads (default: ``out_dir``). Returns ``out_dir``.
     """
     from .load import load_generator
 

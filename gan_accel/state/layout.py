@@ -151,27 +151,22 @@ def read_json_lines(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]
     return rows, skipped
 
 
-def current_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The metrics rows of the run as it stands: a resume logs again the steps after its checkpoint, and a
-    row of a later step number supersedes the rows the interrupted run logged from that step on."""
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The whole rows of ``metrics.jsonl`` as the run stands; a line cut short by a crash is skipped."""
+    return read_metrics_tolerant(path)[0]
+
+
+def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
+    """(:func:`read_metrics`'s rows, how many lines were not whole). A resume logs again the steps after its
+    checkpoint: a row of a later step number supersedes the rows the interrupted run logged from that step on."""
+    rows, skipped = read_json_lines(path)
     kept: list[dict[str, Any]] = []
     for row in rows:
         step = row.get("step")
         while isinstance(step, int) and kept and isinstance(kept[-1].get("step"), int) and kept[-1]["step"] >= step:
             kept.pop()
         kept.append(row)
-    return kept
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The whole rows of ``metrics.jsonl`` as the run stands (:func:`current_rows`); a line cut short is skipped."""
-    return read_metrics_tolerant(path)[0]
-
-
-def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
-    """(:func:`read_metrics`'s rows, how many lines were not whole)."""
-    rows, skipped = read_json_lines(path)
-    return current_rows(rows), skipped
+    return kept, skipped
 
 
 # -- JSON files -------------------------------------------------------------------------------------------

@@ -1,15 +1,9 @@
 """The run folder: one run per folder, and it only moves forward.
 
-* A new run starts only in an absent or empty folder (:func:`check_new_run`); ``resume_from="latest"``
-  continues the run in its folder; any other checkpoint starts a new run (a fork) in a new folder.
-* A run deletes only what it wrote: its own pruned checkpoints (their ``COMPLETE`` marker names its run
-  id, :mod:`gan_accel.state.checkpoint`) and its own step-stamped sample grids past ``keep_samples``.
-  Nothing else is ever removed, moved or rewritten, so no file outside the run can be touched.
-* ``history.jsonl``: one dated line per start, resume and fork (with the config changes); only appended.
-* ``.lock``: one writer at a time (:mod:`gan_accel.state.lock`).
-* A run is refused inside another run's ``checkpoints/`` or ``trackers/`` (:func:`output_dir_refusal`).
-
-Only the main process writes these files.
+A new run starts only in an absent or empty folder (:func:`check_new_run`); ``resume_from="latest"`` continues
+it there; any other checkpoint forks into a new folder. A run deletes only its own pruned checkpoints and sample
+grids; ``history.jsonl`` (one dated line per start, resume and fork) is only appended. A run is refused inside
+another run's ``checkpoints/`` or ``trackers/`` (:func:`output_dir_refusal`). Only the main process writes.
 """
 
 from __future__ import annotations
