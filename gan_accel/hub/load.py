@@ -25,6 +25,7 @@ from ..models import build_generator, normalize_spec
 from ..state.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
 from ..state.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
                             GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
+from ..state.files import first_line
 from ..state.safe_tree import check_regular_file
 from ..state.weights import FORMAT, FORMAT_VERSION, generator_config
 from .export import ExportError
@@ -228,8 +229,7 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
 
 def _reason(error: BaseException, token: str | None) -> str:
     """An error's type and first line, with the token (if any) blanked out."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    text = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
     return text.replace(token, "***") if token else text
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, RunFolderError, UnsafeFileError
-from .files import is_write_failure, write_failure_reason
+from .files import first_line, is_write_failure, write_failure_reason
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
@@ -206,9 +206,8 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
     try:
         accelerator.load_state(str(path))
     except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         hint = " (a model of another shape or width?)" if "size mismatch" in str(error) or "Missing key" in str(error) else ""
-        raise CheckpointError(f"cannot restore {path}{hint}: {first}") from error
+        raise CheckpointError(f"cannot restore {path}{hint}: {first_line(error)}") from error
     check_rng_restored(accelerator, path)
     return engine_state
 

@@ -32,6 +32,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def first_line(error: BaseException) -> str:
+    """An error's message, its first line (at most 300 characters), or its type when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
+
+
 def write_bytes_synced(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` atomically and flush it to disk; a failure raises ``OSError`` with its errno."""
     with atomic_path(path) as tmp:
@@ -56,7 +62,7 @@ def write_failure_reason(error: BaseException, path: str | os.PathLike | None = 
         number = int(match.group(1)) if match else None
     if number is not None:
         return f"{os.strerror(number)} ({errno.errorcode.get(number, number)})"
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = first_line(error)
     if _TORCH_ENFORCE.match(first):
         first = f"torch's file writer stopped part-way ({_TORCH_ENFORCE.sub('', first).strip() or 'no reason given'})"
     free = free_space(path)

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import UnsafeFileError
+from .files import first_line
 from .safe_tree import check_regular_file, check_tree_file
 
 PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
@@ -88,8 +89,7 @@ def unsafe_or_corrupt(path: Path, error: BaseException) -> UnsafeFileError:
         return UnsafeFileError(
             f"{path} holds more than {SAFE_PICKLES}{what}: unpickling it could run code, so gan_accel does not load "
             "it; use checkpoints you or gan_accel wrote (see docs/security.md to convert one you trust)")
-    first = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
-    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {first}")
+    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {first_line(error)}")
 
 
 def check_checkpoint_files(folder: str | Path) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError, UnsafeFileError
-from .files import write_bytes_synced
+from .files import first_line, write_bytes_synced
 
 TREE_KEY = "gan_accel_tree"
 FORMAT = "gan_accel.tree/1"
@@ -47,7 +47,7 @@ def tree_bytes(obj: Any, name: str = "the tree") -> bytes:
     try:
         return save(tensors, metadata=metadata)
     except Exception as error:  # an unsupported dtype, ...
-        raise CheckpointError(f"cannot save {name} as safetensors: {_first_line(error)}") from error
+        raise CheckpointError(f"cannot save {name} as safetensors: {first_line(error)}") from error
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor], where: str, name: str, depth: int) -> Any:
@@ -124,7 +124,7 @@ def _read(path: Path, with_tensors: bool) -> Any:
     except UnsafeFileError:
         raise
     except Exception as error:  # safetensors' own errors for a truncated or foreign file, OSError
-        raise _refuse(path, f"it is not a readable safetensors file (truncated or corrupt?): {_first_line(error)}") \
+        raise _refuse(path, f"it is not a readable safetensors file (truncated or corrupt?): {first_line(error)}") \
             from None
 
 
@@ -147,7 +147,7 @@ def _parse(path: Path, text: str) -> Any:
     try:
         document = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError) as error:
-        raise _refuse(path, f"its {TREE_KEY!r} metadata is not valid JSON ({_first_line(error)})") from None
+        raise _refuse(path, f"its {TREE_KEY!r} metadata is not valid JSON ({first_line(error)})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT or "tree" not in document:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise _refuse(path, f"its {TREE_KEY!r} metadata is not format {FORMAT!r} (found {str(found)[:40]!r}): "
@@ -201,8 +201,3 @@ def _refuse(path: Path, reason: str) -> UnsafeFileError:
 def _type_name(value: Any) -> str:
     kind = type(value)
     return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import CheckpointError
-from .files import atomic_path
+from .files import atomic_path, first_line
 from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
 
 FORMAT = "gan_accel.generator"
@@ -41,9 +41,8 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        text = str(error).strip()
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
-                              f"{text.splitlines()[0][:300] if text else type(error).__name__}") from None
+                              f"{first_line(error)}") from None
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
