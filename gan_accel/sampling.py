@@ -53,18 +53,15 @@ def sample_labels(num_classes: int | None, num: int, label: int | None, start: i
     return torch.arange(start, stop) // max(1, num // num_classes)
 
 
-def _chunks(count: int, width: int, rows: int | None = None) -> Iterator[tuple[int, int]]:
+def _chunks(count: int, width: int) -> Iterator[tuple[int, int]]:
     """(start, stop) of the chunks of ``count`` latents of ``width`` numbers each.
 
-    ``torch.randn`` of n numbers on the CPU draws in blocks of 16 and redraws its last 16 when n is not a
-    multiple of 16, so chunks of a multiple of 16 rows, and a last chunk of at least 16 numbers, draw
-    exactly the numbers one call for all of them would: the same seed gives the same samples whatever
-    the chunking (a tail of fewer than 16 numbers joins the chunk before it).
+    ``torch.randn`` on the CPU draws in blocks of 16 numbers and redraws its last 16 when n is no multiple of 16:
+    chunks of a multiple of 16 rows and a last one of at least 16 numbers draw what one call would draw.
     """
-    rows = rows or CHUNK
     start = 0
     while start < count:
-        take = min(rows, count - start)
+        take = min(CHUNK, count - start)
         if 0 < (count - start - take) * width < 16:
             take = count - start
         yield start, start + take
@@ -75,26 +72,25 @@ def _chunks(count: int, width: int, rows: int | None = None) -> Iterator[tuple[i
 def iter_samples(G: nn.Module, num: int, label: int | None = None,
                  seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """The samples of :func:`sample_images`, chunk by chunk: ``(images, labels)`` of at most a few hundred
-    samples at a time, so any ``num`` up to :data:`MAX_SAMPLES` runs in the memory of one chunk."""
+    samples at a time, so any ``num`` up to :data:`MAX_SAMPLES` runs in the memory of one chunk. The latents are
+    drawn on the CPU (the same numbers on any device), then moved to G's device."""
     num_classes = classes_of(G)
     check_sample_request(num_classes, num, label)
     count = sample_count(num_classes, num, label)
     generator = torch.Generator().manual_seed(seed)
+    device = next(G.parameters()).device
     for start, stop in _chunks(count, G.z_dim):
-        z = torch.randn(stop - start, G.z_dim, generator=generator)
+        z = torch.randn(stop - start, G.z_dim, generator=generator).to(device)
         labels = sample_labels(num_classes, num, label, start, stop)
-        yield (G(z) if labels is None else G(z, labels)), labels
+        yield (G(z) if labels is None else G(z, labels.to(device))), labels
 
 
 def sample_images(G: nn.Module, num: int, label: int | None = None,
                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``num`` samples (N, C, H, W) in [-1, 1] and their labels (None for an unconditional G), all at once.
 
-    A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of
-    each class, class by class. Raises :class:`ConfigError` for a label the run cannot take, or more
-    than :data:`MAX_SAMPLES`. The latents come from ``seed`` (the same numbers as one draw of all of
-    them); G runs on a chunk of them at a time (in eval mode each sample's image depends on its latent
-    and label only). For many samples, :func:`iter_samples` keeps only one chunk in memory.
+    A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of each class.
+    Raises :class:`ConfigError` for a label the run cannot take, or more than :data:`MAX_SAMPLES`.
     """
     parts = list(iter_samples(G, num, label, seed))
     images = torch.cat([images for images, _ in parts])

@@ -5,7 +5,7 @@ checkpoint or a cache holds, and each entry point that reads it is called: the m
 and the user gets one line naming the file (exit 2 from the command line, an ``UnsafeFileError`` /
 ``GanAccelError`` from the API). The payload itself is shown to work when unpickled the unsafe way.
 Then: the safe tree round-trips every type the engine state holds, malformed safe files are refused
-in one line, and an old checkpoint (pickled engine state) still resumes bitwise.
+in one line.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import torch
 
 from conftest import reset_accelerate_state
 from gan_accel.errors import CheckpointError, GanAccelError, UnsafeFileError
-from gan_accel.state.layout import (ENGINE_STATE, FIXED_NOISE, LEGACY_ENGINE_STATE, LEGACY_FIXED_LABELS,
-                                    LEGACY_FIXED_NOISE, RNG_STATE)
+from gan_accel.state.layout import ENGINE_STATE, FIXED_LABELS, FIXED_NOISE, RNG_STATE
 from gan_accel.state.safe_tree import TREE_KEY, load_tree, save_tree
 from test_cli import CK2, cli, error_line, train
 
-STATE_0, LEGACY_0 = ENGINE_STATE.format(rank=0), LEGACY_ENGINE_STATE.format(rank=0)
+STATE_0 = ENGINE_STATE.format(rank=0)
 
 
 class Payload:
@@ -39,9 +38,9 @@ class Payload:
         return (os.mkdir, (self.marker,))
 
 
-def plant(path: Path, marker: Path, legacy_pickle: bool = False, inside: object = None) -> None:
-    """Replace ``path`` with a pickle holding the payload (inside ``inside``, a real state, when given)."""
-    value = {"evil": Payload(marker)} if inside is None else inside
+def plant(path: Path, marker: Path, legacy_pickle: bool = False) -> None:
+    """Replace ``path`` with a pickle holding the payload."""
+    value = {"evil": Payload(marker)}
     path.unlink(missing_ok=True)
     if legacy_pickle:  # a plain pickle, as torch.save wrote before its zip format
         path.write_bytes(pickle.dumps(value, protocol=2))
@@ -80,20 +79,18 @@ def test_the_payload_runs_code_when_unpickled_unsafely(tmp_path):
 
 # -- resuming: every file of a checkpoint ---------------------------------------------------------------
 CHECKPOINT_FILES = ["optimizer.bin", "optimizer_1.bin", "scheduler.bin", "scheduler_1.bin", RNG_STATE.format(rank=0),
-                    "sampler.bin", "scaler.pt", "custom_checkpoint_0.pkl", "pytorch_model.bin", LEGACY_0]
+                    "sampler.bin", "scaler.pt", "custom_checkpoint_0.pkl", "pytorch_model.bin"]
 
 
 def test_a_payload_in_any_checkpoint_file_is_refused_by_resume(run, tmp_path, capsys):
     """fit(resume_from=...) and 'latest': each of Accelerate's pickles (also ones it reads with weights_only=False,
-    like register_for_checkpointing's custom_checkpoint_N.pkl, or none at all here) and the engine state."""
+    like register_for_checkpointing's custom_checkpoint_N.pkl, or none at all here)."""
     checkpoint = run / "checkpoints" / CK2
     pristine = tmp_path / "pristine"
     shutil.copytree(checkpoint, pristine)
     marker = tmp_path / "PAYLOAD_RAN"
     for victim in CHECKPOINT_FILES:
         for legacy in (False, True):
-            if victim == LEGACY_0:
-                (checkpoint / STATE_0).unlink()
             plant(checkpoint / victim, marker, legacy_pickle=legacy)
             for resume_from in ("latest", str(checkpoint)):
                 with pytest.raises(UnsafeFileError) as caught:
@@ -106,49 +103,13 @@ def test_a_payload_in_any_checkpoint_file_is_refused_by_resume(run, tmp_path, ca
     train(run, steps=2, resume_from="latest")  # the pristine checkpoint still resumes
 
 
-def test_a_payload_nested_deep_in_an_old_engine_state_is_refused(run, tmp_path, capsys):
-    """An old checkpoint's gan_accel_state_0.pt, real in every way but one value deep inside the EMA's weights."""
-    checkpoint = run / "checkpoints" / CK2
-    state = load_tree(checkpoint / STATE_0)
-    state["callbacks"]["generator_ema"]["module"]["extra"] = [{"deep": (Payload(tmp_path / "PAYLOAD_RAN"),)}]
-    (checkpoint / STATE_0).unlink()
-    torch.save(state, checkpoint / LEGACY_0)
-    with pytest.raises(UnsafeFileError) as caught:
-        train(run, steps=2, resume_from="latest")
-    one_line_naming(caught.value, checkpoint / LEGACY_0)
-    for argv in (["sample", checkpoint, "--out", tmp_path / "a.png"],
-                 ["sample", checkpoint, "--no-ema", "--out", tmp_path / "b.png"],
-                 ["sample", run, "--no-ema", "--out", tmp_path / "c.png"],  # the raw G of the export's checkpoint
-                 ["eval", checkpoint, "--num", 10]):
-        line = error_line(argv, capsys)
-        assert str(checkpoint / LEGACY_0) in line and "could run code" in line, (argv, line)
-    assert not (tmp_path / "PAYLOAD_RAN").exists()
-
-
-def test_an_old_engine_state_without_payload_is_still_read(run, tmp_path, capsys):
-    """Checkpoints written before the safe format: sample, eval's loader and resume read their .pt safely."""
-    checkpoint = run / "checkpoints" / CK2
-    state = load_tree(checkpoint / STATE_0)
-    (checkpoint / STATE_0).unlink()
-    torch.save(state, checkpoint / LEGACY_0)
-    torch.save(load_tree(run / FIXED_NOISE), run / LEGACY_FIXED_NOISE)
-    (run / FIXED_NOISE).unlink()
-    from gan_accel import load_generator
-    from gan_accel.state.run_folder import read_fixed_latents
-
-    assert load_generator(checkpoint).info["weights"]["ema"]  # the EMA, which only the old state file holds
-    assert torch.equal(read_fixed_latents(run)[0], state["fixed_latents"])
-    assert cli(["sample", checkpoint, "--num", 4, "--out", tmp_path / "old.png"], capsys)[0] == 0
-
-
 def test_a_payload_in_the_fixed_noise_or_labels_is_refused(run, tmp_path):
     from gan_accel.state.run_folder import read_fixed_latents
 
     marker = tmp_path / "PAYLOAD_RAN"
-    for name in (LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS):
-        (run / FIXED_NOISE).unlink(missing_ok=True)
-        if name == LEGACY_FIXED_LABELS:
-            torch.save(torch.zeros(2, 8), run / LEGACY_FIXED_NOISE)
+    for name in (FIXED_NOISE, FIXED_LABELS):
+        if name == FIXED_LABELS:
+            save_tree(torch.zeros(2, 8), run / FIXED_NOISE)
         plant(run / name, marker)
         with pytest.raises(UnsafeFileError) as caught:
             read_fixed_latents(run)
@@ -175,14 +136,13 @@ def test_the_rng_check_never_unpickles_more_than_accelerate_allows(run, tmp_path
 def test_sample_eval_and_info_refuse_or_ignore_a_poisoned_run(run, tmp_path, capsys, monkeypatch):
     marker = tmp_path / "PAYLOAD_RAN"
     checkpoint = run / "checkpoints" / CK2
-    (checkpoint / STATE_0).unlink()
-    plant(checkpoint / LEGACY_0, marker)
+    plant(checkpoint / STATE_0, marker)
     for argv in (["sample", checkpoint, "--out", tmp_path / "a.png"],
                  ["sample", checkpoint, "--no-ema", "--out", tmp_path / "b.png"],
                  ["sample", run, "--no-ema", "--out", tmp_path / "c.png"],
                  ["eval", checkpoint, "--num", 10]):
         line = error_line(argv, capsys)
-        assert str(checkpoint / LEGACY_0) in line, line
+        assert str(checkpoint / STATE_0) in line, line
     # info reads JSON only; odd JSON in every file it reads is a note, never a traceback
     (checkpoint / "COMPLETE").write_text("[1, 2")
     (run / "config.json").write_text('["not", "a", "config"]')
@@ -378,32 +338,3 @@ def test_a_callback_with_unsaveable_state_stops_the_checkpoint_with_its_name(tmp
 
     with pytest.raises(GanAccelError, match=r"\['callbacks'\]\['numpy_state'\]\['rng'\]\[1\] is a numpy.ndarray"):
         train(tmp_path / "run", steps=2, callbacks=[NumpyState()])
-
-
-# -- an old checkpoint resumes bitwise ------------------------------------------------------------------
-def test_a_checkpoint_with_a_pickled_engine_state_resumes_bitwise(tmp_path, monkeypatch):
-    """The interrupted run writes its engine state as every run did before (torch.save to gan_accel_state_0.pt,
-    fixed_noise.pt): resumed with today's reader, the run ends bit for bit like the straight one."""
-    import gan_accel.state.checkpoint as checkpoint
-    import gan_accel.state.run_folder as run_folder
-    from test_resume import _interrupted, _resumed, _straight, check_runs
-
-    _straight(str(tmp_path))
-    reset_accelerate_state()
-
-    def old_writer(obj, path):
-        path = Path(path)
-        legacy = path.with_name(path.name.replace(".safetensors", ".pt"))
-        torch.save(obj, legacy)
-        return legacy
-
-    with monkeypatch.context() as patch:
-        patch.setattr(checkpoint, "save_tree", old_writer)
-        patch.setattr(run_folder, "save_tree", old_writer)
-        _interrupted(str(tmp_path))
-    written = tmp_path / "resumed" / "checkpoints" / "checkpoint_00000003"
-    assert (written / LEGACY_0).is_file() and not (written / STATE_0).exists()
-    assert (tmp_path / "resumed" / LEGACY_FIXED_NOISE).is_file()
-    reset_accelerate_state()
-    _resumed(str(tmp_path))
-    check_runs(tmp_path, ranks=[0])

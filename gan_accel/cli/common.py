@@ -11,13 +11,12 @@ from __future__ import annotations
 import errno
 import os
 from fnmatch import fnmatch
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from ..errors import GanAccelError
 from ..state.checkpoint import is_complete, list_checkpoints
-from ..state.files import temporary_name, write_failure_reason
+from ..state.files import cannot_write, temporary_name
 from ..state.run_folder import managing_run
 from ..state.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
                             TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
@@ -27,15 +26,6 @@ PASS_A_RUN = "pass a run folder (the --output-dir of a training run) or one of i
 
 class CommandError(GanAccelError, ValueError):
     """A ``gan-accel`` argument that names something unusable: a missing or foreign folder, an existing output."""
-
-
-@dataclass
-class Source:
-    """What a RUN_OR_CHECKPOINT argument names: a run folder, or one checkpoint of a run."""
-
-    path: Path
-    run: Path  # the run folder (the checkpoint's run for a checkpoint)
-    checkpoint: Path | None = None
 
 
 def _checkpoints_named(run: Path) -> str:
@@ -60,12 +50,12 @@ def _common_mistakes(path: Path, what: str) -> None:
                            f"checkpoint in it ({_checkpoints_named(path.parent)})")
 
 
-def resolve_source(argument: str | os.PathLike) -> Source:
-    """RUN_OR_CHECKPOINT of ``sample`` and ``eval``: a run folder with its final weights, or a checkpoint."""
+def resolve_source(argument: str | os.PathLike) -> Path:
+    """RUN_OR_CHECKPOINT of ``sample``, ``eval`` and ``export``: a run folder or a checkpoint."""
     path = Path(argument)
     _common_mistakes(path, PASS_A_RUN)
     if is_complete(path):
-        return Source(path, checkpoint_run_folder(path), path)
+        return path
     if not is_run_folder(path):
         raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {PASS_A_RUN}")
     if not (path / GENERATOR).is_dir():
@@ -76,7 +66,7 @@ def resolve_source(argument: str | os.PathLike) -> Source:
                                "resume it (--resume latest)")
         raise CommandError(f"run {path} has no {GENERATOR}/ yet (written when training ends; its latest checkpoint "
                            f"is at step {checkpoint_step(latest[-1])}): pass that checkpoint, {latest[-1]}")
-    return Source(path, path)
+    return path
 
 
 def resolve_run(argument: str | os.PathLike, command: str) -> Path:
@@ -132,7 +122,7 @@ def write_new_file_with(out: Path, write: Callable[[BinaryIO], Any], flag: str =
     try:
         _write_new_file(out, tmp, write, flag)
     except OSError as error:
-        raise _cannot_write(out, error, flag) from error
+        raise cannot_write(out, error, flag) from error
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -154,8 +144,3 @@ def _write_new_file(out: Path, tmp: Path, write: Callable[[BinaryIO], Any], flag
             raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written over "
                                "it") from None
         os.replace(tmp, out)
-
-
-def _cannot_write(out: Path, error: OSError, flag: str) -> CommandError:
-    return CommandError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a "
-                        "folder you can write to, with free space)")

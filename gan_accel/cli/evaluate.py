@@ -23,7 +23,6 @@ from torch import nn
 
 from ..hub import load_generator
 from ..eval.mnist import MAX_EVAL_SAMPLES
-from ..sampling import classes_of
 from .arguments import bounded_int, seed_int
 from .common import check_new_output, resolve_source, write_new_file
 
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_new_output(out)
-    G = load_generator(source.path, ema=not args.no_ema)
+    G = load_generator(source, ema=not args.no_ema)
     info = G.info
     if args.data is not None:
         result = evaluate_on_data(G, args.data, args.num, args.features, args.seed)
@@ -92,23 +91,10 @@ def offline_digits(info: dict):
     return resolve_dataset("digits", ".", log=None)
 
 
-class _OnDevice(nn.Module):
-    """G on ``device`` behind the CPU latents :func:`iter_samples` draws (the same numbers on any device)."""
-
-    def __init__(self, G: nn.Module, device: torch.device) -> None:
-        super().__init__()
-        self.G, self.device, self.z_dim, self.num_classes = G.to(device), device, G.z_dim, classes_of(G)
-
-    def forward(self, z: torch.Tensor, *labels: torch.Tensor) -> torch.Tensor:
-        return self.G(z.to(self.device), *(y.to(self.device) for y in labels))
-
-
 def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto",
                      seed: int = 0, log: Callable[[str], Any] = print) -> dict[str, Any]:
-    """Scores of ``num`` samples of G against the images of ``source`` (a folder, ZIP or ``hf:`` name): up to
-    :data:`~gan_accel.data.image_data.EVAL_IMAGES` real images (a fixed, seeded choice, centre crops at G's
-    resolution and channels), their features cached per dataset, resolution and feature space
-    (:mod:`gan_accel.eval.feature_cache`); samples and real images a chunk at a time."""
+    """Scores of ``num`` samples of G against up to ``EVAL_IMAGES`` images of ``source`` (a folder, ZIP or ``hf:``
+    name) at G's resolution; the real features are cached per dataset, resolution and feature space."""
     from ..data import open_image_data, uint8_to_float
     from ..eval import compute_features, score_features
     from ..eval.feature_cache import cached_features
@@ -117,9 +103,7 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
     from ..data.image_data import EVAL_IMAGES
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with torch.no_grad():
-        shape = G(torch.zeros(1, G.z_dim), *([torch.zeros(1, dtype=torch.long)] if classes_of(G) is not None else [])).shape
-    channels, resolution = int(shape[1]), int(shape[-1])
+    channels, resolution = G.info["model"]["channels"], G.info["model"]["image_size"]
     data = open_image_data(source, resolution=resolution, channels=channels, labels="none", log=log)
     extractor, _, space = choose_features(features, device, log)
     count = min(len(data), EVAL_IMAGES)
@@ -128,7 +112,7 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
         return compute_features(extractor, (uint8_to_float(part) for part in data.real_images(count).split(250)))
 
     real, reused = cached_features(data.fingerprint, space, count, real_features)
-    fake = compute_features(extractor, (images for images, _ in iter_samples(_OnDevice(G, device), num, seed=seed)))
+    fake = compute_features(extractor, (images for images, _ in iter_samples(G.to(device), num, seed=seed)))
     scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0)
     fd_name = "FID" if space == INCEPTION_NAME else "Frechet distance"
     summary = "\n".join([

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     source = resolve_source(args.source)
     out = Path(args.dir)
     check_new_output(out, flag="DIR")
-    export_generator(source.path, out, ema=not args.no_ema, num_samples=args.num, seed=args.seed,
+    export_generator(source, out, ema=not args.no_ema, num_samples=args.num, seed=args.seed,
                      license=args.license, repo_id=args.push_to_hub)
     weights = read_export_config(out)["weights"]
     print(f"wrote {out}: config.json, model.safetensors ({'the EMA of G' if weights['ema'] else 'the raw G'} of step "

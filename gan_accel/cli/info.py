@@ -50,8 +50,6 @@ def describe_run(run: Path) -> dict[str, Any]:
     """Everything ``info`` reports, as a JSON-able dict (files that cannot be read are noted, not fatal)."""
     notes: list[str] = []
     rows, skipped = read_metrics_tolerant(run / METRICS)
-    objects = [row for row in rows if isinstance(row, dict)]  # a row of JSON that is not an object is not a row
-    rows, skipped = objects, skipped + len(rows) - len(objects)
     if skipped:
         notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
     export = _export(run, notes)
@@ -67,7 +65,7 @@ def describe_run(run: Path) -> dict[str, Any]:
         export.pop("config", None)
     max_steps = config.get("max_steps")
     best = _json_file(run / BEST, notes)
-    report = {
+    return {
         "run": str(run),
         "status": _status(run, done, max_steps, export, checkpoints),
         "steps": {"done": done, "max_steps": max_steps, **steps},
@@ -82,7 +80,6 @@ def describe_run(run: Path) -> dict[str, Any]:
         "history": _history(run / HISTORY, notes),
         "notes": notes,
     }
-    return report
 
 
 def _export(run: Path, notes: list[str]) -> dict[str, Any] | None:
@@ -178,7 +175,7 @@ def _alive(pid: Any) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: it exists
-        return True
+        pass
     return True
 
 
@@ -190,37 +187,20 @@ def _number(value: Any) -> str:
 
 
 def _config_line(config: dict[str, Any], extra: dict[str, Any]) -> list[str]:
-    c = config.get
-    parts = [f"loss {c('loss')}", f"batch {c('batch_size')} x accumulation {c('grad_accum_steps')}"
-             + (f" x {extra['num_processes']} process(es)" if "num_processes" in extra else ""),
-             f"n_critic {c('n_critic')}", f"z_dim {c('z_dim')}",
-             f"lr G {_number(c('lr_G'))} / D {_number(c('lr_D'))} ({c('lr_schedule')}, warmup {_number(c('warmup_ratio'))})"]
-    if c("ema_decay") is not None:
-        parts.append(f"EMA decay {_number(c('ema_decay'))}")
-    elif c("ema_half_life") is not None:
-        parts.append(f"EMA half-life {_number(c('ema_half_life'))} images")
-    else:
-        parts.append("no EMA")
-    if c("r1_gamma") is not None:
-        parts.append(f"R1 gamma {_number(c('r1_gamma'))} every {c('r1_every')}")
-    if c("gp_weight") is not None:
-        parts.append(f"GP weight {_number(c('gp_weight'))}")
-    if c("num_classes") is not None:
-        parts.append(f"{c('num_classes')} classes (G's labels: {c('label_distribution')}, class loss "
-                     f"{_number(c('class_loss_weight'))})")
-    parts += [f"mixed precision {c('mixed_precision')}", f"seed {c('seed')}"]
-    lines = ["config: " + ", ".join(str(p) for p in parts)]
+    """The key fields that are set, as ``name value`` pairs; then the model and the data."""
+    parts = [f"{name} {_number(value)}" for name, value in config.items() if name != "model" and value is not None]
+    if "num_processes" in extra:
+        parts.append(f"{extra['num_processes']} process(es)")
+    lines = ["config: " + ", ".join(parts)]
     model = config.get("model")
-    if isinstance(model, dict) or "dataset" in extra:
-        what = []
-        if isinstance(model, dict):
-            kind = "conditional DCGAN" if model.get("conditional") else "DCGAN"
-            what.append(f"{kind} width {model.get('width')}, {model.get('image_size')}x{model.get('image_size')}x"
-                        f"{model.get('channels')}")
-        if "dataset" in extra:
-            what.append(f"data {extra['dataset']}")
-        lines.append("model: " + ", ".join(what))
-    return lines
+    what = []
+    if isinstance(model, dict):
+        kind = "conditional DCGAN" if model.get("conditional") else "DCGAN"
+        what.append(f"{kind} width {model.get('width')}, {model.get('image_size')}x{model.get('image_size')}x"
+                    f"{model.get('channels')}")
+    if "dataset" in extra:
+        what.append(f"data {extra['dataset']}")
+    return lines + (["model: " + ", ".join(what)] if what else [])
 
 
 def _event_line(event: dict[str, Any]) -> str:

@@ -13,8 +13,8 @@ its EMA (from a run folder: the raw G of the checkpoint written at the run's las
 from __future__ import annotations
 
 import argparse
-import io
 import zipfile
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -23,6 +23,7 @@ import torch
 
 from ..ending import printable
 from ..hub import load_generator
+from ..hub.export import png_grid
 from ..sampling import MAX_SAMPLES, check_sample_request, classes_of, iter_samples, sample_count, sample_labels
 from ..state.files import write_new_folder
 from .arguments import bounded_int, seed_int
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     fmt = output_format(out, args.format)
     check_new_output(out)
-    G = load_generator(source.path, ema=not args.no_ema)
+    G = load_generator(source, ema=not args.no_ema)
     classes, weights = classes_of(G), G.info["weights"]
     args.label = resolve_label(args.label, G)  # a class name or an index -> the index
     num = _count(args, classes)
@@ -97,12 +98,14 @@ def run(args: argparse.Namespace) -> int:
         write_new_folder(out, lambda folder: write_pngs(folder, chunks, count))
     else:
         images = torch.cat([images for images, _ in chunks])
-        write_new_file(out, grid_bytes(images, classes, args.label))
+        # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
+        columns = None if classes is None else len(images) // classes if args.label is None else min(10, len(images))
+        write_new_file(out, png_grid(images, columns))
     what = f", class {args.label}" if args.label is not None else ", every class" if classes is not None else ""
     kind = "the EMA of G" if weights["ema"] else "the raw G"
     print(f"wrote {out} ({count} samples{what}, {kind} of step {printable(str(weights['step']))}, seed {args.seed})")
     if args.no_ema and not weights["has_ema"]:
-        print(f"note: {source.path} kept no EMA of G: its samples always come from the raw G, so --no-ema changes "
+        print(f"note: {source} kept no EMA of G: its samples always come from the raw G, so --no-ema changes "
               "nothing")
     return 0
 
@@ -142,18 +145,13 @@ def write_npz(handle: IO[bytes], chunks: Iterator[tuple[torch.Tensor, torch.Tens
     written chunk by chunk: the arrays are never whole in memory. ``labels_of(start, stop)`` gives the labels
     again for the second array. The members' dates are fixed, so the same samples give the same bytes."""
     first, first_labels = next(chunks)
+    images = chain([first], (images for images, _ in chunks))
     with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         _write_member(archive, "images.npy", np.float32, (count, *first.shape[1:]),
-                      (part.detach().float().cpu().numpy() for part in _chain(first, chunks)))
+                      (part.detach().float().cpu().numpy() for part in images))
         if first_labels is not None:
             _write_member(archive, "labels.npy", np.int64, (count,),
                           (labels_of(a, min(a + 65_536, count)).numpy() for a in range(0, count, 65_536)))
-
-
-def _chain(first: torch.Tensor, chunks: Iterator[tuple[torch.Tensor, Any]]) -> Iterator[torch.Tensor]:
-    yield first
-    for images, _ in chunks:
-        yield images
 
 
 def _write_member(archive: zipfile.ZipFile, name: str, dtype: Any, shape: tuple[int, ...], parts: Iterator[Any]) -> None:
@@ -171,33 +169,10 @@ def _write_member(archive: zipfile.ZipFile, name: str, dtype: Any, shape: tuple[
             raise RuntimeError(f"{name}: {written} rows written for {shape[0]}")  # a bug, not a user's mistake
 
 
-def grid_bytes(images: torch.Tensor, num_classes: int | None, label: int | None) -> bytes:
-    """A PNG grid as :func:`gan_accel.pictures.save_grid` draws it."""
-    from torchvision.utils import save_image
-
-    from ..pictures.samples import to_grid
-
-    # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
-    if num_classes is None:
-        columns = None
-    else:
-        columns = len(images) // num_classes if label is None else min(10, len(images))
-    buffer = io.BytesIO()
-    save_image(to_grid(images, columns), buffer, format="png")
-    return buffer.getvalue()
-
-
 def sample_file_name(index: int, count: int, label: Any = None) -> str:
     """``000000.png``, ...; with a label ``000000_label3.png``: sorted by name, they keep the samples' order."""
     width = max(6, len(str(count - 1)))
     return f"{index:0{width}d}.png" if label is None else f"{index:0{width}d}_label{int(label)}.png"
-
-
-def sample_file_names(count: int, labels: torch.Tensor | None) -> list[str]:
-    """The names of ``count`` samples (see :func:`sample_file_name`)."""
-    if labels is None:
-        return [sample_file_name(i, count) for i in range(count)]
-    return [sample_file_name(i, count, y) for i, y in enumerate(labels)]
 
 
 def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int) -> None:

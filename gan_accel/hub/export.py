@@ -1,14 +1,6 @@
-"""``export_generator``: a run's generator folder (the format of :mod:`gan_accel.state.weights`) with its model
-card, as a new folder the Hugging Face Hub shows::
-
-    photos_gan/
-      config.json         the networks' spec, class names, what the weights are, training config, data, scores
-      model.safetensors   G's weights (the EMA when the run kept one)
-      README.md           the model card (card.py)
-      samples.png         a grid of samples (a conditional G: one row per class, at most 16 rows)
-
-The folder is written beside its final name and renamed into place when complete; an existing folder
-is never replaced.
+"""``export_generator``: a run's generator folder (:mod:`gan_accel.state.weights`) with its model card
+(``README.md``) and ``samples.png`` (a conditional G: one row per class, at most 16), as a new folder the
+Hugging Face Hub shows. It is written beside its final name and renamed into place; nothing is replaced.
 """
 
 from __future__ import annotations
@@ -36,32 +28,35 @@ class ExportError(GanAccelError, ValueError):
     """A generator folder cannot be written, read or shared as asked; the message says the fix."""
 
 
-@torch.no_grad()
-def sample_grid(G: nn.Module, spec: dict[str, Any], num: int = 64, seed: int = 0) -> bytes:
-    """A PNG grid of samples: ``num`` of them, or in a conditional G 8 per class for the first 16 classes."""
+def png_grid(images: torch.Tensor, columns: int | None) -> bytes:
+    """A PNG grid as :func:`gan_accel.pictures.save_grid` draws it (``columns`` per row; None: square)."""
     from torchvision.utils import save_image
 
     from ..pictures.samples import to_grid
 
+    buffer = io.BytesIO()
+    save_image(to_grid(images, columns), buffer, format="png")
+    return buffer.getvalue()
+
+
+@torch.no_grad()
+def sample_grid(G: nn.Module, spec: dict[str, Any], num: int = 64, seed: int = 0) -> bytes:
+    """A PNG grid of samples: ``num`` of them, or in a conditional G 8 per class for the first 16 classes."""
     generator = torch.Generator().manual_seed(seed)
     if spec["num_classes"] is None:
         images, rows = G(torch.randn(num, spec["z_dim"], generator=generator)), None
     else:
         labels = torch.arange(min(spec["num_classes"], GRID_ROWS)).repeat_interleave(PER_CLASS)
         images, rows = G(torch.randn(len(labels), spec["z_dim"], generator=generator), labels), PER_CLASS
-    buffer = io.BytesIO()
-    save_image(to_grid(images, rows), buffer, format="png")
-    return buffer.getvalue()
+    return png_grid(images, rows)
 
 
 def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, ema: bool = True, num_samples: int = 64,
                      seed: int = 0, license: str | None = None, repo_id: str | None = None) -> Path:
-    """Write the new folder ``out_dir``: the generator of a run or a checkpoint (see the module docstring) with
-    its model card and sample grid.
+    """Write the new folder ``out_dir``: the generator of a run or a checkpoint with its model card and grid.
 
-    ``ema=False`` exports the raw G instead of its EMA. ``num_samples`` and ``seed`` make the card's
-    grid. ``license`` goes into the card's metadata; ``repo_id`` is the Hub name the card's snippet
-    loads (default: ``out_dir``). Returns ``out_dir``.
+    ``ema=False``: the raw G. ``num_samples``, ``seed``: the card's grid. ``license``: the card's metadata.
+    ``repo_id``: what the card's snippet loads (default: ``out_dir``). Returns ``out_dir``.
     """
     from .load import load_generator
 

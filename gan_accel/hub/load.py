@@ -22,9 +22,10 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models import build_generator, normalize_spec
-from ..state.checkpoint import engine_state_file, is_complete, list_checkpoints, read_engine_state, read_marker
+from ..state.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
 from ..state.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
                             GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
+from ..state.files import first_line
 from ..state.safe_tree import check_regular_file
 from ..state.weights import FORMAT, FORMAT_VERSION, generator_config
 from .export import ExportError
@@ -107,10 +108,7 @@ def _is_generator_folder(path: Path) -> bool:
 def _from_folder(folder: Path) -> nn.Module:
     """G of a generator folder (an export, or a run's ``generator/``)."""
     config = read_export_config(folder)
-    weights = folder / EXPORT_WEIGHTS
-    G = _build(config.get("model"), _file_shapes(weights), weights)
-    _load(G, load_file(str(weights)), weights)
-    return _described(G, config)
+    return _described(_build(config.get("model"), folder / EXPORT_WEIGHTS), config)
 
 
 def _from_run(run: Path, ema: bool) -> nn.Module:
@@ -138,11 +136,8 @@ def _from_run(run: Path, ema: bool) -> nn.Module:
 
 
 def _from_checkpoint(path: Path, ema: bool) -> nn.Module:
-    state_file = engine_state_file(path, 0)
-    if state_file is None:
-        raise CheckpointError(f"checkpoint {path} has no {ENGINE_STATE.format(rank=0)} (the engine state, with the EMA "
-                              "and the config): it was copied in part or damaged; pass another checkpoint of the run")
     state = read_engine_state(path, 0)  # safe formats only: nothing in it can run code
+    state_file = path / ENGINE_STATE.format(rank=0)
     marker_config = read_marker(path).get("config")
     config = marker_config if isinstance(marker_config, dict) and marker_config else state["config"]
     average = state["callbacks"].get(EMA_STATE)
@@ -152,16 +147,12 @@ def _from_checkpoint(path: Path, ema: bool) -> nn.Module:
         if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
             raise CheckpointError(f"{state_file} holds no EMA weights of G (its EMA state has no tensors under "
                                   "'module'): the checkpoint was damaged; pass another checkpoint, or --no-ema / ema=False")
-        source = state_file
-        G = _build(config.get("model"), {k: tuple(v.shape) for k, v in weights.items()}, source)
+        G = _build(config.get("model"), state_file, weights)
     else:
-        source = path / RAW_GENERATOR
-        if not source.is_file():
+        if not (path / RAW_GENERATOR).is_file():
             raise CheckpointError(f"checkpoint {path} holds no weights of G ({RAW_GENERATOR} is missing): it was copied "
                                   "in part or damaged; pass another checkpoint of the run")
-        G = _build(config.get("model"), _file_shapes(source), source)
-        weights = load_file(str(source))
-    _load(G, weights, source)
+        G = _build(config.get("model"), path / RAW_GENERATOR)
     return _described(G, generator_config(config, state["step"], has_ema and ema, has_ema, checkpoint_run_folder(path)))
 
 
@@ -173,10 +164,11 @@ def _described(G: nn.Module, info: dict[str, Any]) -> nn.Module:
     return G.eval()
 
 
-def _build(spec: Any, shapes: Mapping[str, tuple[int, ...]], source: Path) -> nn.Module:
-    """G from a recorded spec, once the spec is known to ask for sane sizes and to describe the weights there
-    are (``shapes``: read from the file's header): a spec is data from a file, and a damaged or hostile one must
-    not make this allocate gigabytes before any check."""
+def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+    """G from a recorded spec with ``weights`` (default: the safetensors file ``source``) loaded, once the spec is
+    known to ask for sane sizes and to fit the weights' shapes (a file's are read from its header): a spec is data
+    from a file, and a damaged or hostile one must not make this allocate gigabytes before any check."""
+    shapes = _file_shapes(source) if weights is None else {k: tuple(v.shape) for k, v in weights.items()}
     if not isinstance(spec, dict):
         raise CheckpointError(f"{source} records no model spec (config.model): load the weights with "
                               "gan_accel.state.load_weights into your own generator class")
@@ -192,17 +184,19 @@ def _build(spec: Any, shapes: Mapping[str, tuple[int, ...]], source: Path) -> nn
         raise CheckpointError(f"{source} records a model spec gan_accel cannot rebuild ({error}): load the weights "
                               "with gan_accel.state.load_weights into your own generator class") from None
     expected = {key: tuple(t.shape) for key, t in shell.state_dict().items()}
-    if expected != dict(shapes):
-        missing, unexpected = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
-        wrong = [f"{k}: {shapes[k]} in the file, {expected[k]} in the spec"
-                 for k in sorted(set(expected) & set(shapes)) if tuple(shapes[k]) != expected[k]]
-        detail = "; ".join(part for part in (
-            f"missing {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else "") if missing else "",
-            f"unexpected {', '.join(unexpected[:3])}" + (" ..." if len(unexpected) > 3 else "") if unexpected else "",
-            "; ".join(wrong[:2]) + (" ..." if len(wrong) > 2 else "")) if part)
-        raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({detail}): the "
+    differ = [k for k in sorted(set(expected) | set(shapes)) if expected.get(k) != shapes.get(k)]
+    if differ:
+        k = differ[0]
+        raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({k}: "
+                              f"{shapes.get(k, 'absent')} in the file, {expected.get(k, 'absent')} in the spec): the "
                               "file is damaged, or its config was edited; export the run again")
-    return build_generator(spec)
+    G = build_generator(spec)
+    try:
+        G.load_state_dict(load_file(str(source)) if weights is None else weights)
+    except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
+        raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
+                              f"{str(error).strip().splitlines()[0]}") from None
+    return G
 
 
 def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
@@ -214,14 +208,6 @@ def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{weights} is not a readable safetensors file (truncated or corrupt?): "
                               f"{str(error).strip()[:200]}") from None
-
-
-def _load(G: nn.Module, weights: Mapping[str, torch.Tensor], source: Path) -> None:
-    try:
-        G.load_state_dict(weights)
-    except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
-        raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
-                              f"{str(error).strip().splitlines()[0]}") from None
 
 
 def download(repo_id: str, revision: str | None = None, token: str | None = None) -> Path:
@@ -243,8 +229,7 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
 
 def _reason(error: BaseException, token: str | None) -> str:
     """An error's type and first line, with the token (if any) blanked out."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    text = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
     return text.replace(token, "***") if token else text
 
 

@@ -1,28 +1,14 @@
 """Crash-safe checkpoints on top of ``accelerator.save_state`` / ``load_state``.
 
-A checkpoint is a folder ``<output_dir>/checkpoints/checkpoint_<step>``:
+A checkpoint ``<output_dir>/checkpoints/checkpoint_<step>`` holds Accelerate's state (one
+``random_states_<rank>.pkl`` per process, so ``save_state`` runs on every rank), the trainer's own state per
+process as a safe tree (``gan_accel_state_<rank>.safetensors``) and ``COMPLETE``, written last.
 
-* Accelerate's state: both models, both optimizers, both schedulers, the seedable sampler, the
-  fp16 scaler and one ``random_states_<rank>.pkl`` per process (so ``save_state`` runs on every rank).
-* ``gan_accel_state_<rank>.safetensors``: the trainer's own state on that process: counters, the
-  phase counters, its position in the epoch, the running metric sums, the callbacks' state (the EMA),
-  the fixed latents, the config and the BatchNorm buffers; tensors as safetensors, the rest as JSON
-  (:mod:`gan_accel.state.safe_tree`). Checkpoints written before hold ``gan_accel_state_<rank>.pt``,
-  still read, with ``torch.load(weights_only=True)``.
-* ``COMPLETE``: written last.
-
-Nothing is unpickled beyond tensors and plain data: before ``load_state``, every file of the
-checkpoint is checked (:func:`gan_accel.state.pickles.check_checkpoint_files`), and a file that would
-need more is refused in one line naming it.
-
-Everything is first written to ``.tmp-checkpoint_<step>``. After a barrier (``save_state`` has none
-of its own, and other ranks may still be writing their RNG files) the main process writes
-``COMPLETE`` and renames the folder, an atomic step on one filesystem. A crash while saving leaves at
-most a ``.tmp-`` folder, which resume never picks and the next save of that step clears.
-
-Pruning removes only a checkpoint of this run (its ``COMPLETE`` names the run's id), and of it only the
-files its ``COMPLETE`` lists as written by the save; anything else in the folder stays. A folder in the way
-of a new checkpoint stops the save (a run's folder only moves forward: it never holds one).
+Everything is written to ``.tmp-checkpoint_<step>`` first; once every rank is done, the main process writes
+``COMPLETE`` and renames the folder (atomic on one filesystem): a crash leaves at most a ``.tmp-`` folder,
+which resume never picks. Before ``load_state`` every file is checked to hold tensors and plain data only
+(:func:`gan_accel.state.pickles.check_checkpoint_files`). Pruning removes only this run's checkpoints (their
+``COMPLETE`` names the run id), and of each only the files its ``COMPLETE`` lists.
 """
 
 from __future__ import annotations
@@ -39,8 +25,8 @@ from torch import nn
 
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, RunFolderError, UnsafeFileError
-from .files import is_write_failure, write_failure_reason
-from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, LEGACY_ENGINE_STATE, RNG_STATE, TMP_PREFIX,
+from .files import first_line, is_write_failure, write_failure_reason
+from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
 from .safe_tree import load_tree, save_tree
@@ -50,8 +36,7 @@ ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an e
 
 
 def read_marker(path: Path) -> dict[str, Any]:
-    """What ``COMPLETE`` records: the step, the number of processes and the run's id (older ones: fewer keys;
-    a marker that is not a JSON object counts as an old empty one)."""
+    """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object."""
     try:
         marker = json.loads((path / COMPLETE).read_text() or "{}")
     except (OSError, ValueError, RecursionError):
@@ -106,14 +91,9 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int,
                     engine_state: dict[str, Any], keep_last: int, marker: dict[str, Any] | None = None,
                     keep_also: Iterable[str | os.PathLike] = ()) -> Path:
-    """Collective: call on every rank. Returns the final folder.
-
-    The newest ``keep_last`` complete checkpoints are kept, and those named in ``keep_also`` (the
-    best one by an evaluation metric); older ones are removed.
-
-    A write failure on any process raises :class:`RunFolderError` on every process (naming the path
-    and the reason); the complete checkpoints already there are untouched.
-    """
+    """Collective: call on every rank. Returns the final folder. Keeps this run's newest ``keep_last`` checkpoints
+    and those in ``keep_also`` (the best one). A write failure on any process raises :class:`RunFolderError` on
+    every process, naming the path and the reason."""
     root = checkpoint_root(output_dir)
     final = root / checkpoint_name(step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
@@ -152,8 +132,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
 
 
 def written_by(checkpoint: Path, run_id: str | None) -> bool:
-    """Whether the complete checkpoint folder ``checkpoint`` was written by the run ``run_id`` (its ``COMPLETE``
-    names it) in its own folder, not through a link."""
+    """Whether ``checkpoint`` was written by the run ``run_id`` (its ``COMPLETE`` says so), and is no link."""
     return not checkpoint.is_symlink() and read_marker(checkpoint).get("run_id") == run_id
 
 
@@ -227,9 +206,8 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
     try:
         accelerator.load_state(str(path))
     except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         hint = " (a model of another shape or width?)" if "size mismatch" in str(error) or "Missing key" in str(error) else ""
-        raise CheckpointError(f"cannot restore {path}{hint}: {first}") from error
+        raise CheckpointError(f"cannot restore {path}{hint}: {first_line(error)}") from error
     check_rng_restored(accelerator, path)
     return engine_state
 
@@ -256,23 +234,18 @@ def _with_shared_states(path: Path, engine_state: dict[str, Any], rank: int) -> 
 
 
 def engine_state_file(path: Path, rank: int) -> Path | None:
-    """The engine state of process ``rank`` in checkpoint ``path``: the safe file, or an older checkpoint's
-    pickle; None when there is neither."""
-    for name in (ENGINE_STATE, LEGACY_ENGINE_STATE):
-        file = path / name.format(rank=rank)
-        if os.path.lexists(file):
-            return file
-    return None
+    """The engine state of process ``rank`` in checkpoint ``path``, or None when there is none."""
+    file = path / ENGINE_STATE.format(rank=rank)
+    return file if os.path.lexists(file) else None
 
 
 def read_engine_state(path: Path, rank: int) -> dict[str, Any]:
-    """Process ``rank``'s engine state in checkpoint ``path``, read without running code: the safe tree, or (an
-    older checkpoint) its pickle with ``weights_only=True``. Raises :class:`CheckpointError` in one line naming the
-    file when there is none, or it is unsafe, corrupt or not an engine state."""
+    """Process ``rank``'s engine state in checkpoint ``path``, read without running code. Raises
+    :class:`CheckpointError` in one line naming the file when there is none, or it is unsafe, corrupt or not one."""
     file = engine_state_file(path, rank)
     if file is None:
         raise CheckpointError(f"{path} has no {ENGINE_STATE.format(rank=rank)} (the engine state of process {rank})")
-    state = load_tree(file) if file.suffix == ".safetensors" else load_pickle(file)
+    state = load_tree(file)
     missing = [key for key in ENGINE_STATE_KEYS if not isinstance(state, dict) or key not in state]
     if missing or not isinstance(state["callbacks"], dict) or not isinstance(state["config"], dict):
         what = f"it lacks {missing}" if missing else "its callbacks or config is not a dict"
@@ -291,35 +264,22 @@ def check_rng_restored(accelerator: Accelerator, path: Path) -> None:
             f"continuation, or from another checkpoint ({_others(path)})"
         )
     saved = load_pickle(rng_file, numpy=True)  # the allow-list Accelerate loads it with: never more
-    seed = saved.get("torch_manual_seed") if isinstance(saved, dict) else None
-    if not isinstance(seed, torch.Tensor):
+    if not isinstance(saved, dict) or not isinstance(saved.get("torch_manual_seed"), torch.Tensor):
         raise CheckpointError(f"{rng_file} holds no torch RNG state (torch_manual_seed): the checkpoint was damaged; "
                               "resume from another one")
-    if not torch.equal(seed, torch.get_rng_state()):
-        raise CheckpointError(f"the torch RNG state of process {accelerator.process_index} was not restored from {rng_file}")
-    device = _device_rng_not_restored(saved)
-    if device:
-        raise CheckpointError(f"the {device} RNG state of process {accelerator.process_index} was not restored from "
-                              f"{rng_file}")
-
-
-def _device_rng_not_restored(saved: dict) -> str | None:
-    """The device (``"cuda"``, ...) whose saved generator states differ from the live ones, else None.
-
-    Accelerate saves ``torch_<device>_manual_seed`` (one state per visible device for CUDA) and, like
-    the CPU state, only logs when it cannot set them. States saved on a machine without that device
-    (or checked on one without it) are not compared: there is nothing to restore them into.
-    """
-    for key, value in saved.items():
-        device = key[len("torch_"):-len("_manual_seed")] if key.startswith("torch_") and key.endswith("_manual_seed") else ""
-        module = getattr(torch, device, None) if device else None
-        if module is None or not hasattr(module, "is_available") or not module.is_available():
+    for key, value in saved.items():  # torch_manual_seed (the CPU), torch_<device>_manual_seed (a list for CUDA)
+        if not (key.startswith("torch_") and key.endswith("_manual_seed")):
             continue
-        saved_states = value if isinstance(value, (list, tuple)) else [value]
-        live = module.get_rng_state_all() if isinstance(value, (list, tuple)) else [module.get_rng_state()]
-        if any(not isinstance(s, torch.Tensor) or not torch.equal(s.cpu(), l.cpu()) for s, l in zip(saved_states, live)):
-            return device
-    return None
+        device = key[len("torch_"):-len("_manual_seed")]
+        module = getattr(torch, device, None) if device else torch
+        if device and (module is None or not hasattr(module, "is_available") or not module.is_available()):
+            continue  # saved on a device this machine lacks: nothing to restore it into
+        several = isinstance(value, (list, tuple))
+        live = module.get_rng_state_all() if several else [module.get_rng_state()]
+        if any(not isinstance(s, torch.Tensor) or not torch.equal(s.cpu(), l.cpu())
+               for s, l in zip(value if several else [value], live)):
+            raise CheckpointError(f"the {device or 'torch'} RNG state of process {accelerator.process_index} was not "
+                                  f"restored from {rng_file}")
 
 
 def parameters_finite(*models: nn.Module) -> bool:

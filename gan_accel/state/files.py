@@ -21,10 +21,7 @@ def temporary_name(path: Path) -> Path:
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is renamed over ``path`` (atomic on one filesystem).
-
-    The temporary name is :func:`temporary_name`'s; it is removed if the write fails.
-    """
+    """Yield a temporary path beside ``path``, renamed over ``path`` on success (atomic), removed on failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
@@ -35,28 +32,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def write_bytes_synced(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` atomically and flush it to disk; a failure raises ``OSError`` with its errno.
+def first_line(error: BaseException) -> str:
+    """An error's message, its first line (at most 300 characters), or its type when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
 
-    Used instead of ``torch.save(obj, path)``, whose zip writer reports a full disk or a file-size
-    limit as an opaque ``RuntimeError``.
-    """
+
+def write_bytes_synced(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` atomically and flush it to disk; a failure raises ``OSError`` with its errno."""
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-
-
-def torch_bytes(obj: object) -> bytes:
-    """``torch.save`` into memory (see :func:`write_bytes_synced`)."""
-    import io
-
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
 
 
 _ERRNO_IN_TEXT = re.compile(r"(?:os error|errno)\s*(\d+)", re.IGNORECASE)
@@ -65,12 +53,8 @@ LOW_SPACE = 64 * 2**20  # bytes: less free space than this where a write failed 
 
 
 def write_failure_reason(error: BaseException, path: str | os.PathLike | None = None) -> str:
-    """The reason a write failed, in words: ``"File too large (EFBIG)"``.
-
-    ``OSError`` carries its errno; safetensors puts it in its message ("os error 27"); torch's zip
-    writer gives none ("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598" on a full
-    disk), so the free space where ``path`` lies is read, and the limits that usually explain it
-    (free space, quotas, a file-size limit) are named.
+    """The reason a write failed, in words: ``"File too large (EFBIG)"``. Torch's zip writer gives no errno
+    (``unexpected pos 704 vs 598`` on a full disk), so then the free space at ``path`` and the usual limits are named.
     """
     number = getattr(error, "errno", None)
     if number is None:
@@ -78,7 +62,7 @@ def write_failure_reason(error: BaseException, path: str | os.PathLike | None = 
         number = int(match.group(1)) if match else None
     if number is not None:
         return f"{os.strerror(number)} ({errno.errorcode.get(number, number)})"
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = first_line(error)
     if _TORCH_ENFORCE.match(first):
         first = f"torch's file writer stopped part-way ({_TORCH_ENFORCE.sub('', first).strip() or 'no reason given'})"
     free = free_space(path)
@@ -119,24 +103,21 @@ def is_write_failure(error: BaseException) -> bool:
         or "unexpected pos" in text or "inline_container" in text
 
 
-def _cannot_write(out: Path, error: OSError, flag: str) -> ConfigError:
+def cannot_write(out: Path, error: OSError, flag: str) -> ConfigError:
+    """The one line for an output a command cannot write."""
     return ConfigError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a folder "
                        "you can write to, with free space)")
 
 
 def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out") -> None:
-    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all.
-
-    The name is claimed first (``mkdir`` fails if it exists), the files are written into a temporary
-    folder beside it, which then replaces the claimed empty folder in one rename: a tool reading
-    ``out`` never sees half the files, and a failure leaves nothing behind.
-    """
+    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all. The name is claimed
+    first (``mkdir``), the files go to a temporary folder that then replaces the claimed empty one in one rename."""
     try:
         out.mkdir()
     except FileExistsError:
         raise ConfigError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
     except OSError as error:
-        raise _cannot_write(out, error, flag) from error
+        raise cannot_write(out, error, flag) from error
     tmp = temporary_name(out)
     try:
         try:
@@ -144,7 +125,7 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
             fill(tmp)
             os.rename(tmp, out)  # replaces only the empty folder claimed above
         except OSError as error:
-            raise _cannot_write(out, error, flag) from error
+            raise cannot_write(out, error, flag) from error
     except BaseException:
         if tmp.is_dir():
             for file in tmp.iterdir():

@@ -26,19 +26,8 @@ Inside a checkpoint: Accelerate's files (``model.safetensors`` is G, ``model_1.s
 optimizers, schedulers, sampler and ``random_states_<rank>.pkl``), ``gan_accel_state_<rank>.safetensors``
 (the trainer's own state on that process) and ``COMPLETE`` (JSON: step, processes, run id, config).
 
-gan_accel's own files hold tensors as safetensors and everything else as JSON (``state/safe_tree.py``);
-the ``LEGACY_`` names are what runs wrote before, still recognised and read without unpickling code
-(``state/pickles.py``; docs/security.md lists every file read and how).
-
-An exported generator (``gan-accel export RUN DIR``, :mod:`gan_accel.hub`) is a folder of its own::
-
-    <export>/
-      config.json               the networks' spec, the class names, what the weights are         gan_accel.hub
-      model.safetensors         G's weights (the EMA when the run kept one)                       gan_accel.hub
-      README.md                 the model card, with samples.png (a grid of samples)              gan_accel.hub
-
-Everything that names one of these files takes the name from here, and everything that reads
-``metrics.jsonl`` or a JSON file of the run reads it with the functions below.
+An export (:mod:`gan_accel.hub.export`) is ``config.json``, ``model.safetensors``, ``README.md`` and
+``samples.png``. Everything that names one of these files takes the name from here.
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_path
+from .files import write_bytes_synced
 
 # -- the run folder -------------------------------------------------------------------------------------
 CONFIG = "config.json"
@@ -78,11 +67,6 @@ ENGINE_STATE = "gan_accel_state_{rank}.safetensors"
 RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
 RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
 
-# -- the same files as runs wrote them before gan_accel used safe formats (pickles) ----------------------
-LEGACY_FIXED_NOISE = "fixed_noise.pt"
-LEGACY_FIXED_LABELS = "fixed_labels.pt"
-LEGACY_ENGINE_STATE = "gan_accel_state_{rank}.pt"
-
 # -- an exported generator (gan_accel.hub) --------------------------------------------------------------
 EXPORT_CONFIG = CONFIG
 EXPORT_WEIGHTS = RAW_GENERATOR  # the Hugging Face name for a model's weights
@@ -91,7 +75,7 @@ EXPORT_SAMPLES = "samples.png"
 
 # Names a run writes at its top level, and patterns of those it writes many of (and may replace or prune).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
-             TRACKERS, LEGACY_FIXED_NOISE, LEGACY_FIXED_LABELS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
+             TRACKERS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
 RUN_MARKS = (CONFIG, HISTORY, GENERATOR, METRICS)
@@ -100,11 +84,6 @@ RUN_MARKS = (CONFIG, HISTORY, GENERATOR, METRICS)
 def samples_stem(step: int | None) -> str:
     """``samples_000500`` for a step's progress samples, ``samples_final`` for the end of the run."""
     return FINAL_SAMPLES if step is None else f"samples_{step:06d}"
-
-
-def progress_frames(run: str | os.PathLike) -> list[Path]:
-    """The step-stamped progress grids of a run, in step order (the frames of ``progress.gif``)."""
-    return sorted(Path(run).glob("samples_[0-9]*.png"))
 
 
 def checkpoint_root(run: str | os.PathLike) -> Path:
@@ -172,40 +151,28 @@ def read_json_lines(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]
     return rows, skipped
 
 
-def current_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The metrics rows of the run as it stands: a resume logs again the steps after its checkpoint, and a
-    row of a later step number supersedes the rows the interrupted run logged from that step on."""
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The whole rows of ``metrics.jsonl`` as the run stands; a line cut short by a crash is skipped."""
+    return read_metrics_tolerant(path)[0]
+
+
+def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
+    """(:func:`read_metrics`'s rows, how many lines were not whole). A resume logs again the steps after its
+    checkpoint: a row of a later step number supersedes the rows the interrupted run logged from that step on."""
+    rows, skipped = read_json_lines(path)
     kept: list[dict[str, Any]] = []
     for row in rows:
         step = row.get("step")
         while isinstance(step, int) and kept and isinstance(kept[-1].get("step"), int) and kept[-1]["step"] >= step:
             kept.pop()
         kept.append(row)
-    return kept
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The whole rows of a metrics log (``metrics.jsonl``), as the run stands (:func:`current_rows`); a line cut
-    short by a crash is skipped (:func:`read_metrics_tolerant` counts them)."""
-    return read_metrics_tolerant(path)[0]
-
-
-def read_metrics_tolerant(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]:
-    """(the rows that are whole, see :func:`current_rows`; how many lines were not): for readers of a log a crash
-    may have cut short."""
-    rows, skipped = read_json_lines(path)
-    return current_rows(rows), skipped
+    return kept, skipped
 
 
 # -- JSON files -------------------------------------------------------------------------------------------
 def write_json(path: str | os.PathLike, value: Any) -> Path:
     """Write ``value`` as indented JSON, atomically and flushed to disk (a reader never sees half a file)."""
-    data = (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode()
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+    write_bytes_synced(path, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode())
     return Path(path)
 
 

@@ -1,10 +1,7 @@
-"""One writer per run folder: an exclusive lock held for the run's whole life.
+"""One writer per run folder: ``fcntl.flock`` on ``<run>/.lock``, held by the main process for the run's life.
 
-The lock is ``fcntl.flock`` on ``<run>/.lock``: the kernel releases it when the holding process
-exits, however it exits (crash, SIGKILL, power loss on a local disk), so a lock left by a dead
-process is never obeyed. The file itself also records who holds it (host, pid, start time), for the
-message a second run gets. Only the main process of a run takes it: the other processes of the same
-run write only their own checkpoint files, under the main process's lock.
+The kernel releases it however the holder exits (crash, SIGKILL), so a dead process's lock is never obeyed.
+The file records the holder (host, pid, start time) for the message a second run gets.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""The pickle-based files gan_accel reads or lets Accelerate read, opened so that no code can run.
+"""The pickle-based files Accelerate reads from a checkpoint, opened so that no code can run.
 
-Accelerate writes a checkpoint's optimizers, schedulers, fp16 scaler, sampler and RNG states with
-``torch.save`` (a pickle), and engine states before ``gan_accel_state_<rank>.safetensors`` were
-pickles too. Unpickling runs whatever a file names, so every such file is opened here with
-``torch.load(weights_only=True)``: tensors, containers and plain values only, plus the few numpy
-types Accelerate's RNG state needs (the same allow-list as Accelerate's own loader). A file that needs
-more is refused in one line naming it (:class:`~gan_accel.errors.UnsafeFileError`) and nothing in it
-is built.
-
-:func:`check_checkpoint_files` does this for every file of a checkpoint *before* ``load_state``: then
-no Accelerate version (and no ``register_for_checkpointing`` object, which Accelerate always unpickles
-with ``weights_only=False``) can unpickle a payload through gan_accel.
+Accelerate writes optimizers, schedulers, the fp16 scaler, the sampler and RNG states with ``torch.save`` (a
+pickle), and unpickling runs whatever a file names. Every such file is opened here with
+``torch.load(weights_only=True)`` (plus the few numpy types Accelerate's RNG state needs, its own allow-list);
+a file that needs more is refused in one line naming it. :func:`check_checkpoint_files` does this for every
+file *before* ``load_state``, so no Accelerate version (nor a ``register_for_checkpointing`` object, which it
+unpickles with ``weights_only=False``) unpickles a payload through gan_accel.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import UnsafeFileError
+from .files import first_line
 from .safe_tree import check_regular_file, check_tree_file
 
 PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
@@ -67,12 +63,8 @@ def _allowed(extra: list[Any]) -> Iterator[None]:
 
 
 def load_pickle(path: str | Path, numpy: bool = False, mmap: bool = False) -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU; ``numpy``: numpy arrays allowed (RNG states).
-
-    ``mmap``: map the tensors' bytes instead of reading them (a check that the file is safe, at little cost).
-    Raises :class:`UnsafeFileError` in one line naming the file: it holds more than tensors and plain data,
-    or it is not a readable ``torch.save`` file.
-    """
+    """``torch.load(path, weights_only=True)`` onto the CPU; ``numpy``: numpy arrays allowed (RNG states); ``mmap``:
+    map the tensors instead of reading them. Raises :class:`UnsafeFileError` in one line naming the file."""
     path = Path(path)
     check_regular_file(path)
     try:
@@ -97,17 +89,13 @@ def unsafe_or_corrupt(path: Path, error: BaseException) -> UnsafeFileError:
         return UnsafeFileError(
             f"{path} holds more than {SAFE_PICKLES}{what}: unpickling it could run code, so gan_accel does not load "
             "it; use checkpoints you or gan_accel wrote (see docs/security.md to convert one you trust)")
-    first = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
-    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {first}")
+    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {first_line(error)}")
 
 
 def check_checkpoint_files(folder: str | Path) -> None:
-    """Refuse a checkpoint (one line naming the file) if any file Accelerate or gan_accel would read from it is not
-    safe to read: every pickle-based file must load with ``weights_only=True`` (numpy arrays allowed, as Accelerate
-    allows them), every gan_accel state file must be a well-formed safe tree, and none may be a FIFO or device.
-
-    Tensors are mapped, not read, so this costs little next to ``load_state``. Every process checks every file,
-    so every process comes to the same verdict (none is left waiting in a collective)."""
+    """Refuse a checkpoint (one line naming the file) unless every pickle loads with ``weights_only=True``, every
+    gan_accel state file is a well-formed safe tree and none is a FIFO or device. Tensors are mapped, not read;
+    every process checks every file, so all reach the same verdict (none is left waiting in a collective)."""
     folder = Path(folder)
     for path in sorted(folder.rglob("*")):
         if path.suffix in PICKLE_SUFFIXES:

@@ -1,15 +1,9 @@
 """The run folder: one run per folder, and it only moves forward.
 
-* A new run starts only in an absent or empty folder (:func:`check_new_run`); ``resume_from="latest"``
-  continues the run in its folder; any other checkpoint starts a new run (a fork) in a new folder.
-* A run deletes only what it wrote: its own pruned checkpoints (their ``COMPLETE`` marker names its run
-  id, :mod:`gan_accel.state.checkpoint`) and its own step-stamped sample grids past ``keep_samples``.
-  Nothing else is ever removed, moved or rewritten, so no file outside the run can be touched.
-* ``history.jsonl``: one dated line per start, resume and fork (with the config changes); only appended.
-* ``.lock``: one writer at a time (:mod:`gan_accel.state.lock`).
-* A run is refused inside another run's ``checkpoints/`` or ``trackers/`` (:func:`output_dir_refusal`).
-
-Only the main process writes these files.
+A new run starts only in an absent or empty folder (:func:`check_new_run`); ``resume_from="latest"`` continues
+it there; any other checkpoint forks into a new folder. A run deletes only its own pruned checkpoints and sample
+grids; ``history.jsonl`` (one dated line per start, resume and fork) is only appended. A run is refused inside
+another run's ``checkpoints/`` or ``trackers/`` (:func:`output_dir_refusal`). Only the main process writes.
 """
 
 from __future__ import annotations
@@ -21,9 +15,8 @@ from typing import Any
 
 from ..errors import RunFolderError
 from .files import atomic_path
-from .layout import (CHECKPOINTS, CONFIG, FIXED_LABELS, FIXED_NOISE, GENERATOR, HISTORY, LEGACY_FIXED_LABELS,
-                     LEGACY_FIXED_NOISE, LOCK, METRICS, TRACKERS, append_line, checkpoint_root, read_json_lines)
-from .pickles import load_pickle
+from .layout import (CHECKPOINTS, CONFIG, FIXED_LABELS, FIXED_NOISE, GENERATOR, HISTORY, LOCK, METRICS, TRACKERS,
+                     append_line, checkpoint_root, read_json_lines)
 from .safe_tree import load_tree, save_tree
 
 CONTINUE_OR_MOVE = ("continue it with `--resume latest`, or choose another `--output-dir` "
@@ -61,20 +54,12 @@ def write_description(path: str | os.PathLike, config: Any, fixed_latents: Any, 
 
 
 def read_fixed_latents(run: str | os.PathLike) -> tuple[Any, Any]:
-    """(the fixed latents, the fixed labels or None) a run drew for its progress samples, read without running
-    code: ``fixed_noise.safetensors``, or a run written before it's ``fixed_noise.pt`` (``weights_only=True``)."""
+    """(the fixed latents, the fixed labels or None) a run drew for its progress samples, read without running code."""
     run = Path(run)
-    found = []
-    for name, legacy in ((FIXED_NOISE, LEGACY_FIXED_NOISE), (FIXED_LABELS, LEGACY_FIXED_LABELS)):
-        if os.path.lexists(run / name):
-            found.append(load_tree(run / name))
-        elif os.path.lexists(run / legacy):
-            found.append(load_pickle(run / legacy))
-        elif name == FIXED_NOISE:
-            raise RunFolderError(f"{run} has no {FIXED_NOISE}: it is written at a run's first step; pass a run folder")
-        else:
-            found.append(None)
-    return found[0], found[1]
+    if not os.path.lexists(run / FIXED_NOISE):
+        raise RunFolderError(f"{run} has no {FIXED_NOISE}: it is written at a run's first step; pass a run folder")
+    labels = load_tree(run / FIXED_LABELS) if os.path.lexists(run / FIXED_LABELS) else None
+    return load_tree(run / FIXED_NOISE), labels
 
 
 # -- runs inside runs ---------------------------------------------------------------------------------------

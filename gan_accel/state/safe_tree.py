@@ -1,17 +1,11 @@
 """A file format that holds a tree of plain values and tensors, and runs no code when read.
 
-``save_tree(obj, path)`` writes ``obj`` as a safetensors file: the tensors as the file's tensors (keys
-``"0"``, ``"1"``, ...), the tree around them as JSON in the file's metadata (key :data:`TREE_KEY`).
-``load_tree(path)`` gives back an equal tree: the same types, the same tensor bits (on the CPU).
-
-What a tree may hold: ``dict`` (keys: ``str``, ``int``, ``float``, ``bool``, ``None`` or tuples of
-these), ``list``, ``tuple``, ``str``, ``int``, ``float`` (also NaN, inf, -0.0), ``bool``, ``None`` and
-dense tensors of any dtype safetensors stores. Anything else is refused when writing, with the path of
-the value in the tree; a file that is not exactly this is refused when reading, in one line naming it.
-Subclasses of these types come back as the base type (an ``OrderedDict`` as a ``dict``, an
-``nn.Parameter`` as a tensor); a tensor that appears twice comes back as two tensors.
-
-Reading parses JSON and safetensors only: no pickle, no import, no code named by the file.
+``save_tree(obj, path)`` writes the tensors as the safetensors file's tensors (keys ``"0"``, ``"1"``, ...) and
+the tree around them as JSON in its metadata (key :data:`TREE_KEY`); ``load_tree(path)`` gives back an equal
+tree (tensors on the CPU). A tree holds dicts (keys: str, int, float, bool, None or tuples of these), lists,
+tuples, str, int, float (also NaN, inf, -0.0), bool, None and dense tensors; anything else is refused when
+writing, naming where it is. Subclasses come back as their base type (an ``OrderedDict`` as a ``dict``), a
+tensor that appears twice as two tensors. Reading parses JSON and safetensors only: no pickle, no import.
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError, UnsafeFileError
-from .files import write_bytes_synced
+from .files import first_line, write_bytes_synced
 
 TREE_KEY = "gan_accel_tree"
 FORMAT = "gan_accel.tree/1"
@@ -53,7 +47,7 @@ def tree_bytes(obj: Any, name: str = "the tree") -> bytes:
     try:
         return save(tensors, metadata=metadata)
     except Exception as error:  # an unsupported dtype, ...
-        raise CheckpointError(f"cannot save {name} as safetensors: {_first_line(error)}") from error
+        raise CheckpointError(f"cannot save {name} as safetensors: {first_line(error)}") from error
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor], where: str, name: str, depth: int) -> Any:
@@ -61,12 +55,9 @@ def _encode(value: Any, tensors: dict[str, torch.Tensor], where: str, name: str,
         raise CheckpointError(f"cannot save {name}: {where or 'the tree'} is nested deeper than {MAX_DEPTH} levels")
     if value is None:
         return None
-    if isinstance(value, bool):  # before int: bool is an int
-        return bool(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return int(value)
+    for kind in (bool, str, int):  # bool before int: bool is an int; a subclass is stored as its base type
+        if isinstance(value, kind):
+            return kind(value)
     if isinstance(value, float):
         value = float(value)
         if math.isnan(value):
@@ -133,7 +124,7 @@ def _read(path: Path, with_tensors: bool) -> Any:
     except UnsafeFileError:
         raise
     except Exception as error:  # safetensors' own errors for a truncated or foreign file, OSError
-        raise _refuse(path, f"it is not a readable safetensors file (truncated or corrupt?): {_first_line(error)}") \
+        raise _refuse(path, f"it is not a readable safetensors file (truncated or corrupt?): {first_line(error)}") \
             from None
 
 
@@ -156,7 +147,7 @@ def _parse(path: Path, text: str) -> Any:
     try:
         document = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError) as error:
-        raise _refuse(path, f"its {TREE_KEY!r} metadata is not valid JSON ({_first_line(error)})") from None
+        raise _refuse(path, f"its {TREE_KEY!r} metadata is not valid JSON ({first_line(error)})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT or "tree" not in document:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise _refuse(path, f"its {TREE_KEY!r} metadata is not format {FORMAT!r} (found {str(found)[:40]!r}): "
@@ -167,9 +158,7 @@ def _parse(path: Path, text: str) -> Any:
 def _decode(path: Path, node: Any, tensor: Callable[[Any], torch.Tensor | None], depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise _refuse(path, f"its tree is nested deeper than {MAX_DEPTH} levels")
-    if node is None or isinstance(node, (bool, int, str)):
-        return node
-    if isinstance(node, float):
+    if node is None or isinstance(node, (bool, int, str, float)):
         return node
     if isinstance(node, list):
         return [_decode(path, v, tensor, depth + 1) for v in node]
@@ -212,8 +201,3 @@ def _refuse(path: Path, reason: str) -> UnsafeFileError:
 def _type_name(value: Any) -> str:
     kind = type(value)
     return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__

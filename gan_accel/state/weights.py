@@ -1,11 +1,8 @@
 """Weights as safetensors, and the one generator format: a folder of ``config.json`` + ``model.safetensors``.
 
-A run ends by writing it as ``<run>/generator/``; ``gan-accel export`` writes it again with a model card
-(:mod:`gan_accel.hub`); :func:`gan_accel.load_generator` reads it. ``config.json`` holds everything needed
-to rebuild G: the networks' spec (``model``), the class names, what the weights are (``weights``: EMA or
-raw, step), the latent and output shapes, the training config, the data summary and the scores (paths on
-your machine cut to their last part). :func:`save_weights` / :func:`load_weights` are for generators of
-your own classes.
+A run ends by writing it as ``<run>/generator/``, ``gan-accel export`` adds a model card, ``load_generator``
+reads it. ``config.json`` holds what rebuilds G (the networks' spec, class names, what the weights are) and the
+run's config, data summary and scores, local paths cut to their last part.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import CheckpointError
-from .files import atomic_path
+from .files import atomic_path, first_line
 from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
 
 FORMAT = "gan_accel.generator"
@@ -31,7 +28,7 @@ def save_weights(module: nn.Module, path: str | os.PathLike) -> Path:
     """Write ``module``'s state dict atomically as safetensors."""
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp))
+        save_file(state, str(tmp), metadata={"format": "pt"})
     return Path(path)
 
 
@@ -44,9 +41,8 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        text = str(error).strip()
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
-                              f"{text.splitlines()[0][:300] if text else type(error).__name__}") from None
+                              f"{first_line(error)}") from None
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
@@ -111,9 +107,7 @@ def generator_config(config: dict[str, Any], step: Any, ema: bool, has_ema: bool
 
 def save_generator(folder: Path, G: nn.Module, config: dict[str, Any]) -> None:
     """Write ``model.safetensors`` (G's weights) and then ``config.json`` into ``folder``, each file atomically."""
-    state = {key: value.detach().contiguous().cpu() for key, value in G.state_dict().items()}
     folder.mkdir(exist_ok=True)
-    with atomic_path(folder / EXPORT_WEIGHTS) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    save_weights(G, folder / EXPORT_WEIGHTS)
     with atomic_path(folder / EXPORT_CONFIG) as tmp:
         tmp.write_text(json.dumps(config, indent=2, default=str) + "\n")
