@@ -209,7 +209,7 @@ class PhaseRunner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
-        self.updates.update(state["updates"] if "updates" in state else state["versions"])  # its older name
+        self.updates.update(state["updates"])
         self.phase_runs.update(state["phase_runs"])
         self.lr_used = dict(state["lr_used"])
         self.images_seen = int(state["images_seen"])
