@@ -143,6 +143,10 @@ class TrainConfig:
         for name in ("channels_last", "compile", "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: expected True or False")
+        self._validate_choices()
+
+    def _validate_choices(self) -> None:
+        """The named choices (augmentation, loss, labels, trackers) and the saved fields."""
         if self.augment not in AUGMENTS:
             raise ConfigError(f"augment={self.augment!r} is invalid: choose one of {', '.join(AUGMENTS)}")
         if self.augment_p is not None and not (_is_number(self.augment_p) and 0.0 <= self.augment_p < 1.0 + (

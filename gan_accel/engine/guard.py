@@ -244,7 +244,8 @@ class BufferRestore:
         """New data is drawn; ``hoisting``: G's forward is made ahead for the next G phase, G's buffers kept."""
         self._hoist_pending = hoisting
         for part in self._parts if hoisting else ():
-            torch._foreach_copy_(part.before_hoist, part.buffers[part.own:])
+            if part.before_hoist:  # an empty list is an error for _foreach_copy_ (no G buffer on this device)
+                torch._foreach_copy_(part.before_hoist, part.buffers[part.own:])
 
     def restore_where(self, flag: torch.Tensor) -> None:
         """Put every buffer back where ``flag`` (1.0 = skipped) is set; no host read."""

@@ -80,11 +80,8 @@ def r1_phase(gamma: float | None, every: int = 16, name: str | None = None, r2_g
 
 
 def default_phases(config: "TrainConfig") -> list[Phase]:
-    """The phase list a :class:`~gan_accel.TrainConfig` describes.
-
-    D (``n_critic`` times, each on new data), with the WGAN-GP penalty and, when ``r1_every=1``, R1
-    and R2 taken from D's own forwards; a lazy R1 (and R2) phase after each D when ``r1_every > 1``; then G.
-    """
+    """The phase list a :class:`~gan_accel.TrainConfig` describes: D ``n_critic`` times (with WGAN-GP, and R1/R2
+    from D's own forwards when ``r1_every=1``), a lazy R1/R2 phase after each D when ``r1_every > 1``, then G."""
     lazy = config.r1_every > 1 and bool(config.r1_gamma or config.r2_gamma)
     gammas = (0.0, 0.0) if config.r1_every > 1 else (config.r1_gamma or 0.0, config.r2_gamma or 0.0)
     d_loss = discriminator_loss(config.loss_fn, config.class_loss_weight, *gammas)
