@@ -103,8 +103,13 @@ class TrainConfig:
                      "checkpoint_every", "keep_checkpoints", "max_bad_updates", "r1_every", "grad_accum_steps",
                      "n_critic"):
             _require_int(name, getattr(self, name), minimum=1)
-        self._validate_bounds()
-        _require_seed(self.seed)
+        if self.keep_samples is not None:
+            _require_int("keep_samples", self.keep_samples, minimum=1, hint="or None to keep every sample grid")
+        _require_int("gif_frames", self.gif_frames, minimum=1)
+        _require_int("seed", self.seed, minimum=0)
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed={self.seed!r} is invalid: expected an integer from 0 to {MAX_SEED} (2**31 - 1: "
+                              "numpy takes seeds below 2**32, and each process seeds with seed + its index)")
         for name in ("lr_G", "lr_D"):
             _require_positive_float(name, getattr(self, name))
         _require_positive_float("collective_timeout", self.collective_timeout, hint="seconds")
@@ -112,33 +117,55 @@ class TrainConfig:
             betas = getattr(self, name)
             if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):
                 raise ConfigError(f"{name}={betas!r} is invalid: expected two numbers in [0, 1), e.g. (0.5, 0.999)")
-        for name in ("clip_grad_norm_G", "clip_grad_norm_D"):
-            value = getattr(self, name)
-            if value is not None:
-                _require_positive_float(name, value, hint="or None to disable clipping")
-        for name in ("r1_gamma", "r2_gamma", "gp_weight"):
-            value = getattr(self, name)
-            if value is not None:
-                _require_positive_float(name, value, hint="or None to disable the penalty")
+        for name in ("clip_grad_norm_G", "clip_grad_norm_D", "r1_gamma", "r2_gamma", "gp_weight"):
+            if getattr(self, name) is not None:
+                what = "clipping" if name.startswith("clip") else "the penalty"
+                _require_positive_float(name, getattr(self, name), hint=f"or None to disable {what}")
         if self.ema_decay is not None and not (_is_number(self.ema_decay) and 0.0 < self.ema_decay < 1.0):
             raise ConfigError(f"ema_decay={self.ema_decay!r} is invalid: expected a number in (0, 1), or None for no EMA")
-        self._validate_ema()
+        if self.ema_half_life is not None:
+            if self.ema_decay is not None:
+                raise ConfigError("ema_decay and ema_half_life are both set: keep one (ema_half_life counts images, "
+                                  "ema_decay counts G steps)")
+            _require_positive_float("ema_half_life", self.ema_half_life, hint="training images, or None")
+        if self.ema_rampup is not None:
+            _require_positive_float("ema_rampup", self.ema_rampup, hint="e.g. 0.05, or None")
+            if self.ema_half_life is None:
+                raise ConfigError("ema_rampup needs ema_half_life: the ramp caps the half-life at rampup x images seen")
+        if self.ema_batchnorm not in ("copy", "recompute"):
+            raise ConfigError(f"ema_batchnorm={self.ema_batchnorm!r} is invalid: choose 'copy' (G's statistics) or "
+                              "'recompute' (measured for the EMA's weights)")
         if not (_is_number(self.warmup_ratio) and 0.0 <= self.warmup_ratio < 1.0):
             raise ConfigError(f"warmup_ratio={self.warmup_ratio!r} is invalid: expected a number in [0, 1)")
         for name, choices in (("mixed_precision", MIXED_PRECISION_CHOICES), ("lr_schedule", LR_SCHEDULE_CHOICES)):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: choose one of {', '.join(choices)}")
-        self._validate_speed_options()
-        self._validate_augment()
+        for name in ("channels_last", "compile", "keep_freed_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: expected True or False")
+        self._validate_choices()
+
+    def _validate_choices(self) -> None:
+        """The named choices (augmentation, loss, labels, trackers) and the saved fields."""
+        if self.augment not in AUGMENTS:
+            raise ConfigError(f"augment={self.augment!r} is invalid: choose one of {', '.join(AUGMENTS)}")
+        if self.augment_p is not None and not (_is_number(self.augment_p) and 0.0 <= self.augment_p < 1.0 + (
+                self.augment == "diffaugment")):
+            raise ConfigError(f"augment_p={self.augment_p!r} is invalid: expected a probability in [0, 1] "
+                              "(ada: below 1), or None for the default")
+        if self.augment_p is not None and self.augment == "none":
+            raise ConfigError("augment_p is set but augment='none': choose augment='diffaugment' or 'ada'")
+        if not (_is_number(self.ada_target) and -1.0 < self.ada_target < 1.0):
+            raise ConfigError(f"ada_target={self.ada_target!r} is invalid: expected a number in (-1, 1), e.g. 0.6")
+        _require_int("ada_interval", self.ada_interval, minimum=1)
+        _require_positive_float("ada_kimg", self.ada_kimg, hint="thousands of images, e.g. 100")
         if isinstance(self.loss, str):
             if self.loss not in LOSSES:
-                raise ConfigError(
-                    f"loss={self.loss!r} is unknown: choose one of {', '.join(sorted(LOSSES))}, or pass a GANLoss"
-                )
+                raise ConfigError(f"loss={self.loss!r} is unknown: choose one of {', '.join(sorted(LOSSES))}, "
+                                  "or pass a GANLoss")
         elif not isinstance(self.loss, GANLoss):
-            raise ConfigError(
-                f"loss={self.loss!r} is invalid: pass a name ({', '.join(sorted(LOSSES))}) or a gan_accel.GANLoss"
-            )
+            raise ConfigError(f"loss={self.loss!r} is invalid: pass a name ({', '.join(sorted(LOSSES))}) "
+                              "or a gan_accel.GANLoss")
         if self.num_classes is not None:
             _require_int("num_classes", self.num_classes, minimum=2, hint="or None for an unconditional run")
         if not (_is_number(self.class_loss_weight) and self.class_loss_weight >= 0):
@@ -152,11 +179,6 @@ class TrainConfig:
                               f"{' or '.join(LABEL_DISTRIBUTIONS)}")
         if not isinstance(self.output_dir, (str, Path)) or str(self.output_dir) == "":
             raise ConfigError(f"output_dir={self.output_dir!r} is invalid: expected a folder path")
-        self._validate_trackers()
-        self._validate_saved_fields()
-
-    def _validate_trackers(self) -> None:
-        """log_with names trackers Accelerate knows (or registered with accelerate.tracking.register_tracker_class)."""
         choices = tracker_choices()
         if not isinstance(self.log_with, (tuple, list)) or not all(isinstance(n, str) for n in self.log_with):
             raise ConfigError(f"log_with={self.log_with!r} is invalid: expected tracker names, e.g. ('tensorboard',), "
@@ -168,54 +190,9 @@ class TrainConfig:
         if self.tracker_project is not None and not (isinstance(self.tracker_project, str) and self.tracker_project.strip()):
             raise ConfigError(f"tracker_project={self.tracker_project!r} is invalid: expected a non-empty name, or None "
                               "for the output folder's name")
-
-    def _validate_saved_fields(self) -> None:
-        """model and extra travel in config.json: JSON values only."""
         if self.model is not None and not (isinstance(self.model, dict) and _json_like(self.model)):
             raise ConfigError(f"model={self.model!r} is invalid: expected a dict of JSON values (the networks' "
                               "spec, e.g. {'family': 'dcgan', 'width': 64, ...}), or None")
-
-    def _validate_augment(self) -> None:
-        """augment names an augmentation of gan_accel.augment; its numbers are in range."""
-        if self.augment not in AUGMENTS:
-            raise ConfigError(f"augment={self.augment!r} is invalid: choose one of {', '.join(AUGMENTS)}")
-        if self.augment_p is not None and not (_is_number(self.augment_p) and 0.0 <= self.augment_p < 1.0 + (
-                self.augment == "diffaugment")):
-            raise ConfigError(f"augment_p={self.augment_p!r} is invalid: expected a probability in [0, 1] "
-                              "(ada: below 1), or None for the default")
-        if self.augment_p is not None and self.augment == "none":
-            raise ConfigError("augment_p is set but augment='none': choose augment='diffaugment' or 'ada'")
-        if not (_is_number(self.ada_target) and -1.0 < self.ada_target < 1.0):
-            raise ConfigError(f"ada_target={self.ada_target!r} is invalid: expected a number in (-1, 1), e.g. 0.6")
-        _require_int("ada_interval", self.ada_interval, minimum=1)
-        _require_positive_float("ada_kimg", self.ada_kimg, hint="thousands of images, e.g. 100")
-
-    def _validate_bounds(self) -> None:
-        """keep_samples and gif_frames bound what the sample grids and progress.gif grow to."""
-        if self.keep_samples is not None:
-            _require_int("keep_samples", self.keep_samples, minimum=1, hint="or None to keep every sample grid")
-        _require_int("gif_frames", self.gif_frames, minimum=1)
-
-    def _validate_speed_options(self) -> None:
-        """channels_last, compile and keep_freed_memory are switches (see gan_accel.engine.speed)."""
-        for name in ("channels_last", "compile", "keep_freed_memory"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: expected True or False")
-
-    def _validate_ema(self) -> None:
-        """ema_decay or ema_half_life (not both); the ramp-up needs the half-life."""
-        if self.ema_half_life is not None:
-            if self.ema_decay is not None:
-                raise ConfigError("ema_decay and ema_half_life are both set: keep one (ema_half_life counts images, "
-                                  "ema_decay counts G steps)")
-            _require_positive_float("ema_half_life", self.ema_half_life, hint="training images, or None")
-        if self.ema_rampup is not None:
-            _require_positive_float("ema_rampup", self.ema_rampup, hint="e.g. 0.05, or None")
-            if self.ema_half_life is None:
-                raise ConfigError("ema_rampup needs ema_half_life: the ramp caps the half-life at rampup x images seen")
-        if self.ema_batchnorm not in ("copy", "recompute"):
-            raise ConfigError(f"ema_batchnorm={self.ema_batchnorm!r} is invalid: choose 'copy' (G's statistics) or "
-                              "'recompute' (measured for the EMA's weights)")
 
     # -- derived quantities -------------------------------------------------------------------
     @property
@@ -269,18 +246,10 @@ def _require_int(name: str, value: Any, minimum: int, hint: str = "") -> None:
         raise ConfigError(f"{name}={value!r} is invalid: expected an integer >= {minimum}" + (f", {hint}" if hint else ""))
 
 
-def _require_seed(seed: Any) -> None:
-    _require_int("seed", seed, minimum=0)
-    if seed > MAX_SEED:
-        raise ConfigError(f"seed={seed!r} is invalid: expected an integer from 0 to {MAX_SEED} (2**31 - 1: numpy takes "
-                          "seeds below 2**32, and each process seeds with seed + its index)")
-
-
 def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
     if not _is_number(value) or value <= 0:
         extra = f" ({hint})" if hint else ""
         raise ConfigError(f"{name}={value!r} is invalid: expected a finite number > 0{extra}")
-
 
 
 # Fields a resumed run cannot change: they shape the networks' inputs, the batch, the losses, the phase

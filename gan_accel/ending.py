@@ -1,12 +1,9 @@
 """How a run ends: one line that says what is true, a clean stop on a signal, no process left waiting.
 
-:func:`run_script` is the entry point: the examples and ``gan-accel`` run their body through it. The
-engine's hooks: :func:`run_together` / :func:`raise_together` (an error one process sees is raised by
-all, at the same point), :class:`SignalHandler` (SIGINT/SIGTERM: every process stops at the same step
-with a checkpoint) and :func:`bound_waits` (torch's collective timeout is ``collective_timeout``: a wait
-for a stopped, hung or dead process raises, and :func:`run_script` names that process; a dead one is
-seen at once, and the launcher ends the others). No thread of its own; ``fit`` writes on the error
-leaving it the step and the last checkpoint (:func:`remember`): nothing here refers to a trainer.
+:func:`run_script` is the entry point of the examples and ``gan-accel``. The engine's hooks:
+:func:`raise_together` (an error one process sees is raised by all), :class:`SignalHandler` (every process
+stops at the same step with a checkpoint) and :func:`bound_waits` (a wait for a stopped, hung or dead
+process raises after ``collective_timeout``, and :func:`run_script` names that process).
 """
 
 from __future__ import annotations
@@ -48,11 +45,8 @@ UNKNOWN_PROGRESS = "outside training; the complete checkpoints written so far, i
 
 # -- errors every process agrees on ----------------------------------------------------------------
 def raise_together(accelerator: Any, error: BaseException | None) -> None:
-    """Collective (call on every process): if any process passes an error, every process raises.
-
-    The failing process raises its own error; the others raise one of the same gan_accel class with the
-    same message, so all ranks stop at the same point and print the same line.
-    """
+    """Collective: if any process passes an error, every process raises it (the others as the same gan_accel
+    class with the same message), so all ranks stop at the same point and print the same line."""
     if accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
@@ -88,8 +82,7 @@ def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
 
 # -- bounded waits, leaving together ---------------------------------------------------------------
 def bound_waits(seconds: float) -> None:
-    """torch's collective timeout becomes ``seconds`` (``build_accelerator`` gives it to Accelerate; this is
-    for an Accelerator the user built). gloo raises in each waiting process; NCCL's watchdog ends it."""
+    """torch's collective timeout becomes ``seconds`` (for an Accelerator the user built)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -97,11 +90,8 @@ def bound_waits(seconds: float) -> None:
 
 
 def leave_process_group() -> None:
-    """After success (every rank is here): a barrier, then close the process group on every rank.
-
-    Left to the interpreter's exit, a rank that closes its gloo sockets first can make another abort
-    ("terminate called without an active exception", exit -6) after its work was saved.
-    """
+    """After success: a barrier, then close the process group on every rank (left to the interpreter's
+    exit, a rank that closes its gloo sockets first can make another abort with -6)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -147,13 +137,10 @@ def stop_on_signals(flag: StopFlag, signums: tuple[int, ...] = (signal.SIGINT, s
 
 
 class SignalHandler:
-    """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop at the
-    end of the current step.
+    """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop.
 
-    Several processes agree on the signal one step late, without a blocking wait: each step starts an
-    all-reduce (max) of the local signal number and reads the one started a step earlier, which finished
-    long ago, so every rank stops one step after the first signal and no step waits for the slowest rank
-    (nor, on a GPU, for the device's queue).
+    Processes agree one step late, without a blocking wait: each step starts an all-reduce (max) of the
+    local signal number and reads the one started a step earlier, which finished long ago.
     """
 
     name = "signal_handler"
@@ -221,9 +208,8 @@ def _progress(error: BaseException) -> str:
 
 
 def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
-    """After a collective failed: every live process says so in the rendezvous store; those that do not
-    within ``grace`` seconds are named. Returns (silent ranks, whether this process prints the line: the
-    first live one), or None without a process group."""
+    """After a collective failed, every live process says so in the rendezvous store: (the ranks silent for
+    ``grace`` seconds, whether this process is the first live one and prints), or None without a group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -245,8 +231,7 @@ def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
 
 
 def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
-    """(one line, whether this process prints it) for a collective that failed because another process went
-    away or ran past torch's timeout (gloo's errors), else None."""
+    """(one line, whether this process prints it) for a collective another process failed (gloo), else None."""
     text = str(error)
     timed_out = any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout"))
     gone = any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
@@ -280,9 +265,8 @@ def describe(error: BaseException) -> str | None:
 
 
 def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on written as an escape (``\\x1b``, ``\\n``,
-    ``\\u202e``): names and file contents printed cannot move the cursor, recolour the terminal or forge
-    a line of the output. Printable characters, non-ASCII letters included, stay."""
+    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``): what is printed cannot move
+    the cursor, recolour the terminal or forge a line of the output."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -290,11 +274,9 @@ def printable(text: str) -> str:
 
 # -- the entry point ---------------------------------------------------------------------------------
 def run_script(body: Callable[[], int], debug: bool = False) -> int:
-    """Run a script's body; returns its exit code. Each expected ending is one line, from one process:
-    an expected failure (gan_accel's, the file system's) exit 2; a graceful stop 128 + the signal (the
-    ranks leave together); a second signal 128 + the signal, with the step and last checkpoint; another
-    process silent or gone: named, exit 75 (resume); a reader that stops reading (``| head``): quietly
-    141, as ``cat``. A traceback only for a bug, or with ``debug``."""
+    """Run a script's body; returns its exit code. Each expected ending is one line, from one process: an
+    expected failure exit 2; a stop on a signal 128 + the signal; another process silent or gone exit 75;
+    a closed pipe (``| head``) quietly 141. A traceback only for a bug, or with ``debug``."""
     try:
         code = body()
         sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
@@ -339,9 +321,8 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
 
 
 def _exit_on_late_signals(code: int) -> None:
-    """After an agreed stop, a SIGINT/SIGTERM during the exit ends it with ``code``: the launcher SIGTERMs
-    every worker once one exits non-zero, and the slower ones of a clean stop must not die of it (-15).
-    From ``atexit`` on they are ignored (Python restores default handlers then, but not ignored ones)."""
+    """After an agreed stop, a SIGINT/SIGTERM during the exit ends it with ``code`` (the launcher SIGTERMs every
+    worker once one exits non-zero); from ``atexit`` on they are ignored (Python restores default handlers)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -356,8 +337,7 @@ def _exit_on_late_signals(code: int) -> None:
 
 
 def _stdout_closed() -> bool:
-    """Whether stdout's reader has gone (a pipe whose other end is closed polls as an error); if so, stdout
-    is pointed at /dev/null, so that the flush at exit does not fail again."""
+    """Whether stdout's reader has gone; if so stdout is pointed at /dev/null, so the flush at exit does not fail."""
     import select
 
     try:

@@ -1,10 +1,5 @@
-"""The errors gan_accel raises for problems a user can fix.
-
-Every class derives from :class:`GanAccelError`, so a script (or the ``gan-accel`` command) can turn
-any of them into one ``error:`` line; anything else escaping the library is a bug and keeps its
-traceback. Each also derives from the built-in type that describes it best, so existing
-``except ValueError`` / ``except RuntimeError`` code keeps working.
-"""
+"""The errors gan_accel raises for problems a user can fix: each becomes one ``error:`` line (anything else
+is a bug and keeps its traceback), and derives from the built-in type that describes it best."""
 
 from __future__ import annotations
 

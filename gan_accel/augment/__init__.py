@@ -18,10 +18,7 @@ AUGMENTS = ("none", "diffaugment", "ada")
 
 
 def build_augment(name: str, **options: Any) -> Augment:
-    """The augmentation ``name`` ("none", "diffaugment" or "ada") with its options (the class's keywords).
-
-    ``"ada"`` starts at ``p=0`` unless given; drive it with ``AdaptiveP(augment, ...)``.
-    """
+    """The augmentation ``name`` ("none", "diffaugment" or "ada", at ``p=0`` unless given) with its options."""
     if name == "none":
         if options:
             raise ValueError(f"--augment none takes no options, got {', '.join(sorted(options))}")

@@ -1,25 +1,11 @@
 """ADA's augmentation pipeline (Karras et al., 2020) with one probability ``p`` for every transform.
 
-Each transform is applied to each sample independently with probability ``p`` (the pipeline's
-strength, which :class:`~gan_accel.augment.adaptive.AdaptiveP` adjusts during training). The
-distributions are the paper's (appendix B):
-
-* **blit** (default on): x-flip (with p, flip with probability 1/2), rotation by a uniform number of
-  quarter turns, integer translation by round(U(-1/8, 1/8) * side) pixels per axis with reflected
-  borders. All three are one exact gather (see pixels.py).
-* **color** (default on): brightness N(0, 0.2), contrast lognormal(0, 0.5 ln 2), luma flip (1/2),
-  hue rotation U(-pi, pi), saturation lognormal(0, ln 2): one affine colour map (see color.py).
-* **geometric** (default off): isotropic scale lognormal(0, 0.2 ln 2), rotation U(-pi, pi) (twice,
-  each with probability 1 - sqrt(1 - p)), anisotropic scale lognormal(0, 0.2 ln 2), fractional
-  translation N(0, 1/8) of the side; one affine ``grid_sample`` (bilinear, reflected borders).
-
-Why this default subset ("bc"): blit and colour copy or map pixels exactly, cost one gather and one
-small matmul, and a sample that draws no transform keeps its bytes. The general affine resamples
-every pixel bilinearly; ADA does it with a wavelet up/down-sampling filter to avoid aliasing, which
-this pipeline does not have, so it is opt-in.
-
-``p = 0`` returns the input itself (no draws, no work). For ``p > 0`` the draws per call are fixed in
-number and order (they do not depend on the data), from torch's global generator on ``x``'s device.
+Each transform applies to each sample independently with probability ``p``; distributions as the
+paper's appendix B: **blit** (x-flip, quarter turns, integer translation: one exact gather),
+**color** (brightness, contrast, luma flip, hue, saturation: one affine colour map) and, opt-in,
+**geometric** (one bilinear ``grid_sample``: ADA's anti-aliasing wavelet filter is not implemented, so
+it is off by default). ``p = 0`` returns the input itself; otherwise the draws per call are fixed in
+number and order, from torch's global generator on ``x``'s device.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """ADA's controller of the augmentation probability p (Karras et al., 2020, section 3).
 
-The overfitting heuristic ``r_t = E[sign(D(x_real))]`` is accumulated from D's logits on the real
-images of every D update; every ``interval`` updates it is summed over processes (one collective, so
-every process computes the same p from the same numbers) and p moves by
-
-    p <- clamp(p + sign(r_t - target) * images / (ada_kimg * 1000), 0, p_max)
-
-where ``images`` is the number of real logits observed in the interval, on all processes: p can go
-from 0 to 1 in ``ada_kimg`` thousand images. ``r_t`` above the target means D is confident on the
-reals (overfitting): more augmentation; below it, less.
-
-Counting is exact: signs and counts are summed as integers on the device (no host read per step, no
-float round-off whatever the batch; a NaN logit, from an update the engine's guard will skip, counts
-as nothing), and p is a Python float computed from integers reduced across processes, so every
-process holds the same p, bit for bit.
-
-The module knows nothing of Accelerate: pass ``reduce``, a function that sums a tensor over processes
-and returns the sum (``lambda t: accelerator.reduce(t, "sum")``); without it the statistic is local.
+``r_t = E[sign(D(x_real))]``, summed over processes every ``interval`` updates, moves p by
+``sign(r_t - target) * images / (ada_kimg * 1000)``, clamped to [0, p_max]: above the target D is
+overfitting, so more augmentation. Signs and counts are summed as integers on the device (no host read
+per step, no round-off; a NaN logit counts as nothing), so every process holds the same p, bit for bit.
+``reduce`` sums a tensor over processes (``lambda t: accelerator.reduce(t, "sum")``); without it, local.
 """
 
 from __future__ import annotations
@@ -32,12 +20,8 @@ Reduce = Callable[[Tensor], Tensor]
 
 
 class AdaptiveP:
-    """Adjusts ``p`` from D's real logits; keeps ``augment.p`` (if given) equal to it.
-
-    Call :meth:`observe` with D's logits on real images (each D update), :meth:`tick` once per D update
-    on every process (it updates p every ``interval`` ticks; the update is a collective). ``p``, the last
-    ``rt`` and the partial interval are the checkpoint state (:meth:`state_dict`).
-    """
+    """Adjusts ``p`` (and ``augment.p``) from D's real logits: :meth:`observe` them, :meth:`tick` on every
+    process (p moves every ``interval`` ticks, a collective)."""
 
     def __init__(self, augment: Augment | None = None, *, target: float = 0.6, interval: int = 4,
                  ada_kimg: float = 500.0, p: float = 0.0, p_max: float = 0.99, reduce: Reduce | None = None,

@@ -1,9 +1,8 @@
 """What every augmentation for D shares: the interface, the no-op, per-sample coin flips.
 
-An augmentation is a callable ``augment(x) -> x'`` on a batch (N, C, H, W), differentiable w.r.t.
-``x``, with an attribute ``p``: the probability with which each of its transforms is applied to each
-sample. ``p = 0`` returns ``x`` itself. Its random draws come from torch's global generator on
-``x``'s device, so a checkpoint that saves each process's RNG state resumes it exactly.
+An augmentation is a differentiable ``augment(x) -> x'`` on (N, C, H, W) with a probability ``p`` per
+transform and sample (``p = 0`` returns ``x`` itself); its draws come from torch's global generator on
+``x``'s device, so a checkpoint with each process's RNG state resumes it exactly.
 """
 
 from __future__ import annotations
@@ -33,11 +32,8 @@ class NoAugment(nn.Module):
 
 
 def coin_flips(n: int, p: float, device: torch.device) -> Tensor | None:
-    """(N,) bools, each true with probability ``p``; None when ``p >= 1`` (every sample: no draw, no select).
-
-    With ``p < 1`` one uniform number per sample is drawn, whatever its outcome, so the number of draws
-    (and the RNG stream after them) does not depend on the data.
-    """
+    """(N,) bools, each true with probability ``p``; None when ``p >= 1`` (no draw, no select). One draw per
+    sample whatever its outcome, so the RNG stream does not depend on the data."""
     if p >= 1:
         return None
     return torch.rand(n, device=device) < p

@@ -1,17 +1,8 @@
 """ADA's colour transforms (Karras et al., 2020, appendix B) as one affine map of each pixel's colour.
 
-Each transform is an affine map of the RGB vector; a sample's chain (brightness, contrast, luma flip,
-hue rotation, saturation, in that order) is composed into one matrix ``A`` (3x3) and offset ``t``, and
-applied in one pass: ``x' = A x + t``. The luma axis is ``v = (1, 1, 1) / sqrt(3)``.
-
-* brightness ``b``: ``x + b``.
-* contrast ``c``: ``c x``.
-* luma flip (``flip`` in {0, 1}): ``(I - 2 v v^T) x``, the colour mirrored through the grey plane.
-* hue rotation ``theta``: a rotation of ``x`` about the luma axis.
-* saturation ``s``: ``v v^T x + s (I - v v^T) x``.
-
-A one-channel image is treated as grey ``(x, x, x)``: ``x' = mean over rows of (A (x, x, x) + t)``, so
-brightness, contrast and the luma flip (``x' = -x``) act, and hue and saturation leave it unchanged.
+A sample's chain (brightness, contrast, luma flip, hue rotation, saturation) is composed into one 3x3
+matrix ``A`` and offset ``t``, applied in one pass: ``x' = A x + t`` (luma axis ``(1, 1, 1) / sqrt(3)``).
+A one-channel image is treated as grey ``(x, x, x)`` and averaged back: hue and saturation leave it alone.
 """
 
 from __future__ import annotations

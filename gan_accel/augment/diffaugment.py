@@ -1,18 +1,9 @@
 """DiffAugment (Zhao et al., 2020): colour, translation and cutout, applied to every image D sees.
 
-Written from the paper's description:
-
-* ``color``: brightness ``x + b``, b ~ U(-0.5, 0.5); saturation ``(x - mean_c) * s + mean_c`` with the
-  mean over channels, s ~ U(0, 2); contrast ``(x - mean) * c + mean`` with the mean over the image,
-  c ~ U(0.5, 1.5). One draw per sample for each.
-* ``translation``: shift the image by integers in [-r, r] pixels along each axis independently,
-  r = round(``translation_ratio`` * side) (1/8 of the image), filling with zeros.
-* ``cutout``: zero a square of side round(``cutout_ratio`` * side) (half the image) centred on a
-  uniformly drawn pixel, clipped at the borders.
-
-``p`` (default 1, the paper's setting) is the probability with which each policy item is applied to
-each sample; ``p = 0`` returns the input itself. The random draws come from torch's global generator
-on the input's device, in a fixed order and number per call.
+From the paper: ``color`` (brightness U(-0.5, 0.5), saturation U(0, 2), contrast U(0.5, 1.5), one draw per
+sample), ``translation`` (integer shifts up to ``translation_ratio`` of the side, zero fill) and ``cutout``
+(a zeroed square of ``cutout_ratio`` of the side). ``p`` (default 1) is each item's probability per sample;
+``p = 0`` returns the input itself. Draws come from torch's global generator, fixed in order and number.
 """
 
 from __future__ import annotations

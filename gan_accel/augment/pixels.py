@@ -1,13 +1,8 @@
 """Integer pixel moves (flips, 90-degree rotations, translations) as one gather per batch.
 
-Each move is written as the map from an *output* pixel to the *input* pixel it copies, per sample. A
-chain of moves composes those maps (output to input, so in reverse order of application), and
-:func:`gather_pixels` copies the pixels once. Why: a copy is exact (a sample left in place keeps its
-bytes), differentiable (its backward is a scatter-add of the gradient), cheap, and one gather does the
-work of a flip, a rotation and a shift.
-
-Coordinates are ``(rows, cols)``, int64 tensors of shape (N, H, W): ``rows[n, i, j]`` is the row of
-the input pixel that output pixel (i, j) of sample n copies.
+Each move maps an *output* pixel to the *input* pixel it copies (``(rows, cols)``, int64, (N, H, W)); a
+chain composes the maps and :func:`gather_pixels` copies once: exact (an unmoved sample keeps its bytes),
+differentiable (a scatter-add backward) and cheap.
 """
 
 from __future__ import annotations
@@ -59,10 +54,8 @@ def reflect(index: Tensor, size: int) -> Tensor:
 
 
 def gather_pixels(x: Tensor, rows: Tensor, cols: Tensor, fill_outside: bool = False) -> Tensor:
-    """``out[n, c, i, j] = x[n, c, rows[n, i, j], cols[n, i, j]]``, for every channel.
-
-    ``fill_outside``: coordinates outside the image give 0 (zero padding); otherwise they must be in range.
-    """
+    """``out[n, c, i, j] = x[n, c, rows[n, i, j], cols[n, i, j]]``; ``fill_outside``: coordinates outside the
+    image give 0 (zero padding), else they must be in range."""
     n, channels, height, width = x.shape
     inside = None
     if fill_outside:

@@ -1,19 +1,10 @@
 """A run's augmentation of the images D sees, and ADA's adaptive probability as a run state.
 
-Augmentation is a concern of the step context, not a fork of the step: every call of D through
-``ctx.discriminate`` or ``ctx.class_logits`` augments its input first (see
-:class:`~gan_accel.engine.context.StepContext`). So every image D sees is augmented, whoever the
-phase: reals and fakes in D's loss, G's samples in G's loss (with their graph: the augmentation is
-differentiable, so G learns through it), and the reals of R1 and the interpolates of the gradient
-penalty, whose input gradient is taken with respect to the un-augmented images through the
-augmentation. Sampling, the EMA, evaluation and health never call D, so they never see it.
-
-With ``augment="ada"`` the probability p is steered by :class:`~gan_accel.augment.AdaptiveP` from the
-sign of D's logits on reals, which D's adversarial loss reports through ``ctx.observe_real``. Every
-``ada_interval`` steps the statistic is summed over processes (one collective) and p moves, so every
-process holds the same p, bit for bit. p and the partial interval are part of the checkpoint
-(bitwise resume holds: the augmentations draw from the global RNG, which is checkpointed per
-process); ``augment/p`` and ``augment/rt`` are in every metrics row.
+Every call of D through ``ctx.discriminate`` or ``ctx.class_logits`` augments its input first, whoever the
+phase (R1 and the gradient penalty take their input gradient through the differentiable augmentation);
+sampling, the EMA and evaluation never call D. With ``augment="ada"``, p is steered by
+:class:`~gan_accel.augment.AdaptiveP` from D's logits on reals (``ctx.observe_real``), the same on every
+process; p and the partial interval are part of the checkpoint.
 """
 
 from __future__ import annotations

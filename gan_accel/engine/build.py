@@ -70,14 +70,9 @@ def _refuse_shared(nets: Mapping[str, nn.Module]) -> None:
 def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, nets: dict[str, nn.Module],
                 optimizers: dict[str, Any], schedulers: Mapping[str, Any], multipliers: Mapping[str, Any],
                 dataloader: Any) -> Prepared:
-    """Fill in default optimizers and schedulers, then prepare everything in one call.
-
-    Defaults: Adam (``fused=True`` on CPU and CUDA) with the config's lr and betas (extras use G's);
-    a ``LambdaLR`` counted in the network's own scheduler-ticking updates (its length comes from the
-    phase list), linear warmup then the config's schedule for G and D, warmup then constant for extras.
-    The speed options (``channels_last``, ``compile``, ``keep_freed_memory``; see
-    :mod:`gan_accel.engine.speed`) are applied around the prepare.
-    """
+    """Fill in default optimizers (fused Adam with the config's lr and betas; extras use G's) and schedulers
+    (warmup then the config's schedule, counted in the network's own updates; constant for extras), then
+    prepare everything in one call, with the speed options applied around it."""
     bound_waits(config.collective_timeout)  # also for an Accelerator the user built
     check_speed_options(accelerator, config, plan)
     keep_freed_memory(config, accelerator.print)

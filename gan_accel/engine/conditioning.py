@@ -1,10 +1,8 @@
-"""Class-conditional runs: which labels G is given, and the fixed labels of the progress grids.
+"""Class-conditional runs (``config.num_classes`` set): which labels G is given, and the progress grids' labels.
 
-A run is conditional when ``config.num_classes`` is set. Then every micro-batch carries the real
-labels of its images (kept paired through sharding, accumulation and resume: they travel in the
-same batch), D is called as ``D(x, y)`` and G as ``G(z, y)``. G's labels come from the label
-sampler: uniform over the classes by default, the real micro-batch's own labels with
-``label_distribution="data"`` (the data's class frequencies, exactly), or a ``label_sampler`` you pass.
+The real labels travel in the batch with their images, so they stay paired through sharding, accumulation
+and resume. G's labels: uniform by default, the real micro-batch's own with ``label_distribution="data"``,
+or a ``label_sampler`` you pass.
 """
 
 from __future__ import annotations
@@ -43,17 +41,13 @@ class Conditioning:
         """Columns of a progress grid: ``num_samples // num_classes`` samples per class (at least 1)."""
         return max(1, num_samples // self.num_classes) if self.conditional else num_samples
 
-    def fixed_count(self, num_samples: int) -> int:
-        """How many fixed latents the progress samples need (a whole row per class)."""
-        return self.per_class(num_samples) * self.num_classes if self.conditional else num_samples
-
     def fixed_labels(self, num_samples: int) -> torch.Tensor | None:
         """One row per class: the same on every process (no randomness)."""
         return class_rows(self.num_classes, self.per_class(num_samples)) if self.conditional else None
 
     def draw_fixed(self, sampler: LatentSampler, config: TrainConfig) -> tuple[Any, torch.Tensor | None]:
         """The progress samples' latents (from ``config.seed``) and labels (one grid row per class)."""
-        count = self.fixed_count(config.num_samples)
+        count = self.per_class(config.num_samples) * (self.num_classes or 1)  # a whole row per class
         latents = draw_fixed_latents(sampler, count, config.seed)
         if leading_size(latents) != count:
             raise PreflightError(f"the latent sampler returned {leading_size(latents)} fixed latents when asked "

@@ -89,13 +89,8 @@ class StepContext:
 
     @property
     def fake(self) -> Tensor:
-        """G's samples for this micro-batch's latents.
-
-        Detached (computed without a graph) unless the current phase trains G, so a loss of D or of
-        another network can never push gradients into G. Computed once per version of G: phases
-        sharing a window share the samples, and G runs forward once per batch when the G phase
-        follows D without accumulation.
-        """
+        """G's samples for this micro-batch's latents, once per version of G; detached unless the phase trains
+        G, so a loss of another network can never push gradients into G."""
         micro = self.micro
         trains_G = self.phase is not None and self.phase.net == GENERATOR
         version = self._updates[GENERATOR]
@@ -137,11 +132,8 @@ class StepContext:
         return self.nets[DISCRIMINATOR](x, labels) if self.conditional else self.nets[DISCRIMINATOR](x)
 
     def class_logits(self, x: Tensor, labels: Tensor) -> Tensor:
-        """``D(x, labels, all_classes=True)``: D's logit for every class, shape (N, num_classes).
-
-        Column ``labels[i]`` of row i is D's plain logit for sample i, so one forward serves both the
-        adversarial loss and a class loss (one BatchNorm update, and every parameter used, as DDP needs).
-        """
+        """``D(x, labels, all_classes=True)``: D's logit for every class, shape (N, num_classes); column
+        ``labels[i]`` is the plain logit, so one forward serves the adversarial and the class loss."""
         try:
             logits = self.nets[DISCRIMINATOR](augmented(self.augment, x), labels, all_classes=True)
         except TypeError as error:

@@ -1,10 +1,7 @@
 """What a callback may read of the run (:class:`RunState`) and ask of it (:class:`Control`).
 
-The trainer owns both. Callbacks read ``trainer.state`` and make requests through ``trainer.control``;
-they never set the trainer's fields. The trainer applies a callback's requests right after the
-handler that made them (so the next handler of the same event already sees a reported checkpoint),
-and acts on ``save_checkpoint`` and ``stop`` once the whole event has run. Everything a callback can
-change about the run is therefore listed here, and applied in one place (``GANTrainer._apply``).
+The trainer applies a callback's requests right after its handler, and acts on ``save_checkpoint`` and
+``stop`` once the whole event has run (``GANTrainer._apply``).
 """
 
 from __future__ import annotations
@@ -36,15 +33,7 @@ class RunState:
 
 
 class Control:
-    """Requests of the callbacks, collected here and applied by the trainer.
-
-    * :meth:`log`: values for the next metrics row (``metrics.jsonl``, the trackers, the progress bar);
-    * :meth:`save_checkpoint`: write a checkpoint at this step once the current event has run (if none
-      is written at this step already); :meth:`keep_checkpoint` / :meth:`release_checkpoint`: protect a
-      checkpoint from pruning, or end that protection;
-    * :meth:`checkpoint_written`: the checkpoint writer reports a complete checkpoint;
-    * :meth:`stop`: checkpoint and stop after this step (as on SIGINT/SIGTERM; every process alike).
-    """
+    """Requests of the callbacks, collected here and applied by the trainer."""
 
     def __init__(self) -> None:
         self.metrics: dict[str, Any] = {}

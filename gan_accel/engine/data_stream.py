@@ -13,13 +13,8 @@ from ..errors import PreflightError
 
 
 class DataStream:
-    """Batches of a prepared dataloader; ``epoch`` and ``batches_in_epoch`` say where it stands.
-
-    Mistakes in the data that only show later in a run are one line naming the batch: samples of
-    another shape than the first batch's (a reshape error deep in D otherwise), samples of mixed sizes
-    in one batch (the collate error), and an epoch that yields nothing after earlier ones did (an
-    ``IterableDataset`` that runs dry: Accelerate's "Batch does not contain any data" otherwise).
-    """
+    """Batches of a prepared dataloader; ``epoch`` and ``batches_in_epoch`` say where it stands. Data mistakes
+    that show later in a run (a batch of another shape, mixed sizes, an epoch that runs dry) are one line."""
 
     def __init__(self, dataloader: Any, accelerator: Accelerator) -> None:
         self.dataloader = dataloader

@@ -1,21 +1,10 @@
 """The divergence guard: an update whose loss or gradients are not finite is skipped, on the device.
 
-The verdict on an update has one form on every device: a 0-dim float32 tensor, 1.0 = skip (the
-``found_inf`` convention of torch's GradScaler and fused optimizers), agreed by all ranks with an
-all-reduce and never read by the host in a step. :class:`SkipStep` skips the update on the device,
-:class:`BufferRestore` puts back the buffers the phase's forwards changed (BatchNorm statistics), and
-the counters are device tensors the host reads at log rows, before a checkpoint and at the end of
-``fit`` (:meth:`DivergenceGuard.check`). So :class:`~gan_accel.errors.DivergenceError` comes at the
-first such check after the ``max_bad_updates``-th consecutive skip; every skipped update left the
-weights untouched, so no checkpoint holds non-finite weights (a check comes first).
-
-One form everywhere, the device flag, rather than a host read: on a GPU a read waits for the queued
-kernels once per update; on a 2-core CPU, side by side (benchmarks/guard_overhead.py), the flag's few
-extra tensor ops cost ~4% of a tiny MLP GAN's step and nothing measurable of a DCGAN's.
-
-Under fp16 the GradScaler already skips steps with inf/NaN gradients (scaled gradients overflow
-routinely while it searches for its scale), so there the guard checks only the loss, and hands a
-non-finite one to the scaler as an overflow.
+The verdict is a 0-dim float32 tensor, 1.0 = skip (the ``found_inf`` convention of GradScaler and fused
+optimizers), agreed by all ranks and never read by the host in a step: a host read would wait for the
+queued kernels once per update. The counters are read at log rows and checkpoints
+(:meth:`DivergenceGuard.check`), so no checkpoint holds non-finite weights. Under fp16 the GradScaler
+already skips inf/NaN gradients, so the guard checks only the loss and hands a bad one to the scaler.
 """
 
 from __future__ import annotations
@@ -31,12 +20,9 @@ _ONES: dict[torch.device, torch.Tensor] = {}
 
 
 def non_finite_flag(tensors: Iterable[torch.Tensor], found: torch.Tensor | None = None) -> torch.Tensor:
-    """1.0 if any of ``tensors`` holds a NaN or inf, else 0.0: a 0-dim float32 tensor on the first one's
-    device, no sync; with ``found``, that flag is raised (never lowered) and returned.
+    """1.0 if any of ``tensors`` holds a NaN or inf, else 0.0 (0-dim, no sync); ``found`` is raised, never lowered.
 
-    One fused pass with the kernel the GradScaler uses ("unscaling" by 1 leaves the values alone):
-    measured side by side, a per-tensor norm cost several percent of a small DCGAN's CPU step, this
-    kernel about nothing."""
+    The GradScaler's fused kernel ("unscaling" by 1): a per-tensor norm cost several percent of a CPU step."""
     groups: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in tensors:
         groups.setdefault(tensor.device, []).append(tensor)
@@ -53,8 +39,7 @@ def non_finite_flag(tensors: Iterable[torch.Tensor], found: torch.Tensor | None 
 
 
 class DivergenceGuard:
-    """Decides the verdict on each update and counts the skips per network; :meth:`check` raises past
-    ``max_consecutive`` consecutive skips of one network."""
+    """Decides the verdict on each update and counts the skips per network."""
 
     def __init__(self, max_consecutive: int, networks: tuple[str, ...] = ("G", "D"),
                  say: Callable[[str], None] | None = None, resume_note: Callable[[], str] | None = None) -> None:
@@ -72,9 +57,8 @@ class DivergenceGuard:
 
     def verdict(self, name: str, loss: torch.Tensor, grads: list[torch.Tensor],
                 reals: Iterable[torch.Tensor] = ()) -> torch.Tensor:
-        """The verdict on ``name``'s update (1.0 = skip), from its window's ``loss`` and ``grads`` (empty: the
-        loss only), agreed by all ranks and counted; no host sync. ``reals``: the window's real batches, newly
-        drawn (a second pass of the kernel marks whether the data itself held NaN/inf, for the messages)."""
+        """The verdict on ``name``'s update (1.0 = skip) from ``loss`` and ``grads``, agreed and counted, no sync.
+        ``reals``: the window's new real batches (whether the data itself held NaN/inf, for the messages)."""
         flag = non_finite_flag([loss.detach().reshape(1).float(), *grads])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # a local NaN loss must skip the update on every rank alike
@@ -118,9 +102,8 @@ class DivergenceGuard:
                 if self.bad_data_seen else "")
 
     def check(self, step: int) -> dict[str, int]:
-        """Raise :class:`DivergenceError` if a network skipped ``max_consecutive`` updates in a row since
-        the last check; else return the metrics ``{"skipped/<net>": count}``. Reads the device: call at
-        log rows and checkpoints, on every rank alike (the verdicts, hence the counters, are agreed)."""
+        """Raise :class:`DivergenceError` past ``max_consecutive`` skips in a row since the last check, else
+        return ``{"skipped/<net>": count}``. Reads the device; call on every rank alike."""
         counts = self._read()
         data = self.data_note()
         for name, (_, skipped, _) in counts.items():
@@ -164,21 +147,12 @@ def inner_optimizer(optimizer: Any) -> Any:
 
 
 class SkipStep:
-    """``optimizer.step()`` that leaves parameters and optimizer state unchanged where the verdict is 1.0,
-    without reading it. How depends on the optimizer, cheapest first (``modes_used`` counts them):
-
-    * ``"scaler"`` (fp16): :meth:`mark_gradients` makes one gradient NaN where the verdict is set, before any
-      unscale, so the GradScaler skips the step as it skips any overflow (and lowers its scale).
-    * ``"fused"``: torch's fused Adam/AdamW read ``optimizer.found_inf`` in ``step()`` (the contract
-      ``GradScaler.step`` uses): with 1.0 the kernel leaves parameters and moments alone and puts the
-      step counters back. No extra work. (Fused SGD allocates its momentum uninitialised on its first
-      step before the kernel decides to skip: it takes "restore".)
-    * ``"restore"``: any other optimizer: every parameter and state tensor is copied before ``step()`` and
-      selected back after it (``torch.where``: exact, NaN or not).
-    * ``"read"``: where a select cannot be exact, the verdict is read and ``step()`` called only on 0.0:
-      an optimizer's first step (its state does not exist yet), or state that is not a tensor on the
-      verdict's device (the step counter of torch's default, non-capturable Adam lives on the CPU).
-    """
+    """``optimizer.step()`` that changes nothing where the verdict is 1.0, without reading it; cheapest first
+    (``modes_used`` counts them): ``"scaler"`` (fp16: one gradient made NaN, the GradScaler skips it as an
+    overflow), ``"fused"`` (fused Adam/AdamW read ``found_inf`` in ``step()``; fused SGD allocates its
+    momentum before deciding, so it takes "restore"), ``"restore"`` (parameters and state copied, then
+    selected back with ``torch.where``), ``"read"`` (the verdict read where a select cannot be exact: a first
+    step, or state off the verdict's device such as non-capturable Adam's CPU step counter)."""
 
     def __init__(self, scaler: Any = None) -> None:
         self.scaler = scaler
@@ -235,20 +209,13 @@ def _held_tensors(optimizer: torch.optim.Optimizer, device: torch.device) -> lis
 
 
 class BufferRestore:
-    """A skipped update puts back every buffer of every network its phase's forwards changed: a BatchNorm
-    layer updates its running statistics in every training-mode forward, so one NaN pixel would leave
-    them NaN for good. Copied at a phase's start (:meth:`save`), selected back by the verdict
-    (:meth:`restore_where`): the networks are then exactly as if the phase had not run.
+    """A skipped update puts back every buffer its phase's forwards changed (one NaN pixel would leave
+    BatchNorm's running statistics NaN for good): copied at a phase's start, selected back by the verdict.
 
-    The copies are bytes: every buffer is viewed as ``uint8`` (a view of its storage, made once), so one
-    flat tensor per device holds them all whatever their dtypes, a save is one ``_foreach_copy_`` and a
-    restore one ``cat``, one ``where`` and one ``_foreach_copy_``, NaN or not. A few kilobytes for a
-    BatchNorm network; nothing without buffers.
-
-    A G forward made ahead for a following G phase (the runner's "G forward once", made while drawing the
-    D phase's data) belongs to that G phase: G's buffers come last, a skipped D update stops before them
-    (the forward's graph holds them until G's backward: writing them, even the same bytes, would fail it),
-    and a skipped G update puts them back to before that forward (:meth:`save_hoisted`).
+    The copies are bytes (each buffer viewed as ``uint8``), one flat tensor per device whatever the dtypes.
+    A G forward made ahead for a following G phase belongs to that phase: G's buffers come last, a skipped
+    D update stops before them (the forward's graph holds them until G's backward; writing them would fail
+    it), and a skipped G update puts them back to before that forward (:meth:`save_hoisted`).
     """
 
     def __init__(self, nets: Mapping[str, nn.Module], hoisted: str = "G") -> None:
@@ -277,7 +244,8 @@ class BufferRestore:
         """New data is drawn; ``hoisting``: G's forward is made ahead for the next G phase, G's buffers kept."""
         self._hoist_pending = hoisting
         for part in self._parts if hoisting else ():
-            torch._foreach_copy_(part.before_hoist, part.buffers[part.own:])
+            if part.before_hoist:  # an empty list is an error for _foreach_copy_ (no G buffer on this device)
+                torch._foreach_copy_(part.before_hoist, part.buffers[part.own:])
 
     def restore_where(self, flag: torch.Tensor) -> None:
         """Put every buffer back where ``flag`` (1.0 = skipped) is set; no host read."""
@@ -306,11 +274,8 @@ class _Bytes:
 
 
 class Fp16Skips:
-    """Counts the updates the fp16 GradScaler skipped, per network, without reading the device.
-
-    Nothing else tells (Accelerate's ``step_was_skipped`` misses fused optimizers, whose kernel skips):
-    the scale after an update is below the scale before it exactly when the update overflowed (growth
-    only raises it), so the count is one compare and one add per update, read at log rows."""
+    """Counts the updates the fp16 GradScaler skipped, per network, without reading the device: the scale
+    drops exactly when an update overflowed (Accelerate's ``step_was_skipped`` misses fused optimizers)."""
 
     def __init__(self, scaler: Any, names: Iterable[str]) -> None:
         self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None

@@ -6,8 +6,7 @@ the batch, or any structure (tuple, dict) of such tensors that G takes as its on
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -38,22 +37,12 @@ def class_rows(num_classes: int, per_class: int) -> torch.Tensor:
     return torch.arange(num_classes).repeat_interleave(per_class)
 
 
-@contextlib.contextmanager
-def isolated_rng(seed: int) -> Iterator[None]:
-    """Run a block with the global RNG seeded to ``seed``, restoring the training RNG stream afterwards."""
+def draw_fixed_latents(sampler: LatentSampler, num_samples: int, seed: int) -> Any:
+    """The latents of the progress samples, drawn on CPU from ``seed`` with a forked RNG: identical on every
+    process, and the training noise is not shifted."""
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        yield
-
-
-def draw_fixed_latents(sampler: LatentSampler, num_samples: int, seed: int) -> Any:
-    """The latents of the progress samples: the sampler's own kind, drawn on CPU from ``seed``.
-
-    Drawn with a seeded, forked RNG, so they are identical on every process and drawing them does
-    not shift the training noise.
-    """
-    with isolated_rng(seed):
         return map_tensors(sampler(num_samples, torch.device("cpu")), lambda t: t.cpu())
 
 
@@ -82,12 +71,8 @@ def leading_size(latents: Any) -> int | None:
 
 @torch.no_grad()
 def generate_samples(G: Any, latents: Any, accelerator: Any, labels: torch.Tensor | None = None) -> torch.Tensor:
-    """``G(latents)`` (``G(latents, labels)`` when labels are given) in eval mode under the run's autocast,
-    as float32; latents moved to G's device and dtype.
-
-    Pass the *unwrapped* G: calling a DDP wrapper on the main process alone could start a collective
-    the other ranks never join.
-    """
+    """``G(latents[, labels])`` in eval mode under the run's autocast, as float32. Pass the *unwrapped* G: a DDP
+    wrapper called on the main process alone could start a collective the other ranks never join."""
     param = next(G.parameters(), None)
     device = param.device if param is not None else accelerator.device
     dtype = param.dtype if param is not None and param.is_floating_point() else None

@@ -22,19 +22,11 @@ from ..tracking import resolve_trackers, tracker_name
 def build_accelerator(config: TrainConfig) -> Accelerator:
     """The Accelerator the engine builds when the user does not pass one.
 
-    - ``sync_with_dataloader=False``: accumulation windows run across epoch ends, so every
-      optimizer step sees exactly ``grad_accum_steps`` micro-batches (a true larger batch).
-    - no buffer syncing in DDP's forward (:func:`ddp_kwargs`: ``forward_sync_buffers=False``, or
-      ``broadcast_buffers=False`` where torch predates that name): D is called on real and on fake
-      images before one backward; re-broadcasting BatchNorm buffers between those calls is an
-      in-place change that breaks autograd on CUDA. BatchNorm running statistics are then per
-      process; they matter only in eval mode, where the main process's copy is the one used for
-      samples and saved.
-    - seedable sampler: the shuffling order is a function of (seed, epoch), which makes runs
-      reproducible and lets a resumed run skip to the same position.
-    - trackers: ``log_with=`` the trackers of ``config.log_with`` whose package is installed (the
-      ``tracker_logger`` callback names the missing ones), ``project_dir=`` the run folder and its
-      ``trackers/`` subfolder as the logging folder (TensorBoard writes ``<run>/trackers/<project>/``).
+    ``sync_with_dataloader=False``: accumulation windows run across epoch ends (a true larger batch). No
+    buffer syncing in DDP's forward (:func:`ddp_kwargs`): D runs on real and fake images before one
+    backward, and re-broadcasting BatchNorm buffers in between breaks autograd on CUDA. A seedable sampler:
+    the order is a function of (seed, epoch), so a resumed run skips to the same position. The installed
+    trackers of ``config.log_with``, logging under ``<run>/trackers/``.
     """
     check_sharding_not_requested()  # before Accelerate tries to set DeepSpeed or FSDP up
     accelerator = Accelerator(
@@ -56,15 +48,8 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
 
 
 def ddp_kwargs() -> DistributedDataParallelKwargs:
-    """DDP without buffer syncing in forward, by the current name of that switch, so no deprecation warning.
-
-    torch 2.13 renamed DDP's ``broadcast_buffers`` to ``forward_sync_buffers`` and warns at every wrap that
-    gets the old one. Where Accelerate's ``DistributedDataParallelKwargs`` has the new field, it is used; where
-    only torch has it (Accelerate 1.16 and before), the handler passes it on to DDP itself; with an older torch,
-    ``broadcast_buffers=False``. (``forward_sync_buffers=False`` still broadcasts buffers once when DDP wraps the
-    model, where ``broadcast_buffers=False`` did not: gan_accel's networks are identical on every process then,
-    and a resume restores each process's own BatchNorm statistics after the wrap.)
-    """
+    """DDP without buffer syncing in forward, by the current name of that switch (torch 2.13 renamed
+    ``broadcast_buffers``): Accelerate's field, else passed on to DDP (Accelerate <= 1.16), else the old name."""
     if "forward_sync_buffers" in {field.name for field in dataclasses.fields(DistributedDataParallelKwargs)}:
         return DistributedDataParallelKwargs(forward_sync_buffers=False)
     if not ddp_takes("forward_sync_buffers"):
@@ -93,8 +78,8 @@ _KINDS = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP", "XLA": "XLA", "MEGATRON_LM":
 
 
 def describe_launch(accelerator: Accelerator) -> str:
-    """The launch in words, for people: ``1 process on cpu``, ``2 processes (DDP, gloo) on cpu``,
-    ``8 processes (DDP, nccl) on cuda:0`` (the device is this process's)."""
+    """The launch in words: ``1 process on cpu``, ``2 processes (DDP, gloo) on cpu``, ``8 processes (DDP, nccl)
+    on cuda:0``."""
     n, kind = accelerator.num_processes, accelerator.distributed_type.value
     device = getattr(accelerator, "device", None)
     where = "cpu" if device is None or device.type == "cpu" else str(device)  # "cpu:0" under DDP reads "cpu"
@@ -104,15 +89,6 @@ def describe_launch(accelerator: Accelerator) -> str:
     backend = getattr(getattr(accelerator, "state", None), "backend", None)
     how = ", ".join(str(part) for part in (name, backend) if part)
     return f"{n} process{'es' if n != 1 else ''} ({how}) on {where}"
-
-
-def launched_world_size() -> int:
-    """Number of processes the launcher (torchrun / accelerate launch / mpirun) says it started."""
-    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 1
 
 
 SHARDING_REFUSED = (
@@ -132,14 +108,13 @@ def check_sharding_not_requested() -> None:
 
 
 def check_launch(accelerator: Accelerator) -> None:
-    """Stop at once when several processes were launched but the Accelerator is not distributed, or shards.
-
-    That happens, for example, with ``accelerate launch --multi_gpu`` on a machine without GPUs and
-    without ``ACCELERATE_USE_CPU=1``: every process would silently train its own duplicate copy.
-    """
+    """Stop when the Accelerator shards, or several processes were launched but it is not distributed (e.g.
+    ``--multi_gpu`` without GPUs nor ``ACCELERATE_USE_CPU=1``: each would train its own duplicate copy)."""
     if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
         raise LaunchError(f"the Accelerator uses {describe_launch(accelerator)}: {SHARDING_REFUSED}")
-    world = launched_world_size()
+    # the number of processes the launcher (torchrun / accelerate launch / mpirun) says it started
+    world = next((int(os.environ[v]) for v in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+                  if os.environ.get(v, "").isdigit()), 1)
     if world > 1 and accelerator.num_processes == 1:
         raise LaunchError(
             f"{world} processes were launched but Accelerate sees only one ({describe_launch(accelerator)}): each "
@@ -173,11 +148,8 @@ def check_accelerator(accelerator: Accelerator, config: TrainConfig) -> None:
 
 
 def check_trackers(accelerator: Accelerator, config: TrainConfig) -> None:
-    """A user-built Accelerator must log with the installed trackers ``config.log_with`` names (more are fine).
-
-    ``log_with=("all",)`` takes the Accelerator's trackers as they are; with ``log_with`` empty gan_accel
-    logs nothing to them (and says so once).
-    """
+    """A user-built Accelerator must log with the installed trackers ``config.log_with`` names (more are fine);
+    ``("all",)`` takes its trackers as they are."""
     have = [tracker_name(t) for t in accelerator.log_with]
     if not config.log_with:
         if have:

@@ -1,18 +1,9 @@
 """The training step as data: a list of phases, and which of them are due at each step.
 
-A :class:`Phase` is one optimizer update of one network: its loss (a function of the step's
-context), how often it runs, a loss gain and whether it ticks its network's scheduler. One *step*
-of the run is one pass over the list. The default list is D ``n_critic`` times, then G; lazy R1 is
-one more phase after each D (every 16th time, gain 16, no scheduler tick), as in StyleGAN2; R2 joins
-it. RpGAN's G phase reads D's logits on the window's real images too (the ones D just saw).
-
-Data: a phase with ``new_data=True`` starts a new *window* (``grad_accum_steps`` fresh
-micro-batches of real data and latents); every other phase reuses the current window, so G trains
-on the latents D just saw, and R1 on the real images D just saw.
-
-Counting: ``every`` counts the occurrences of the phase's *name* in the list, so a phase placed
-after each of ``n_critic`` D phases with ``every=16`` runs every 16 D steps. The first occurrence
-runs. The counters are part of the checkpoint.
+A :class:`Phase` is one optimizer update of one network; one *step* is one pass over the list. A phase
+with ``new_data=True`` starts a new *window* (``grad_accum_steps`` fresh micro-batches); the others reuse
+it, so G trains on the latents D just saw. ``every`` counts occurrences of the phase's *name* in the list
+(the first runs); the counters are part of the checkpoint.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ if TYPE_CHECKING:
 
 PhaseLoss = Callable[["StepContext"], Tensor]
 
-# The two networks every run has, by the names phases use. The runner and the step context know one
-# thing about them: GENERATOR makes the samples (``ctx.fake``), so its phases see them with their graph.
+# GENERATOR makes the samples (``ctx.fake``), so its phases see them with their graph.
 GENERATOR, DISCRIMINATOR = "G", "D"
 
 
@@ -90,11 +80,8 @@ def r1_phase(gamma: float | None, every: int = 16, name: str | None = None, r2_g
 
 
 def default_phases(config: "TrainConfig") -> list[Phase]:
-    """The phase list a :class:`~gan_accel.TrainConfig` describes.
-
-    D (``n_critic`` times, each on new data), with the WGAN-GP penalty and, when ``r1_every=1``, R1
-    and R2 taken from D's own forwards; a lazy R1 (and R2) phase after each D when ``r1_every > 1``; then G.
-    """
+    """The phase list a :class:`~gan_accel.TrainConfig` describes: D ``n_critic`` times (with WGAN-GP, and R1/R2
+    from D's own forwards when ``r1_every=1``), a lazy R1/R2 phase after each D when ``r1_every > 1``, then G."""
     lazy = config.r1_every > 1 and bool(config.r1_gamma or config.r2_gamma)
     gammas = (0.0, 0.0) if config.r1_every > 1 else (config.r1_gamma or 0.0, config.r2_gamma or 0.0)
     d_loss = discriminator_loss(config.loss_fn, config.class_loss_weight, *gammas)
@@ -145,28 +132,21 @@ class PhasePlan:
     def scheduler_steps(self, net: str, max_steps: int) -> int:
         """How many scheduler-ticking updates ``net`` makes in ``max_steps`` steps (its schedule's length)."""
         total = 0
-        for name, phase in self._unique().items():
+        for name, phase in {p.name: p for p in self.phases}.items():
             if phase.net == net and phase.tick_scheduler:
                 occurrences = sum(p.name == name for p in self.phases) * max_steps
                 total += -(-occurrences // phase.every)  # the first occurrence runs: ceil
         return total
 
-    def batches_per_step(self) -> float:
-        """Average micro-batch windows drawn per step (multiply by grad_accum_steps for batches)."""
-        return sum(1.0 / p.every for p in self.phases if p.new_data)
-
-    def _unique(self) -> dict[str, Phase]:
-        return {p.name: p for p in self.phases}
-
     def describe(self) -> str:
-        """One line per list entry, for logs and the README."""
+        """The list in one line, for logs."""
         return ", ".join(p.name + (f"/{p.every}" if p.every > 1 else "") for p in self.phases)
 
     def state_dict(self) -> dict[str, Any]:
         return {"occurrences": dict(self.occurrences)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = state["occurrences"] if "occurrences" in state else state["counts"]  # its older name
+        saved = state["occurrences"]
         unknown = set(saved) - set(self.occurrences)
         if unknown:
             raise PhaseError(f"the checkpoint's phases {sorted(unknown)} are not in this run's phase list "

@@ -1,10 +1,7 @@
 """Checks that run before training, so a mistake costs seconds, not a failed run.
 
-Each check raises :class:`~gan_accel.errors.PreflightError` naming the problem and the fix, or warns
-(:class:`~gan_accel.errors.PreflightWarning`) about what is usually, but not always, a mistake. The
-dry run uses two samples of the first batch, runs G, D and every phase's loss once (no backward,
-no optimizer step), and puts the global RNG and the BatchNorm buffers back afterwards, so it does
-not change the run it protects.
+Each raises :class:`~gan_accel.errors.PreflightError` naming the problem and the fix, or warns
+(:class:`~gan_accel.errors.PreflightWarning`). The dry run leaves the global RNG and the buffers as they were.
 """
 
 from __future__ import annotations
@@ -30,37 +27,30 @@ _PASS_THROUGH = ("View", "Reshape", "UnsafeView", "Squeeze", "Unsqueeze", "Clone
 
 def check_dataloader(dataloader: DataLoader, batch_size: int) -> None:
     """Empty datasets and a batch size larger than the dataset (with drop_last) are refused."""
-    dataset = getattr(dataloader, "dataset", None)
-    try:
-        n_items = len(dataset) if dataset is not None else None
-    except TypeError:
-        n_items = None  # iterable datasets have no length
+    n_items = _length(getattr(dataloader, "dataset", None))
     if n_items == 0:
         raise PreflightError("the training dataset is empty: check the data path and any filtering")
-    try:
-        n_batches = len(dataloader)
-    except TypeError:
-        n_batches = None
-    if n_batches == 0:
-        loader_batch = getattr(dataloader, "batch_size", None) or batch_size
-        raise PreflightError(
-            f"the dataloader yields no batches: batch size {loader_batch} is larger than the dataset "
-            f"({n_items} items) and drop_last=True; use a smaller batch size or more data"
-        )
     loader_batch = getattr(dataloader, "batch_size", None)
+    if _length(dataloader) == 0:
+        raise PreflightError(f"the dataloader yields no batches: batch size {loader_batch or batch_size} is larger "
+                             f"than the dataset ({n_items} items) and drop_last=True; use a smaller batch size or "
+                             "more data")
     if loader_batch is not None and loader_batch != batch_size:
-        raise PreflightError(
-            f"the dataloader's batch_size={loader_batch} differs from config.batch_size={batch_size}: "
-            "build the DataLoader with the config's batch size (it is the per-process batch)"
-        )
+        raise PreflightError(f"the dataloader's batch_size={loader_batch} differs from config.batch_size={batch_size}: "
+                             "build the DataLoader with the config's batch size (it is the per-process batch)")
+
+
+def _length(sized: Any) -> int | None:
+    """``len(sized)``, or None for what has no length (an iterable dataset, None)."""
+    try:
+        return len(sized) if sized is not None else None
+    except TypeError:
+        return None
 
 
 def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoader, sample_latents: LatentSampler,
             *, conditioning: Conditioning = Conditioning(), num_reference: int = 64, warn: bool = True) -> Tensor:
-    """Run G, D and every phase once on two real samples; return up to ``num_reference`` real samples (CPU).
-
-    Leaves the global RNG and every BatchNorm buffer as they were.
-    """
+    """Run G, D and every phase once on two real samples; return up to ``num_reference`` real samples (CPU)."""
     buffers = {id(b): b.detach().clone() for net in nets.values() for b in net.buffers()}
     try:
         with torch.random.fork_rng(devices=[]):

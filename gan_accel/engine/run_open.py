@@ -1,15 +1,10 @@
 """Opening the run folder at the start of ``fit``: a new run, the run continued, or a fork.
 
-One run per folder, and it only moves forward (:mod:`gan_accel.state.run_folder`):
-
-* ``resume_from=None``: a new run, in an absent or empty ``output_dir`` only;
-* ``"latest"`` (or the path of the folder's latest checkpoint): the run continues in place, with its run id;
-* any other checkpoint (another run's, or an older one of a run): a new run (a fork) from it, in an absent
-  or empty ``output_dir``. An older checkpoint of ``output_dir`` itself is refused, naming the fork.
-
-A config change on resume is refused or applied for real, and dated in the history. :func:`open_run` is
-what ``fit`` calls; the functions it uses take what they need and return what they decided, on the right
-processes. Checks read the same files on every rank, so every process reaches the same decision.
+One run per folder, only forward (:mod:`gan_accel.state.run_folder`): ``resume_from=None`` starts a new run
+in an absent or empty folder; ``"latest"`` continues in place; any other checkpoint forks a new run into an
+absent or empty folder (an older checkpoint of ``output_dir`` itself is refused). A config change on resume
+is refused or applied for real, and dated in the history. :func:`open_run` is what ``fit`` calls; checks
+read the same files on every rank, so every process reaches the same decision.
 """
 
 from __future__ import annotations
@@ -155,12 +150,8 @@ def refuse_fixed_changes(path: Path, saved: dict[str, Any], requested: dict[str,
 def apply_schedule_changes(config: TrainConfig, saved: dict[str, Any], changes: Mapping[str, Any],
                            plan: PhasePlan, optimizers: Mapping[str, Any], schedulers: Mapping[str, Any],
                            built_from_config: frozenset[str], ticks: int, step: int) -> list[str]:
-    """Make the allowed config changes real from this step on; returns what to tell the user.
-
-    The loaded optimizer and scheduler states hold the old rates and betas: set the new base rates
-    and betas, and the current rate from the (new) schedule at the current optimizer step. Intervals,
-    clipping and penalty weights are read from the config as the run goes, so they apply by themselves.
-    """
+    """Make the allowed config changes real from this step on (the loaded optimizer and scheduler states hold
+    the old rates and betas; other fields are read as the run goes); returns what to tell the user."""
     schedule_fields = {"lr_G", "lr_D", "betas_G", "betas_D", "max_steps", "warmup_ratio", "lr_schedule"}
     if not schedule_fields & set(changes):
         return []

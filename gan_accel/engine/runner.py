@@ -2,24 +2,16 @@
 
 This is the only code that knows those rules, so every phase, built in or yours, inherits them:
 
-* **One accumulation window per phase run.** A phase enters ``accelerator.accumulate(net)`` once per
-  micro-batch, exactly ``grad_accum_steps`` times. Accelerate keeps one counter per process and
-  advances it on every entry, so every phase run ends on the sync micro-batch and the counter is
-  aligned for the next phase. Only the trained network is passed: on the other micro-batches it
-  accumulates locally (``no_sync``), on the last one DDP all-reduces its summed gradients.
-* **The other networks are frozen** (``requires_grad_(False)`` on their trainable parameters) and
-  under ``no_sync``: a phase's loss leaves no gradient in them, and their DDP reducers never wait for
-  a gradient that will not come.
-* **Autocast around the loss, ``accelerator.backward`` for every backward** (fp16 loss scaling, the
-  1/k of accumulation), the loss multiplied by the phase's gain.
-* **After the window**: the divergence guard's verdict (a device tensor, 1.0 = skip, agreed by all
-  ranks on the device and never read by the host: a flagged step is skipped on the device, see
-  guard.py), clipping of this network only (under fp16 only its optimizer is unscaled), ``step``
-  or its skip, the scheduler if the phase ticks it (a skipped update too), then ``zero_grad``
-  (after ``step``: a leading ``zero_grad`` would wipe the accumulated micro-batches).
-* **G forward once**: without accumulation, when a phase that trains G follows a D phase in the same
-  window, G's samples are made once with their graph before D's phase; D sees them detached, G's
-  phase backpropagates through them (as pytorch/examples' DCGAN does).
+* **One accumulation window per phase run**: ``accelerator.accumulate(net)`` exactly ``grad_accum_steps``
+  times, so Accelerate's one counter per process ends every phase run on the sync micro-batch. Only the
+  trained network is passed; the others are frozen (``requires_grad_(False)``) and under ``no_sync``, so
+  their DDP reducers never wait for a gradient that will not come.
+* **Autocast around the loss, ``accelerator.backward``** (fp16 scaling, the 1/k of accumulation), times the gain.
+* **After the window**: the guard's device verdict, clipping of this network only (under fp16 only its
+  optimizer is unscaled), ``step`` or its skip, the scheduler, then ``zero_grad`` (after ``step``: a leading
+  one would wipe the accumulated micro-batches).
+* **G forward once**: without accumulation, when a G phase follows a D phase in the same window, G's
+  samples are made once with their graph before D's phase (as pytorch/examples' DCGAN does).
 """
 
 from __future__ import annotations
@@ -162,14 +154,12 @@ class PhaseRunner:
         self.phase_runs[phase.name] += 1
 
     def _log_grad_norm(self, name: str, norm: torch.Tensor, skip: torch.Tensor | None) -> None:
-        """``grad_norm/<net>`` of the updates that were kept: a non-finite norm is a skipped update (the guard's
-        or an fp16 overflow the scaler skips) and must not turn the interval's mean into inf/NaN."""
+        """``grad_norm/<net>`` of the kept updates: a skipped one's non-finite norm must not make the mean inf/NaN."""
         keep = torch.isfinite(norm) if skip is None else torch.isfinite(norm) & (skip == 0)
         self.means.add(f"grad_norm/{name}", norm, keep=keep)
 
     def _verdict(self, name: str, optimizer: Any, window_loss: torch.Tensor, new_data: bool) -> torch.Tensor | None:
-        """The divergence guard's verdict on this update (a 0-dim device tensor, 1.0 = skip, agreed by all
-        ranks and counted, no host sync), or None without the guard."""
+        """The divergence guard's verdict on this update (1.0 = skip, no host sync), or None without the guard."""
         if self.guard is None:
             return None
         # With an fp16 GradScaler, inf/NaN gradients are the scaler's business (it skips those steps).
@@ -209,7 +199,7 @@ class PhaseRunner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
-        self.updates.update(state["updates"] if "updates" in state else state["versions"])  # its older name
+        self.updates.update(state["updates"])
         self.phase_runs.update(state["phase_runs"])
         self.lr_used = dict(state["lr_used"])
         self.images_seen = int(state["images_seen"])
@@ -220,14 +210,8 @@ class PhaseRunner:
 
 def direct_stepper(accelerator: Any, optimizer: Any) -> Any:
     """What the runner calls ``step()``/``zero_grad()`` on: the torch optimizer itself where Accelerate's
-    wrapper would add nothing but cost, else the wrapper.
-
-    The runner steps only at the end of an accumulation window (``sync_gradients`` is true), and
-    without a GradScaler ``AcceleratedOptimizer.step`` then just calls the inner ``step()`` (XLA aside),
-    after two package lookups (``is_lomo_available``: an ``importlib`` search of ``sys.path``, ~0.5 ms
-    each on a 2-core CPU, a quarter of a small GAN's step); its ``zero_grad`` inspects the inner
-    method's signature on every call. With fp16 (the scaler steps, unscales and detects overflow
-    there) or XLA (gradients are reduced there) the wrapper is kept.
+    wrapper adds nothing but cost (at a window's end without fp16 or XLA it just calls the inner ``step()``,
+    after package lookups of ~0.5 ms each on a 2-core CPU, a quarter of a small GAN's step), else the wrapper.
     """
     from accelerate.utils import DistributedType
 

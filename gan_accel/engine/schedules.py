@@ -1,11 +1,8 @@
 """Learning-rate schedules counted in optimizer steps, whatever the number of processes.
 
-Accelerate steps a prepared scheduler ``num_processes`` times per optimizer step (it assumes the
-schedule was written for the single-process batch size; ``split_batches=True`` or
-``step_scheduler_with_optimizer=False`` turn that off). A warmup written in optimizer steps would
-therefore end twice as early on two processes. We keep the curve fixed in optimizer steps by
-building the ``LambdaLR`` on a *tick* counter and dividing ticks by the number of ticks Accelerate
-makes per optimizer step.
+Accelerate steps a prepared scheduler ``num_processes`` times per optimizer step, so a warmup would end
+twice as early on two processes: the ``LambdaLR`` counts *ticks* and divides them by Accelerate's ticks
+per optimizer step.
 """
 
 from __future__ import annotations
@@ -21,12 +18,8 @@ LRMultiplier = Callable[[int], float]
 
 
 def warmup_then_decay(total_steps: int, warmup_steps: int, schedule: str = "linear") -> LRMultiplier:
-    """Multiplier of the base learning rate after ``step`` optimizer steps.
-
-    Linear warmup from 0 over ``warmup_steps`` (as ``transformers.get_linear_schedule_with_warmup``),
-    then linear decay to 0 at ``total_steps`` (``schedule="linear"``) or a constant 1
-    (``schedule="constant"``).
-    """
+    """Multiplier of the base learning rate after ``step`` optimizer steps: linear warmup from 0 over
+    ``warmup_steps``, then linear decay to 0 at ``total_steps`` (``"linear"``) or 1 (``"constant"``)."""
     if total_steps < 1 or not 0 <= warmup_steps < total_steps + 1:
         raise ValueError(f"need total_steps >= 1 and 0 <= warmup_steps <= total_steps, got {total_steps}, {warmup_steps}")
     if schedule not in ("linear", "constant"):
@@ -50,12 +43,8 @@ def scheduler_ticks_per_optimizer_step(accelerator: Accelerator) -> int:
 
 
 def lambda_scheduler(optimizer: torch.optim.Optimizer, multiplier: LRMultiplier, ticks_per_step: int) -> LambdaLR:
-    """A ``LambdaLR`` that applies ``multiplier`` to optimizer steps, given Accelerate's ticks per step.
-
-    Accelerate ticks the scheduler ``ticks_per_step`` times in a row for each optimizer step, so the
-    tick count is always a multiple of ``ticks_per_step`` when the optimizer next uses the lr, and
-    integer division recovers the optimizer step exactly.
-    """
+    """A ``LambdaLR`` that applies ``multiplier`` to optimizer steps, given Accelerate's ticks per step (they
+    come in a row, so integer division recovers the optimizer step exactly)."""
     if ticks_per_step < 1:
         raise ValueError(f"ticks_per_step must be >= 1, got {ticks_per_step}")
     return LambdaLR(optimizer, lambda tick: multiplier(tick // ticks_per_step))
@@ -64,16 +53,9 @@ def lambda_scheduler(optimizer: torch.optim.Optimizer, multiplier: LRMultiplier,
 def scheduler_stepper(accelerator: Accelerator, scheduler: Any) -> Callable[[], Any]:
     """What the runner calls to tick a prepared scheduler once per optimizer update, kept or skipped.
 
-    The runner ticks only at the end of an accumulation window (``sync_gradients`` is true). There
-    Accelerate's ``AcceleratedScheduler.step`` calls the inner ``step()`` once per process (once with
-    ``split_batches`` or without ``step_scheduler_with_optimizer``), guarding OneCycle-like schedulers
-    (a ``total_steps``), after building an ``AcceleratorState`` per call (~14 us a tick on a 2-core CPU).
-    It also leaves the schedule where it was when the optimizer's step was skipped, but knows that only
-    for some optimizers: under fp16 a non-fused optimizer's overflow is seen, a fused Adam's (which
-    takes the scaler's ``found_inf`` itself) is not. The engine's rule is one: a skipped update, by
-    the divergence guard or by an fp16 overflow, uses up its step of the schedule, so the learning
-    rate at update ``n`` is the schedule's value at ``n`` whatever the precision and the optimizer.
-    So the inner scheduler is ticked here directly, as the wrapper would tick it after a kept step.
+    Accelerate's wrapper holds the schedule back after a skipped step, but sees that only for some
+    optimizers under fp16 (not a fused Adam's). The engine's rule is one: a skipped update uses up its step,
+    so the rate at update ``n`` is the schedule's at ``n``; the inner scheduler is ticked here directly.
     """
     inner = getattr(scheduler, "scheduler", None)
     if inner is None:

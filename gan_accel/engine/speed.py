@@ -1,24 +1,10 @@
-"""Opt-in speed options applied while a run is built: channels-last memory format, torch.compile, and
-glibc's allocator keeping freed memory.
+"""Opt-in speed options (off by default: none helps everywhere, see docs/benchmarks.md).
 
-All three are off by default: ``benchmarks/run.py`` measures them against the eager default on the
-machine at hand, and none helps everywhere (see docs/benchmarks.md).
-
-* ``channels_last``: the networks' 4-D weights are converted to the channels-last memory format
-  before ``prepare`` (the parameters stay the same objects, so optimizers built by the user still
-  hold them); convolutions then produce channels-last activations. Networks without 4-D weights
-  (an MLP) are unchanged.
-* ``compile``: G and D are compiled with ``torch.compile`` *after* ``prepare`` (after the DDP wrap,
-  as Accelerate's own dynamo option does). Only the phase runner trains through the compiled
-  views; the trainer's ``networks`` stay the eager prepared modules (checkpoints, EMA, sampling and
-  evaluation are unchanged). torch.compile does not support a double backward, so a phase marked
-  ``double_backward=True`` (R1, the gradient penalty) calls the eager modules (see
-  :class:`~gan_accel.engine.context.StepContext`); both share the same parameters.
-* ``keep_freed_memory``: on Linux with glibc, ``mallopt`` raises the mmap and trim thresholds to
-  1 GiB, as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` would. By default glibc serves
-  large blocks (a CPU step's activations) with ``mmap`` and returns them when freed, so every step
-  page-faults them back in, zero-filled, inside the convolutions. Process-wide and for the rest of the
-  process: the memory of the largest step stays with it. The arithmetic is unchanged.
+* ``channels_last``: 4-D weights converted in place before ``prepare`` (user-built optimizers still hold them).
+* ``compile``: G and D compiled *after* ``prepare`` (after the DDP wrap); only the phase runner trains through
+  the compiled views, and a ``double_backward`` phase calls the eager modules (same parameters).
+* ``keep_freed_memory``: glibc's mmap and trim thresholds raised to 1 GiB, so a CPU step's large blocks are
+  not returned and page-faulted back in, zero-filled, every step. Process-wide; the arithmetic is unchanged.
 """
 
 from __future__ import annotations
@@ -39,22 +25,11 @@ from .phases import PhasePlan
 COMPILED_NETWORKS = ("G", "D")
 
 
-def accelerator_compiles(accelerator: Accelerator) -> str | None:
-    """The dynamo backend Accelerate's own ``prepare`` compiles models with, or None."""
-    plugin = getattr(accelerator.state, "dynamo_plugin", None)
-    backend = getattr(plugin, "backend", None)
-    name = getattr(backend, "value", backend)
-    return None if name in (None, "NO", "no") else str(name)
-
-
 def check_speed_options(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan) -> None:
-    """Refuse, before anything is prepared, a compile setting that cannot train.
-
-    Accelerate's ``dynamo_backend`` compiles every prepared model, with no eager path for a double
-    backward; ``compile=True`` on top of it would compile twice.
-    """
-    backend = accelerator_compiles(accelerator)
-    if backend is None:
+    """Refuse Accelerate's ``dynamo_backend`` with ``compile=True`` (twice compiled) or a double backward."""
+    backend = getattr(getattr(accelerator.state, "dynamo_plugin", None), "backend", None)
+    backend = getattr(backend, "value", backend)
+    if backend in (None, "NO", "no"):
         return
     if config.compile:
         raise PreflightError(f"compile=True and the Accelerator's dynamo_backend={backend!r} both compile G and D: "
@@ -76,8 +51,7 @@ def apply_memory_format(nets: Mapping[str, nn.Module], config: TrainConfig) -> N
 
 
 def training_views(networks: Mapping[str, Any], config: TrainConfig) -> dict[str, Any]:
-    """The modules the phase runner trains through: compiled G and D with ``config.compile``, else the
-    prepared modules themselves. A compiled view wraps the prepared module and shares its parameters."""
+    """The modules the phase runner trains through: compiled G and D with ``config.compile``, else the prepared ones."""
     if not config.compile:
         return dict(networks)
     return {name: torch.compile(net) if name in COMPILED_NETWORKS else net for name, net in networks.items()}
@@ -95,8 +69,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def keep_freed_memory(config: TrainConfig, say: Callable[[str], None]) -> bool:
-    """With ``config.keep_freed_memory``, make glibc keep freed memory in the process (see the module
-    doc). True if applied; elsewhere (not glibc, or mallopt refused) one line through ``say`` and False."""
+    """With ``config.keep_freed_memory``, make glibc keep freed memory; True if applied, else one line and False."""
     if not config.keep_freed_memory:
         return False
     mallopt = _glibc_mallopt()

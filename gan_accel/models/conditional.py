@@ -1,24 +1,13 @@
 """Class-conditional DCGAN for 28x28, 32x32 and 64x64 images.
 
-G(z, y): the label's embedding is joined to the latent, then the DCGAN generator stack.
-D(x, y): a projection discriminator (Miyato and Koyama, 2018): the DCGAN feature stack gives
-phi(x); the logit is ``psi(phi(x)) + <embed(y), phi(x)>``, so the label enters as an inner product
-with the image's features instead of as an extra input channel. ``spectral_norm=True`` puts
-spectral normalisation on every conv and linear layer of D (and drops its BatchNorm, as in the paper).
+G(z, y): the label's embedding joined to the latent. D(x, y): a projection discriminator (Miyato and
+Koyama, 2018), ``psi(phi(x)) + <embed(y), phi(x)>``; ``spectral_norm=True`` on every layer of D.
 
-``class_stddev=True`` (the default) appends one feature to phi(x): the batch's *within-class*
-standard deviation of D's features (ProGAN's minibatch standard deviation, measured around each
-class's mean). Why: a DCGAN discriminator's BatchNorm notices an unconditional G that collapses to
-one image (the batch stops varying), but a conditional G that collapses *within each class* still
-varies across classes, and BatchNorm cannot see it. Measured on MNIST (2,000 steps, seed 0): without
-it every class collapsed to one image (Frechet distance 126-257 in classifier features); with it,
-samples vary and the distance fell to 30-44.
-
-``position="coords"`` (the default) lets D see where things are: average-pooled features are blind
-to where a stroke sits, and G drew thin digits off-centre unnoticed (MNIST ones 3 px left of where
-real ones sit, which a classifier reads as 0). Two remedies, each measured to fix it: ``"coords"``
-gives D's first conv two coordinate channels (CoordConv, Liu et al. 2018), ``"moments"`` pools each
-feature's first spatial moments next to its mean. ``"none"`` is the translation-invariant D.
+``class_stddev=True`` appends the batch's *within-class* standard deviation of D's features: BatchNorm
+sees a G that collapses to one image, not one that collapses within each class. Measured on MNIST
+(2,000 steps): without it every class collapsed (Frechet distance 126-257), with it 30-44.
+``position="coords"`` (CoordConv) or ``"moments"`` lets D see where strokes sit: a translation-invariant
+D (``"none"``) let G draw digits 3 px off-centre, which a classifier reads as another digit.
 """
 
 from __future__ import annotations
@@ -52,11 +41,8 @@ POSITIONS = ("coords", "moments", "none")
 
 
 class ProjectionDiscriminator(nn.Module):
-    """``D(x, y)`` = ``psi(h) + <embed(y), h>``, h = [pooled DCGAN features, within-class std].
-
-    ``position``: how D knows where features are (see the module docstring): ``"coords"`` (default),
-    ``"moments"`` or ``"none"``.
-    """
+    """``D(x, y)`` = ``psi(h) + <embed(y), h>``, h = [pooled DCGAN features, within-class std]; ``position``:
+    ``"coords"`` (default), ``"moments"`` or ``"none"`` (see the module docstring)."""
 
     def __init__(self, num_classes: int, width: int = 64, image_size: int = 28, channels: int = 1,
                  spectral_norm: bool = False, class_stddev: bool = True, position: str = "coords") -> None:
@@ -111,10 +97,8 @@ def coordinate_grid(x: Tensor) -> Tensor:
 
 
 def within_class_stddev(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:
-    """sqrt(mean over samples and features of (f_i - mean of f over i's class in this batch)^2), shape (1, 1).
-
-    A class with one sample in the batch contributes zero, for real and fake batches alike.
-    """
+    """sqrt(mean over samples and features of (f_i - mean of f over i's class in this batch)^2), shape (1, 1);
+    a class with one sample in the batch contributes zero."""
     onehot = nn.functional.one_hot(labels, num_classes).to(features.dtype)  # (N, K)
     means = (onehot.t() @ features) / onehot.sum(0).clamp(min=1)[:, None]  # (K, F)
     return ((features - means[labels]).pow(2).mean() + 1e-8).sqrt().view(1, 1)

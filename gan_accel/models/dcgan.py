@@ -62,11 +62,8 @@ class DCGANGenerator(nn.Module):
 
 
 class DCGANDiscriminator(nn.Module):
-    """Strided-conv discriminator with LeakyReLU(0.2), BatchNorm after the first layer, one logit out.
-
-    ``spectral_norm=True`` puts spectral normalisation (Miyato et al., 2018) on every conv and drops
-    the BatchNorm layers (the normalisation then bounds D's Lipschitz constant instead).
-    """
+    """Strided-conv discriminator with LeakyReLU(0.2), BatchNorm after the first layer, one logit out;
+    ``spectral_norm=True``: spectral normalisation on every conv instead of BatchNorm."""
 
     def __init__(self, width: int = 64, image_size: int = 28, channels: int = 1, spectral_norm: bool = False) -> None:
         super().__init__()

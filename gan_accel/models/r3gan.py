@@ -1,23 +1,12 @@
 """R3GAN's ConvNet (Huang et al., "The GAN is dead; long live the GAN! A Modern GAN Baseline", 2024), 28 to 256 px.
 
-A plain modern residual network without normalisation. Each block is ResNeXt's inverted bottleneck,
-``x + conv1x1(act(conv3x3(act(conv1x1(x)))))``: the 1x1 conv widens by :data:`EXPANSION`, the 3x3 conv
-works in groups of :data:`GROUP_WIDTH` channels, ``act`` is a leaky ReLU (0.2) after a bias. Fix-up
-initialisation: the last conv of every block starts at zero, so each block is the identity at first;
-the other block weights are He-initialised and scaled by ``L ** -1/4`` (L blocks in the network), which
-bounds the variance the blocks add once they learn.
-
-G(z[, y]): a learned ``base x base`` basis, scaled per channel by a linear map of z (joined to the class
-embedding when conditional), then per scale ``blocks`` blocks and a transition (1x1 conv, bilinear
-up-sampling), and a 1x1 conv to the image, without tanh (as R3GAN). D mirrors it: a 1x1 conv from the
-image, per scale blocks then a transition (2x2 average pooling, 1x1 conv), at ``base x base`` a
-depthwise conv over the whole grid (one feature per channel) and a linear logit. Conditional D: the
-projection ``<linear(h), embed(y)>``; ``all_classes=True`` gives the (N, K) logits whose column y is
-the plain logit, as the other families' projection heads do.
-
-Widths per scale are ``width`` (G) and ``d_width`` (D) times :data:`~gan_accel.models.resnet.CHANNELS`.
-Standard ops only, none in place: channels-last, ``torch.compile`` and bf16 autocast apply, and every
-op has a double backward (R1, R2).
+A residual network without normalisation: ResNeXt inverted bottleneck blocks (1x1 widen by
+:data:`EXPANSION`, grouped 3x3, 1x1), leaky ReLU. Fix-up initialisation: each block's last conv starts at
+zero, the others are He-initialised and scaled by ``L ** -1/4``, which bounds the variance the blocks add.
+G: a learned basis scaled per channel by a linear map of z, blocks and bilinear up-sampling, no tanh. D
+mirrors it (average pooling, a depthwise conv over the final grid, a linear logit); conditional D is a
+projection, ``all_classes=True`` giving (N, K). Standard ops only, none in place: channels-last,
+``torch.compile``, bf16 and a double backward (R1, R2) apply.
 """
 
 from __future__ import annotations

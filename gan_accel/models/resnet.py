@@ -1,25 +1,13 @@
 """Residual G and D in the SNGAN / BigGAN line (Miyato et al. 2018; Brock et al. 2019) for 28 to 256 px.
 
-G(z[, y]): a linear map of z to a ``base x base`` grid (4x4, or 7x7 for 28 px), one up-sampling
-residual block per doubling, then BatchNorm, ReLU, a 3x3 conv and tanh. Each block is
-``BN-ReLU-up-conv3x3-BN-ReLU-conv3x3`` plus a 1x1-conv shortcut. Conditional G: every BatchNorm in
-the blocks is class-conditional (its gain and bias are looked up from the class; de Vries et al. 2017,
-as the projection paper's conditional G does).
+G: a linear map of z to a ``base x base`` grid, one up-sampling residual block per doubling, then
+BN-ReLU-conv3x3-tanh; conditional G uses class-conditional BatchNorm (de Vries et al. 2017). D: one
+down-sampling block per halving, one more at ``base``, ReLU, a sum over space and a linear logit, spectral
+normalisation on every weight; conditional D: the projection head, ``all_classes=True`` giving (N, K).
+Widths follow :data:`CHANNELS` (halving as the side doubles, capped at 16x; D at half G's).
 
-D(x[, y]): one down-sampling residual block per halving down to ``base``, one more block at ``base``,
-then ReLU, a sum over space and a linear logit; spectral normalisation on every weight (see
-spectral.py: one power iteration per weight update). Conditional D: the projection head of Miyato and
-Koyama (2018), ``psi(h) + <embed(y), h>``, with ``all_classes=True`` giving the (N, K) logits whose
-column y is the plain logit, as :class:`~gan_accel.models.ProjectionDiscriminator` does.
-
-Depth and width follow the resolution through :data:`CHANNELS`: G's channel count at each scale is
-``width`` times the multiplier, halving as the side doubles (so each scale costs about the same
-multiply-adds), capped at 16x; D mirrors it at half G's count per scale (BigGAN's 128 and 256 px
-tables are these with width 96).
-
-No in-place activation (a DDP-wrapped network may run twice before one backward); nearest
-up-sampling and average pooling keep channels-last tensors channels-last; every op has a double
-backward (R1) and traces under ``torch.compile``.
+No in-place activation (a DDP-wrapped network may run twice before one backward); every op has a double
+backward (R1) and keeps channels-last tensors channels-last.
 """
 
 from __future__ import annotations
@@ -61,13 +49,8 @@ def _init(module: nn.Module) -> None:
 
 
 class Norm(nn.Module):
-    """BatchNorm (``norm="batch"``) or nothing (``"none"``), then a gain and a bias: learned per channel,
-    or looked up from the class ``y`` when ``num_classes`` is set (class-conditional BatchNorm).
-
-    ``"none"`` makes every sample's output depend on that sample only (BatchNorm mixes the batch), so
-    k accumulated micro-batches equal one batch k times larger exactly: what the engine's accumulation
-    proofs need. Train with ``"batch"``.
-    """
+    """BatchNorm (``"batch"``) or nothing (``"none"``: each sample's output depends on it alone, so the
+    accumulation proofs hold exactly), then a gain and a bias, per channel or looked up from the class."""
 
     def __init__(self, channels: int, num_classes: int | None = None, norm: str = "batch") -> None:
         super().__init__()

@@ -1,28 +1,12 @@
 """Spectral normalisation (Miyato et al., 2018) with one power iteration per *weight update*.
 
-A layer's weight is divided by an estimate of its largest singular value, ``sigma = u^T W v``, where
-``u`` and ``v`` are buffers improved by one power iteration at a time.
-
-Why not ``torch.nn.utils.parametrizations.spectral_norm``: it runs the power iteration on *every*
-training-mode forward, so the estimate depends on how many times D was called, not on how many times
-it was updated. A D phase run as k accumulated micro-batches then normalises by another sigma than
-the same phase on one batch k times larger (accumulation stops being exact), and an extra forward (a
-health probe, a lazy-R1 phase) changes the run. Here the estimate is refreshed by one iteration in
-the first training-mode forward after an update, the paper's algorithm (one iteration per update).
-
-How: buffer ``sn_fresh`` says whether u, v belong to the current weight. Every ``torch.optim``
-optimizer's ``step`` clears it for the weights it holds (a global step post-hook, registered once;
-a fused Adam step does not even bump a tensor's version counter, so nothing else would notice), and
-so does :func:`mark_spectral_norms_stale`, for weights changed by other means. The network's
-forward-pre-hook (:func:`install_spectral_refresh`, excluded from ``torch.compile``: one graph break
-at the start of the forward) computes one iteration for every layer and keeps it only where the flag
-is clear, with ``torch.where`` on the device: no host read, no sync. Being a buffer, the flag is saved
-and loaded with u, v (a resumed run does the iterations the uninterrupted one would have done) and put
-back with them by anything that restores buffers (the engine's dry run). An fp16 step the GradScaler
-skips is no ``step`` call and leaves the estimate alone.
-
-u, v and sigma are computed outside autocast, in the weight's dtype: under bf16 autocast a bf16
-estimate would be off by ~0.4%, and the normalised weight with it.
+Why not torch's ``spectral_norm``: it iterates on *every* training-mode forward, so k accumulated
+micro-batches normalise by another sigma than one batch k times larger (accumulation stops being exact),
+and an extra forward changes the run. Here buffer ``sn_fresh`` says whether u, v belong to the current
+weight: every ``torch.optim`` step clears it (a global step post-hook: a fused Adam step does not even
+bump a tensor's version); the forward-pre-hook (:func:`install_spectral_refresh`, one graph break under
+``torch.compile``) keeps a new iteration only where it is clear, with ``torch.where`` (no sync). Being a
+buffer, the flag is saved and restored with u, v. u, v and sigma are computed outside autocast: a bf16 estimate would be off by ~0.4%.
 """
 
 from __future__ import annotations
@@ -40,14 +24,12 @@ _EPS = 1e-12
 
 
 class SpectralNormMixin:
-    """Gives a layer with a ``weight`` the method :meth:`normalized_weight` (``weight / sigma``).
-
-    Call :meth:`_setup_spectral_norm` at the end of the subclass's ``__init__``.
-    """
+    """Gives a layer with a ``weight`` (the class after it in the bases) :meth:`normalized_weight`."""
 
     weight: nn.Parameter
 
-    def _setup_spectral_norm(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         rows, cols = self._matrix().shape
         self.register_buffer("sn_u", F.normalize(torch.randn(rows, dtype=self.weight.dtype), dim=0, eps=_EPS))
         self.register_buffer("sn_v", F.normalize(torch.randn(cols, dtype=self.weight.dtype), dim=0, eps=_EPS))
@@ -131,10 +113,6 @@ def _mark_stepped_weights(optimizer: torch.optim.Optimizer, args: Any, kwargs: A
 class SNConv2d(SpectralNormMixin, nn.Conv2d):
     """``nn.Conv2d`` whose kernel is spectrally normalised (the kernel as an (out, in*kh*kw) matrix)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup_spectral_norm()
-
     def forward(self, x: Tensor) -> Tensor:
         return self._conv_forward(x, self.normalized_weight(), self.bias)
 
@@ -142,20 +120,12 @@ class SNConv2d(SpectralNormMixin, nn.Conv2d):
 class SNLinear(SpectralNormMixin, nn.Linear):
     """``nn.Linear`` with a spectrally normalised weight."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup_spectral_norm()
-
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.normalized_weight(), self.bias)
 
 
 class SNEmbedding(SpectralNormMixin, nn.Embedding):
     """``nn.Embedding`` with a spectrally normalised table (as BigGAN's projection discriminator has)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup_spectral_norm()
 
     def forward(self, y: Tensor) -> Tensor:
         return F.embedding(y, self.normalized_weight())
@@ -166,13 +136,6 @@ def reset_spectral_norm(module: nn.Module) -> None:
     for layer in module.modules():
         if isinstance(layer, SpectralNormMixin):
             layer.reset_estimate()
-
-
-def mark_spectral_norms_stale(module: nn.Module) -> None:
-    """After changing weights other than by an optimizer step or ``load_state_dict``: refresh at the next forward."""
-    for layer in module.modules():
-        if isinstance(layer, SpectralNormMixin):
-            layer.sn_fresh.fill_(False)
 
 
 @torch.compiler.disable

@@ -1,9 +1,5 @@
-"""What the networks minimise: adversarial losses (pure functions of logits), the phase losses built
-from them, and the gradient penalties (R1, R2, WGAN-GP) that become phases or terms of one.
-
-Nothing here knows about Accelerate or about the models: a phase loss receives a
-:class:`~gan_accel.engine.context.StepContext` and calls the networks through it.
-"""
+"""What the networks minimise: adversarial losses (pure functions of logits), the phase losses built from
+them, and the gradient penalties (R1, R2, WGAN-GP); nothing here knows about Accelerate or the models."""
 
 from .adversarial import discriminator_loss, generator_loss, sum_losses
 from .losses import LOSSES, GANLoss, get_loss

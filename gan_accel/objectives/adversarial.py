@@ -1,10 +1,5 @@
-"""Phase losses built from a :class:`~gan_accel.objectives.losses.GANLoss`.
-
-A *phase loss* is a function of the step's context (see :class:`~gan_accel.engine.context.StepContext`)
-returning a scalar: the mean over the micro-batch, so that k micro-batches average to the loss of
-one k-times larger batch. ``ctx.fake`` is already detached in a phase that does not train G, so the
-discriminator's loss never reaches the generator.
-"""
+"""Phase losses built from a :class:`~gan_accel.objectives.losses.GANLoss`: functions of the step's context
+returning the mean over the micro-batch (``ctx.fake`` is detached where G is not trained)."""
 
 from __future__ import annotations
 
@@ -25,14 +20,9 @@ def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: float
                        r2_gamma: float = 0.0) -> PhaseLoss:
     """D's adversarial loss on real images and G's (detached) images; logs the mean logits.
 
-    ``class_weight > 0`` (a conditional run) adds ``class_weight`` times the cross-entropy of D's
-    class logits (see :meth:`StepContext.class_logits`) on the *real* images and their labels, as
-    an auxiliary classifier (AC-GAN, Odena et al. 2017, trained on real data only): D learns what
-    each class looks like, and G's class loss (see :func:`generator_loss`) pulls its samples there.
-
-    ``r1_gamma`` / ``r2_gamma`` add the zero-centred penalties on the real / fake images, taken from
-    the same two forwards of D as the loss (R3GAN's D step): the images get ``requires_grad``, and the
-    loss itself gives every parameter of D its gradient (what DDP needs; see regularizers.py).
+    ``class_weight > 0`` adds the cross-entropy of D's class logits on the *real* images (AC-GAN, trained on
+    real data only). ``r1_gamma`` / ``r2_gamma`` add the zero-centred penalties on the real / fake images,
+    from the same two forwards of D (R3GAN's D step), so every parameter of D gets its gradient (as DDP needs).
     """
 
     def adversarial_d(ctx: "StepContext") -> Tensor:

@@ -1,9 +1,7 @@
 """Adversarial objectives as pure functions of discriminator logits.
 
-Each loss takes raw logits (never probabilities: ``sigmoid`` + ``BCELoss`` is unstable and unsafe
-under autocast) and returns a scalar mean over the batch, so that summing the means of k
-micro-batches divided by k equals the mean over the k-times larger batch. No ``.backward()`` here:
-the engine routes every backward through ``accelerator.backward``.
+Each takes raw logits (``sigmoid`` + ``BCELoss`` is unstable under autocast) and returns a mean over the
+batch, so k micro-batches average to the k-times larger batch.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Gradient penalties on D's input: R1 and R2 (Mescheder et al. 2018) and WGAN-GP (Gulrajani et al. 2017).
 
-Three rules make them correct in every setting the engine supports:
-
-* **Accumulation**: each penalty is a mean over the micro-batch of per-sample terms, so k
-  micro-batches of b average to the penalty of one batch of k*b.
-* **fp16 loss scaling**: the input gradient is taken of the *scaled* output and unscaled afterwards
-  (:func:`scaled_input_gradients`), so small gradients do not underflow in half precision and an
-  overflow shows up as a non-finite penalty, which the GradScaler then skips like any other step.
-* **DDP**: ``torch.autograd.grad`` bypasses DDP's reducer, and the penalty's double backward leaves
-  some parameters (e.g. D's last bias) without a gradient, which DDP would wait for. Each penalty
-  therefore ends in ``+ 0 * logits.sum()`` of the same forward, so every parameter of D receives a
-  gradient exactly once and is all-reduced with the rest.
+* **Accumulation**: a mean of per-sample terms, so k micro-batches of b give the penalty of one batch of k*b.
+* **fp16**: the input gradient is taken of the *scaled* output, then unscaled (:func:`scaled_input_gradients`):
+  no underflow, and an overflow is a non-finite penalty the GradScaler skips.
+* **DDP**: ``torch.autograd.grad`` bypasses DDP's reducer and leaves some parameters without a gradient,
+  which DDP would wait for: each penalty ends in ``+ 0 * logits.sum()`` of the same forward.
 """
 
 from __future__ import annotations
@@ -35,12 +29,8 @@ PENALTY_MAX_SCALE = 2.0 ** 15
 
 
 def scaled_input_gradients(output: Tensor, inputs: Tensor, scaler: Any | None = None) -> Tensor:
-    """``d output / d inputs`` with ``create_graph=True`` (for a penalty's double backward).
-
-    With a ``torch.amp.GradScaler``, ``output`` is scaled before ``autograd.grad`` and the result
-    unscaled after, as PyTorch's AMP recipe for gradient penalties does, with the scale capped at
-    :data:`PENALTY_MAX_SCALE`; the scale is read on the device (no host sync).
-    """
+    """``d output / d inputs`` with a graph; with a GradScaler, taken of the scaled output (scale capped at
+    :data:`PENALTY_MAX_SCALE`, read on the device) and unscaled, as PyTorch's AMP recipe does."""
     if scaler is None or not getattr(scaler, "is_enabled", lambda: True)():
         (grad,) = torch.autograd.grad(output, inputs, create_graph=True)
         return grad
