@@ -141,7 +141,7 @@ def test_a_resume_before_the_bad_batch_goes_past_it_bitwise(tmp_path):
     whole = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel(), "run", table=False)
     whole.fit()
     expected = {net: state_of(whole.accelerator.unwrap_model(whole.networks[net])) for net in ("G", "D")}
-    resumed = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel(), "run", table=False)
+    resumed = bn_trainer(tmp_path, "fused", images_with_one_nan_pixel(), "fork", table=False)  # a new run from step 2
     resumed.fit(resume_from=str(tmp_path / "run" / "checkpoints" / "checkpoint_00000002"))
     assert resumed.step == 6
     for net in ("G", "D"):
