@@ -69,31 +69,6 @@ def dcgan_mnist(monkeypatch):
     return module
 
 
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    """One run of the example as a script on the offline digits, with evaluation every 2 steps (judge cached
-    beforehand): the run folder, ``gan-accel sample`` and ``gan-accel eval`` are checked on it.
-
-    The judge (the offline digits' classifier) is trained briefly on 2,000 digits: the wiring is checked
-    here, not the judge's accuracy, and training it in full takes half a minute (tests/test_metrics.py checks
-    that a missing judge is trained and cached, and then read back).
-    """
-    from gan_accel.data import synthetic_digits
-    from gan_accel.eval.mnist import load_or_train_classifier
-
-    root = tmp_path_factory.mktemp("digits")
-    out, cache = root / "run", root / "cache"
-    judge = cache / "offline-digits_classifier.safetensors"
-    load_or_train_classifier(judge, *synthetic_digits(2000), epochs=1)
-    cached = judge.read_bytes()
-    result = run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(root / "nodata"),
-                  "--output-dir", str(out), *TINY, "--eval-every", "2", "--eval-samples", "60"],
-                 GAN_ACCEL_CACHE=str(cache))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert judge.read_bytes() == cached, "the cached judge is used, not trained again"
-    return out, cache
-
-
 def test_help_documents_the_flags_and_a_bad_flag_fails_before_any_work(tmp_path, monkeypatch, capsys):
     example = dcgan_mnist(monkeypatch)
     with pytest.raises(SystemExit) as exit_:
@@ -120,7 +95,7 @@ def test_trains_on_real_mnist_and_writes_valid_outputs(tmp_path, monkeypatch):
 
 
 def test_trains_on_offline_digits_and_writes_valid_outputs(digits_run):
-    check_run_folder(digits_run[0], 4, "offline-digits")
+    check_run_folder(digits_run.out, 4, "offline-digits")
 
 
 def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
@@ -212,7 +187,7 @@ def gan_accel_command(argv: list[str], capsys) -> subprocess.CompletedProcess:
 
 
 def test_cli_samples_from_a_finished_run(digits_run, tmp_path, capsys):
-    out = digits_run[0]
+    out = digits_run.out
     result = gan_accel_command(["sample", str(out), "--num", "9", "--out", str(tmp_path / "g.png")], capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     with Image.open(tmp_path / "g.png") as grid:
@@ -226,7 +201,7 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(dig
                                                                              capsys):
     """--eval-every logs eval/* rows and names the best checkpoint; `gan-accel eval` scores the run against
     the set it trained on and says that it is not MNIST; an existing --out is never overwritten."""
-    out, cache = digits_run
+    out, cache = digits_run.out, digits_run.cache
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "eval/fd" in r]
     assert [r["eval/step"] for r in rows] == [2, 4]
     assert {"eval/kid", "eval/precision", "eval/recall", "eval/is"} <= set(rows[0])
