@@ -290,7 +290,9 @@ def test_compiled_models_match_eager_and_still_refresh_spectral_norm():
 def resnet_trainer(tmp_path, batch, accum, steps, images, labels=None, latents=None, fake_labels=None,
                    norm="batch") -> GANTrainer:
     num_classes = 3 if labels is not None else None
-    G, D = tiny(28, channels=1, num_classes=num_classes, width=1, z_dim=4, norm=norm, dtype=torch.float64)
+    # width 2: at width 1 D's first skip weight is one number, which spectral norm turns into a constant +-1, so its
+    # gradient is zero and Adam (step ~ gradient / eps) turns its rounding noise into updates of ~1e-10
+    G, D = tiny(28, channels=1, num_classes=num_classes, width=2, z_dim=4, norm=norm, dtype=torch.float64)
     latents = latents or TableLatents(4096)
     config = TrainConfig(max_steps=steps, batch_size=batch, grad_accum_steps=accum, z_dim=4, log_every=1,
                          sample_every=1000, num_samples=4, output_dir=str(tmp_path), progress_bar=False,
@@ -315,13 +317,13 @@ def test_accumulation_equals_a_larger_batch_with_the_residual_models(tmp_path):
     big.fit()
     assert_close_dicts(small_G, params(big.G), atol=1e-10)
     assert_close_dicts(small_D, params(big.D), atol=1e-10)
-    initial = tiny(28, 1, width=1, dtype=torch.float64)[1].state_dict()
+    initial = tiny(28, 1, width=2, dtype=torch.float64)[1].state_dict()
     assert not torch.equal(small_D["blocks.1.conv1.sn_v"], initial["blocks.1.conv1.sn_v"]), "the estimates moved"
 
 
 def plain_loop(images, labels, batch, steps, latents, fake_labels) -> tuple[dict, dict]:
     """The textbook conditional loop with the same models: D on reals and detached fakes, then G through frozen D."""
-    G, D = tiny(28, channels=1, num_classes=3, width=1, z_dim=4, dtype=torch.float64)
+    G, D = tiny(28, channels=1, num_classes=3, width=2, z_dim=4, dtype=torch.float64)
     opt_G = torch.optim.Adam(G.parameters(), lr=1e-2, betas=(0.5, 0.999), fused=True)
     opt_D = torch.optim.Adam(D.parameters(), lr=1e-2, betas=(0.5, 0.999), fused=True)
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_decay(steps, 0, "linear")) for o in (opt_G, opt_D)]
