@@ -56,8 +56,8 @@ def test_channels_last_trains_convolutions_in_channels_last_and_matches_the_defa
 def traced_without_codegen(monkeypatch):
     """The engine's torch.compile with the ``aot_eager`` backend: dynamo and AOT autograd decide graph breaks,
     hooks and the traced graph's autograd (what the engine's wiring depends on); inductor only generates the
-    kernels, tens of seconds of C++ compilation per network on a small CPU (benchmarks/gpu_check.py's CPU run,
-    tested in tests/test_gpu_check.py, and ``benchmarks/run.py --quick`` compile with inductor)."""
+    kernels: minutes of C++ compilation on a small CPU with a cold cache. The engine compiles with inductor in
+    ``benchmarks/run.py --quick`` (its options section, tests/test_benchmarks.py)."""
     import functools
 
     from gan_accel.engine import speed
