@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -278,3 +281,35 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory) -> SimpleNamespace:
+    """One run of examples/dcgan_mnist.py as a script (a process of its own, as users start it) on the offline
+    digits, 4 steps with evaluation every 2: out (the run folder, not to be changed: copy it first), cache
+    (its $GAN_ACCEL_CACHE), stdout, stderr. tests/test_example.py checks the folder, ``gan-accel sample`` and
+    ``gan-accel eval`` on it; tests/test_current_names.py its first line and a poisoned resume of a copy.
+
+    The judge (the offline digits' classifier) is cached beforehand, trained briefly on 2,000 digits: the
+    wiring is checked, not the judge's accuracy, and training it in full takes half a minute
+    (tests/test_metrics.py checks that a missing judge is trained and cached, and then read back).
+    """
+    from gan_accel.data import synthetic_digits
+    from gan_accel.eval.mnist import load_or_train_classifier
+
+    root = tmp_path_factory.mktemp("digits")
+    out, cache = root / "run", root / "cache"
+    judge = cache / "offline-digits_classifier.safetensors"
+    load_or_train_classifier(judge, *synthetic_digits(2000), epochs=1)
+    cached = judge.read_bytes()
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", GAN_ACCEL_CACHE=str(cache))
+    result = subprocess.run(
+        [sys.executable, str(repo / "examples" / "dcgan_mnist.py"), "--dataset", "digits", "--data-dir",
+         str(root / "nodata"), "--output-dir", str(out), "--steps", "4", "--batch-size", "8", "--width", "8",
+         "--sample-every", "2", "--log-every", "2", "--no-progress", "--ema-decay", "0.9", "--eval-every", "2",
+         "--eval-samples", "60"], capture_output=True, text=True, timeout=600, env=env, cwd=repo)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert judge.read_bytes() == cached, "the cached judge is used, not trained again"
+    return SimpleNamespace(out=out, cache=cache, stdout=result.stdout, stderr=result.stderr)

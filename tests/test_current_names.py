@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -129,28 +127,34 @@ def test_a_two_process_launch_warns_nothing_of_ours(tmp_path):
         assert not ours, ours
 
 
-@pytest.mark.slow
-def test_the_quickstart_says_its_launch_in_words_and_refuses_a_poisoned_resume(tmp_path):
+def test_the_quickstart_says_its_launch_in_words_and_refuses_a_poisoned_resume(digits_run, tmp_path, monkeypatch,
+                                                                              capsys):
     """examples/dcgan_mnist.py: the first line names the launch for people; --resume latest of a checkpoint with
     a payload in an optimizer file ends with one error line naming it (exit 2), and the payload never ran."""
+    import shutil
+
+    from conftest import reset_accelerate_state
     from test_safe_loading import plant
 
-    out, marker = tmp_path / "run", tmp_path / "PAYLOAD_RAN"
-    example = [sys.executable, str(ROOT / "examples" / "dcgan_mnist.py"), "--dataset", "digits", "--data-dir",
-               str(tmp_path / "nodata"), "--output-dir", str(out), "--steps", "2", "--batch-size", "8", "--width", "8",
-               "--sample-every", "2", "--log-every", "2", "--no-progress"]
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    first = subprocess.run(example, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    line = first.stdout.splitlines()[0]
+    line = digits_run.stdout.splitlines()[0]
     assert "; 1 process on cpu; " in line and "NO on" not in line, line
-    assert not any(name in first.stderr for name in DEPRECATED), first.stderr[-2000:]
-    victim = out / "checkpoints" / "checkpoint_00000002" / "optimizer.bin"
+    assert not any(name in digits_run.stderr for name in DEPRECATED), digits_run.stderr[-2000:]
+    out, marker = tmp_path / "run", tmp_path / "PAYLOAD_RAN"
+    shutil.copytree(digits_run.out, out)
+    victim = out / "checkpoints" / "checkpoint_00000004" / "optimizer.bin"
     plant(victim, marker)
-    resumed = subprocess.run([*example, "--resume", "latest", "--steps", "4"], capture_output=True, text=True,
-                             timeout=600, env=env, cwd=tmp_path)
-    errors = [row for row in resumed.stderr.splitlines() if row.strip()]
-    assert resumed.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), resumed.stderr[-3000:]
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.setenv("GAN_ACCEL_CACHE", str(digits_run.cache))
+    import dcgan_mnist
+
+    reset_accelerate_state()
+    capsys.readouterr()
+    code = dcgan_mnist.main(["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                             "--steps", "6", "--batch-size", "8", "--width", "8", "--sample-every", "2", "--log-every",
+                             "2", "--no-progress", "--ema-decay", "0.9", "--eval-every", "2", "--eval-samples", "60",
+                             "--resume", "latest"])
+    stderr = capsys.readouterr().err
+    errors = [row for row in stderr.splitlines() if row.strip()]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: "), stderr[-3000:]
     assert str(victim) in errors[0] and "could run code" in errors[0]
     assert not marker.exists()

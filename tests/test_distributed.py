@@ -69,13 +69,37 @@ def _lr_curve(run_dir):
     return [(r["step"], r["lr/G"], r["lr/D"]) for r in rows]
 
 
-@pytest.mark.parametrize("grad_accum_steps, penalties, conditional",
-                         [(1, False, False), (2, False, False), (2, True, False), (2, False, True)],
-                         ids=["plain", "accumulation", "accumulation+gp+lazy_r1", "accumulation+conditional"])
-def test_two_processes_equal_one_process_with_double_batch(tmp_path, grad_accum_steps, penalties, conditional):
-    two = tmp_path / "two"
-    two.mkdir()
-    launch_two_processes(_train, args=(str(two), B, grad_accum_steps, penalties, conditional), num_processes=2)
+CASES = {"plain": (1, False, False), "accumulation": (2, False, False), "accumulation+gp+lazy_r1": (2, True, False),
+         "accumulation+conditional": (2, False, True)}
+
+
+def _everything_on_two_processes(out_dir: str) -> None:
+    """One launch for every two-process check of this file (each launch costs a spawn, imports and a gloo
+    rendezvous): the four trainings, the paired-label run and its resume, then a script that closes the group."""
+    for name, case in CASES.items():
+        reset_accelerate_state()
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        _train(os.path.join(out_dir, name), B, *case)
+    for resume in (False, True):
+        reset_accelerate_state()
+        _paired(os.path.join(out_dir, "paired"), resume)
+    reset_accelerate_state()
+    _script_then_report(os.path.join(out_dir, "script"))
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_processes")
+    for name in ("paired", "script"):
+        (out / name).mkdir()
+    launch_two_processes(_everything_on_two_processes, args=(str(out),), num_processes=2)
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_equal_one_process_with_double_batch(launched, tmp_path, case):
+    grad_accum_steps, penalties, conditional = CASES[case]
+    two = launched / case
     rank0, rank1 = (torch.load(two / f"rank{r}.pt") for r in (0, 1))
     assert rank0["world"] == rank1["world"] == 2 and rank0["distributed"] == "MULTI_CPU"
     assert rank0["batch_sizes"] == rank1["batch_sizes"] == [B], "per-process batch must be the configured one"
@@ -139,25 +163,15 @@ def _paired(out_dir: str, resume: bool) -> None:
                os.path.join(out_dir, f"paired_{int(resume)}_{rank}.pt"))
 
 
-def _paired_start(out_dir: str) -> None:
-    _paired(out_dir, resume=False)
-
-
-def _paired_resume(out_dir: str) -> None:
-    _paired(out_dir, resume=True)
-
-
-def test_labels_stay_with_their_images_through_sharding_accumulation_and_resume(tmp_path):
+def test_labels_stay_with_their_images_through_sharding_accumulation_and_resume(launched):
     """Two processes, a shuffled loader (12 batches of 4 per epoch), accumulation 2, a stop at step 5
     (mid-epoch, past a checkpoint at 3) and a resume: D checks every real image's label against the
     label written into the image itself."""
-    launch_two_processes(_paired_start, args=(str(tmp_path),), num_processes=2)
-    launch_two_processes(_paired_resume, args=(str(tmp_path),), num_processes=2)
     for part in (0, 1):
         for rank in (0, 1):
-            seen = torch.load(tmp_path / f"paired_{part}_{rank}.pt")
+            seen = torch.load(launched / "paired" / f"paired_{part}_{rank}.pt")
             assert seen["checked"] > 0 and seen["mismatched"] == 0, seen
-    assert torch.load(tmp_path / "paired_1_0.pt")["step"] == 8
+    assert torch.load(launched / "paired" / "paired_1_0.pt")["step"] == 8
 
 
 def _script_then_report(out_dir: str) -> None:
@@ -174,8 +188,7 @@ def _script_then_report(out_dir: str) -> None:
         f.write(f"{code} {dist.is_initialized()}")
 
 
-def test_a_successful_script_closes_the_process_group_on_every_rank(tmp_path):
+def test_a_successful_script_closes_the_process_group_on_every_rank(launched):
     """Without destroy_process_group, gloo's threads meet interpreter finalization and a rank can abort
     at exit (exit -6) after its work was saved; run_script closes the group after a successful body."""
-    launch_two_processes(_script_then_report, args=(str(tmp_path),), num_processes=2)
-    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["0 False", "0 False"]
+    assert sorted(p.read_text() for p in (launched / "script").iterdir()) == ["0 False", "0 False"]

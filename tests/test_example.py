@@ -37,7 +37,7 @@ def run(cmd: list[str], timeout: int = 300, **env_extra) -> subprocess.Completed
 def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     """Every output file is valid: images open, the weights load back and sample."""
     from gan_accel.state.weights import load_weights
-    from gan_accel.models import DCGANGenerator
+    from gan_accel.models import build_generator
 
     grids = sorted(out.glob("samples_0*.png"))
     assert [p.name for p in grids] == [f"samples_{s:06d}.png" for s in range(2, steps + 1, 2)]
@@ -51,51 +51,81 @@ def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(2, steps + 1, 2))
     model = config["model"]  # the spec gan-accel sample rebuilds G from
-    G = load_weights(DCGANGenerator(model["z_dim"], model["width"]), out / "generator" / "model.safetensors")
+    G = load_weights(build_generator(model), out / "generator" / "model.safetensors")
     assert json.loads((out / "generator" / "config.json").read_text())["weights"]["step"] == steps
+    labels = (torch.tensor([0, 4, 9]),) if config["num_classes"] else ()
     with torch.no_grad():
-        images = G.eval()(torch.randn(3, model["z_dim"]))
+        images = G.eval()(torch.randn(3, model["z_dim"]), *labels)
     assert images.shape == (3, 1, 28, 28) and images.abs().max() <= 1
 
 
-def test_help_documents_the_flags():
-    result = run([sys.executable, EXAMPLE, "--help"], timeout=120)
-    assert result.returncode == 0
+def dcgan_mnist(monkeypatch):
+    """The example's module, imported in this process: its ``main`` runs a command line without a process start
+    (the ``digits_run`` fixture runs it as a script)."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.setattr(sys, "argv", [EXAMPLE])  # the parser's name in its messages
+    import dcgan_mnist as module
+
+    return module
+
+
+def test_help_documents_the_flags_and_a_bad_flag_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    example = dcgan_mnist(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        example.main(["--help"])
+    assert exit_.value.code == 0
+    shown = capsys.readouterr().out
     for flag in ("--data-dir", "--output-dir", "--steps", "--epochs", "--batch-size", "--lr-g", "--lr-d",
                  "--grad-accum", "--mixed-precision", "--sample-every", "--seed", "--width"):
-        assert flag in result.stdout, flag
+        assert flag in shown, flag
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        example.main(["--dataset", "digits", "--output-dir", str(out), "--lr-g", "-1"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "error: argument --lr-g: '-1' is not a number > 0 (see dcgan_mnist.py --help)"]
+    assert not out.exists()
 
 
 @pytest.mark.skipif(mnist_dir() is None, reason="real MNIST not found: set GAN_ACCEL_MNIST_DIR")
-def test_trains_on_real_mnist_and_writes_valid_outputs(tmp_path):
+def test_trains_on_real_mnist_and_writes_valid_outputs(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    result = run([sys.executable, EXAMPLE, "--data-dir", mnist_dir(), "--dataset", "mnist",
-                  "--output-dir", str(out), *TINY])
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert dcgan_mnist(monkeypatch).main(["--data-dir", mnist_dir(), "--dataset", "mnist", "--output-dir", str(out),
+                                         *TINY]) == 0
     check_run_folder(out, 4, "mnist")
 
 
-def test_trains_on_offline_digits_and_writes_valid_outputs(tmp_path):
-    out = tmp_path / "run"
-    result = run([sys.executable, EXAMPLE, "--data-dir", str(tmp_path / "nodata"), "--dataset", "digits",
-                  "--output-dir", str(out), *TINY])
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_run_folder(out, 4, "offline-digits")
+def test_trains_on_offline_digits_and_writes_valid_outputs(digits_run):
+    check_run_folder(digits_run.out, 4, "offline-digits")
 
 
-def test_two_gloo_processes_train_one_model(tmp_path):
+def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
+    """examples/conditional_mnist.py under accelerate launch: both ranks train one model on batches of the
+    configured per-process size, the labels reach D and G, the grids have one row per digit, one set of
+    outputs, and the run samples a chosen digit afterwards."""
     out = tmp_path / "run"
+    example = str(ROOT / "examples" / "conditional_mnist.py")
     result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                  EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                  example, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
                   *TINY], ACCELERATE_USE_CPU="1")
     assert result.returncode == 0, result.stderr[-3000:]
-    # Both ranks trained, each on batches of the configured per-process size (4 steps x 8 images).
-    for rank in (0, 1):
+    for rank in (0, 1):  # 4 steps x 8 images each
         assert f"process {rank}/2: 4 steps, 32 images in batches of 8" in result.stdout
     assert result.stdout.count("gan_accel: offline-digits") == 1, "banner only from the main process"
     check_run_folder(out, 4, "offline-digits")  # one set of outputs
-    assert json.loads((out / "config.json").read_text())["extra"]["num_processes"] == 2
+    config = json.loads((out / "config.json").read_text())
+    assert config["extra"]["num_processes"] == 2
+    assert config["num_classes"] == 10 and config["model"]["conditional"] is True
+    assert torch.equal(read_fixed_latents(out)[1], torch.arange(10).repeat_interleave(10))
+    with Image.open(out / "samples_final.png") as grid:
+        assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples
+    sample = gan_accel_command(["sample", str(out), "--label", "7", "--num", "5", "--format", "npz",
+                                "--out", str(tmp_path / "sevens.npz")], capsys)
+    assert sample.returncode == 0, sample.stderr
+    import numpy as np
+
+    arrays = np.load(tmp_path / "sevens.npz")
+    assert arrays["images"].shape == (5, 1, 28, 28) and arrays["labels"].tolist() == [7] * 5
 
 
 def test_two_single_process_machines_on_localhost(tmp_path):
@@ -116,27 +146,18 @@ def test_two_single_process_machines_on_localhost(tmp_path):
     check_run_folder(out, 4, "offline-digits")
 
 
-def test_multi_gpu_launch_without_gpus_stops_with_a_clear_message(tmp_path):
-    """No ACCELERATE_USE_CPU: each process would silently train a duplicate; the example must refuse."""
+def test_multi_gpu_launch_without_gpus_stops_with_a_clear_message(tmp_path, monkeypatch, capsys):
+    """What each process of `accelerate launch --multi_gpu` sees without ACCELERATE_USE_CPU on a machine without
+    GPUs (WORLD_SIZE=2, no distributed Accelerator): it would silently train a duplicate; the example refuses."""
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs: the launch would be genuinely distributed")
+    example = dcgan_mnist(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
     out = tmp_path / "run"
-    result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                  EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
-                  *TINY])
-    assert result.returncode != 0
-    assert "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in result.stderr
+    assert example.main(["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                         *TINY]) != 0
+    assert "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in capsys.readouterr().err
     assert not (out / "metrics.jsonl").exists(), "nothing may train"
-
-
-def test_bad_flag_fails_before_any_work(tmp_path):
-    out = tmp_path / "run"
-    result = run([sys.executable, EXAMPLE, "--dataset", "digits", "--output-dir", str(out), "--lr-g", "-1"],
-                 timeout=120)
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: argument --lr-g: '-1' is not a number > 0 (see dcgan_mnist.py --help)"]
-    assert not out.exists()
 
 
 def test_two_gpu_config_file_is_valid_for_accelerate():
@@ -165,10 +186,8 @@ def gan_accel_command(argv: list[str], capsys) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["gan-accel", *argv], code, captured.out, captured.err)
 
 
-def test_cli_samples_from_a_finished_run(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"),
-                "--output-dir", str(out), *TINY]).returncode == 0
+def test_cli_samples_from_a_finished_run(digits_run, tmp_path, capsys):
+    out = digits_run.out
     result = gan_accel_command(["sample", str(out), "--num", "9", "--out", str(tmp_path / "g.png")], capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     with Image.open(tmp_path / "g.png") as grid:
@@ -178,49 +197,11 @@ def test_cli_samples_from_a_finished_run(tmp_path, capsys):
     assert "nowhere does not exist" in missing.stderr
 
 
-def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
-    """examples/conditional_mnist.py under accelerate launch: the labels reach D and G on both ranks,
-    the grids have one row per digit, and the run samples a chosen digit afterwards."""
-    out = tmp_path / "run"
-    example = str(ROOT / "examples" / "conditional_mnist.py")
-    result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                  example, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
-                  *TINY], ACCELERATE_USE_CPU="1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    config = json.loads((out / "config.json").read_text())
-    assert config["num_classes"] == 10 and config["model"]["conditional"] is True
-    assert torch.equal(read_fixed_latents(out)[1], torch.arange(10).repeat_interleave(10))
-    with Image.open(out / "samples_final.png") as grid:
-        assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples
-    sample = gan_accel_command(["sample", str(out), "--label", "7", "--num", "5", "--format", "npz",
-                                "--out", str(tmp_path / "sevens.npz")], capsys)
-    assert sample.returncode == 0, sample.stderr
-    import numpy as np
-
-    arrays = np.load(tmp_path / "sevens.npz")
-    assert arrays["images"].shape == (5, 1, 28, 28) and arrays["labels"].tolist() == [7] * 5
-
-
-def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp_path, monkeypatch, capsys):
+def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(digits_run, tmp_path, monkeypatch,
+                                                                             capsys):
     """--eval-every logs eval/* rows and names the best checkpoint; `gan-accel eval` scores the run against
-    the set it trained on and says that it is not MNIST; an existing --out is never overwritten.
-
-    The judge (the offline digits' classifier) is in this test's cache beforehand, trained briefly on 2,000
-    digits: the wiring is checked here, not the judge's accuracy, and training it in full takes half a minute
-    (tests/test_metrics.py checks that a missing judge is trained and cached, and then read back).
-    """
-    from gan_accel.data import synthetic_digits
-    from gan_accel.eval.mnist import load_or_train_classifier
-
-    out, cache = tmp_path / "run", {"GAN_ACCEL_CACHE": str(tmp_path / "cache")}
-    judge = tmp_path / "cache" / "offline-digits_classifier.safetensors"
-    load_or_train_classifier(judge, *synthetic_digits(2000), epochs=1)
-    cached = judge.read_bytes()
-    result = run([sys.executable, EXAMPLE, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"),
-                  "--output-dir", str(out), *TINY, "--eval-every", "2", "--eval-samples", "60"], **cache)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert judge.read_bytes() == cached, "the cached judge is used, not trained again"
+    the set it trained on and says that it is not MNIST; an existing --out is never overwritten."""
+    out, cache = digits_run.out, digits_run.cache
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "eval/fd" in r]
     assert [r["eval/step"] for r in rows] == [2, 4]
     assert {"eval/kid", "eval/precision", "eval/recall", "eval/is"} <= set(rows[0])
@@ -229,7 +210,7 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp
     assert best["value"] == best_fd and (out / best["checkpoint"]).is_dir()
 
     scores = tmp_path / "scores.json"
-    monkeypatch.setenv("GAN_ACCEL_CACHE", cache["GAN_ACCEL_CACHE"])
+    monkeypatch.setenv("GAN_ACCEL_CACHE", str(cache))
     evaluate = gan_accel_command(["eval", str(out), "--num", "200", "--out", str(scores)], capsys)
     assert evaluate.returncode == 0, evaluate.stderr[-2000:]
     assert "NOT MNIST" in evaluate.stdout.splitlines()[0]
@@ -241,25 +222,26 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(tmp
     assert json.loads(scores.read_text()) == report
 
 
-def test_conditional_runs_from_before_d_position_resume_with_d_position_none(tmp_path, monkeypatch):
+def test_conditional_runs_from_before_d_position_resume_with_d_position_none(tmp_path, monkeypatch, capsys):
     """A run whose config does not record ``d_position`` (all runs from before the flag, whose D was the
     translation-invariant one) resumes with ``--d-position none``; with the new default D (another
     shape) the resume is refused in one line naming the setting, before any training."""
     from conftest import reset_accelerate_state
 
-    monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    import dcgan_mnist
-
+    example = dcgan_mnist(monkeypatch)
     out = tmp_path / "run"
     base = ["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out)]
-    assert dcgan_mnist.main([*base, *TINY, "--d-position", "none", "--checkpoint-every", "2"], conditional=True) == 0
+    assert example.main([*base, *TINY, "--d-position", "none", "--checkpoint-every", "2"], conditional=True) == 0
     model = json.loads((out / "config.json").read_text())["model"]
     assert "d_position" not in model  # what a run from before the flag recorded
     longer = [*base, *TINY[2:], "--steps", "6", "--resume", "latest"]
-    refused = run([sys.executable, str(ROOT / "examples" / "conditional_mnist.py"), *longer])
-    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr[-2000:]
-    assert "cannot resume" in refused.stderr and "'d_position': 'coords'" in refused.stderr
     reset_accelerate_state()
-    assert dcgan_mnist.main([*longer, "--d-position", "none"], conditional=True) == 0
+    capsys.readouterr()
+    assert example.main(longer, conditional=True) == 2
+    refused = capsys.readouterr().err
+    assert refused.strip().count("\n") == 0, refused[-2000:]
+    assert "cannot resume" in refused and "'d_position': 'coords'" in refused
+    reset_accelerate_state()
+    assert example.main([*longer, "--d-position", "none"], conditional=True) == 0
     steps = [row.get("step") for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
     assert steps[-1] == 6

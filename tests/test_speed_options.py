@@ -52,10 +52,24 @@ def test_channels_last_trains_convolutions_in_channels_last_and_matches_the_defa
     assert fast.last_metrics["loss/D"] == pytest.approx(eager.last_metrics["loss/D"], rel=1e-9)
 
 
-@pytest.mark.slow  # torch.compile's first compilation takes tens of seconds on a small CPU
+@pytest.fixture
+def traced_without_codegen(monkeypatch):
+    """The engine's torch.compile with the ``aot_eager`` backend: dynamo and AOT autograd decide graph breaks,
+    hooks and the traced graph's autograd (what the engine's wiring depends on); inductor only generates the
+    kernels: minutes of C++ compilation on a small CPU with a cold cache. The engine compiles with inductor in
+    ``benchmarks/run.py --quick`` (its options section, tests/test_benchmarks.py)."""
+    import functools
+
+    from gan_accel.engine import speed
+
+    monkeypatch.setattr(speed.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+
+
+@pytest.mark.slow  # dynamo tracing
 @pytest.mark.parametrize("penalty", [dict(r1_gamma=1.0, r1_every=2), dict(loss="wasserstein", gp_weight=10.0)],
                          ids=["lazy_r1_phase", "gradient_penalty_in_D"])
-def test_compile_trains_g_and_d_compiled_runs_double_backward_phases_eagerly_and_matches_eager(tmp_path, penalty):
+def test_compile_trains_g_and_d_compiled_runs_double_backward_phases_eagerly_and_matches_eager(tmp_path, penalty,
+                                                                                               traced_without_codegen):
     images = make_images(64, dtype=torch.float64)
     eager = train(tmp_path, "eager", *make_models(0), images, **penalty)
     reset()
@@ -71,7 +85,7 @@ def test_compile_trains_g_and_d_compiled_runs_double_backward_phases_eagerly_and
 
 
 @pytest.mark.slow
-def test_compile_refuses_a_phase_taking_input_gradients_without_double_backward_flag(tmp_path):
+def test_compile_refuses_a_phase_taking_input_gradients_without_double_backward_flag(tmp_path, traced_without_codegen):
     images = make_images(64, dtype=torch.float64)
     loss = LOSSES["nonsaturating"]
     unflagged = [Phase("D", "D", r1_penalty(1.0), new_data=True), Phase("G", "G", generator_loss(loss))]
