@@ -1293,7 +1293,7 @@ def sec_checkpoint(run: Run, s: Section, report: Report) -> None:
     from gan_accel import load_generator
 
     width, steps, z_dim = run.size(16, 4), 4, 8
-    model = {"z_dim": z_dim, "width": width, "image_size": 28, "channels": 1}
+    model = {"family": "dcgan", "z_dim": z_dim, "width": width, "image_size": 28, "channels": 1, "num_classes": None}
     with proof_mode(run):
         trainer = make_trainer(run, "written_on_device", *small_dcgan(width, z_dim=z_dim), loader(digit_images(64), 8),
                                quiet=False, max_steps=steps, ema_decay=0.9, sample_every=steps, z_dim=z_dim,

@@ -22,7 +22,7 @@ import torch
 from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.engine.launch import describe_launch
-from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
+from gan_accel.models import build_models, default_spec
 from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_run_flags,
                                        config_fields, steps_for)
 from gan_accel.cli.arguments import ArgumentParser, positive_int
@@ -78,25 +78,14 @@ def train(args: argparse.Namespace) -> int:
     loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
     config.max_steps = steps_for(args, len(loader) // accelerator.num_processes, DEFAULT_STEPS[args.conditional],
                                  accelerator.num_processes)
-    model = {"z_dim": args.z_dim, "width": args.width, "image_size": 28, "channels": 1}
-    if args.spectral_norm:
-        model.update(spectral_norm=True)
-    if args.conditional:
-        model.update(conditional=True, num_classes=10, spectral_norm=args.spectral_norm)
-        if args.d_position != "none":  # unrecorded for "none": runs from before the flag resume with --d-position none
-            model.update(d_position=args.d_position)
+    model = default_spec("dcgan", 28, 1, 10 if args.conditional else None, z_dim=args.z_dim, width=args.width,
+                         spectral_norm=args.spectral_norm, **({"d_position": args.d_position} if args.conditional else {}))
     config.model = model  # what gan-accel sample rebuilds G from; fixed on resume
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes}
     config.validate()
 
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
-    if args.conditional:  # G(z, y) and a projection D(x, y); the loader's labels reach both
-        G = ConditionalDCGANGenerator(10, z_dim=args.z_dim, width=args.width, image_size=28)
-        D = ProjectionDiscriminator(10, width=args.width, image_size=28, spectral_norm=args.spectral_norm,
-                                    position=args.d_position)
-    else:
-        G = DCGANGenerator(z_dim=args.z_dim, width=args.width, image_size=28)
-        D = DCGANDiscriminator(width=args.width, image_size=28, spectral_norm=args.spectral_norm)
+    G, D = build_models(model)  # conditional: G(z, y) and a projection D(x, y); the loader's labels reach both
     callbacks = [mnist_evaluator(args, dataset, accelerator)] if args.eval_every else []
     trainer = GANTrainer(G, D, loader, config, accelerator=accelerator, callbacks=callbacks)
     accelerator.print(

@@ -37,7 +37,7 @@ from gan_accel.state.lock import RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 Z = 8
-MODEL = {"z_dim": Z, "width": 4, "image_size": 28, "channels": 1}
+MODEL = {"family": "dcgan", "z_dim": Z, "width": 4, "image_size": 28, "channels": 1, "num_classes": None}
 CK2, CK4 = "checkpoint_00000002", "checkpoint_00000004"
 
 
@@ -57,7 +57,7 @@ def train(out: Path, steps: int = 4, ema: float | None = 0.5, conditional: bool 
     else:
         G, D = DCGANGenerator(Z, 4), DCGANDiscriminator(4)
         loader = make_loader(images, 8)
-    model = {**MODEL, "conditional": True, "num_classes": NUM_CLASSES} if conditional else MODEL
+    model = {**MODEL, "num_classes": NUM_CLASSES} if conditional else MODEL
     cfg = TrainConfig(max_steps=steps, batch_size=8, z_dim=Z, ema_decay=ema, num_classes=NUM_CLASSES if conditional else None,
                       log_every=1, sample_every=100, checkpoint_every=2, keep_checkpoints=3, num_samples=6,
                       output_dir=str(out), progress_bar=False, model=model, extra={"dataset": "test-noise"})

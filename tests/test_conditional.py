@@ -186,7 +186,7 @@ def finished_conditional_run(tmp_path_factory):
     D = ProjectionDiscriminator(NUM_CLASSES, width=4)
     cfg = TrainConfig(max_steps=4, batch_size=8, z_dim=8, num_classes=NUM_CLASSES, ema_decay=0.5, num_samples=6,
                       sample_every=2, checkpoint_every=2, output_dir=str(out), progress_bar=False,
-                      model={"z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "conditional": True,
+                      model={"family": "dcgan", "z_dim": 8, "width": 4, "image_size": 28, "channels": 1,
                              "num_classes": NUM_CLASSES})
     trainer = GANTrainer(G, D, DataLoader(TensorDataset(images, labels), batch_size=8, drop_last=True), cfg)
     trainer.fit()
@@ -237,7 +237,7 @@ def test_gan_accel_sample_label_on_an_unconditional_run_is_one_line(tmp_path, ca
 
     images = make_images(64).float().repeat(1, 1, 7, 7)
     cfg = TrainConfig(max_steps=2, batch_size=8, z_dim=8, output_dir=str(tmp_path / "run"), progress_bar=False,
-                      model={"z_dim": 8, "width": 4, "image_size": 28, "channels": 1})
+                      model={"family": "dcgan", "z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "num_classes": None})
     GANTrainer(DCGANGenerator(8, 4), DCGANDiscriminator(4), make_loader(images, 8), cfg).fit()
     capsys.readouterr()
     assert main(["sample", str(tmp_path / "run"), "--label", "1", "--out", str(tmp_path / "x.png")]) == 2

@@ -220,28 +220,3 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(dig
     again = gan_accel_command(["eval", str(out), "--out", str(scores)], capsys)
     assert again.returncode == 2 and again.stderr.startswith("error:") and "exists" in again.stderr
     assert json.loads(scores.read_text()) == report
-
-
-def test_conditional_runs_from_before_d_position_resume_with_d_position_none(tmp_path, monkeypatch, capsys):
-    """A run whose config does not record ``d_position`` (all runs from before the flag, whose D was the
-    translation-invariant one) resumes with ``--d-position none``; with the new default D (another
-    shape) the resume is refused in one line naming the setting, before any training."""
-    from conftest import reset_accelerate_state
-
-    example = dcgan_mnist(monkeypatch)
-    out = tmp_path / "run"
-    base = ["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out)]
-    assert example.main([*base, *TINY, "--d-position", "none", "--checkpoint-every", "2"], conditional=True) == 0
-    model = json.loads((out / "config.json").read_text())["model"]
-    assert "d_position" not in model  # what a run from before the flag recorded
-    longer = [*base, *TINY[2:], "--steps", "6", "--resume", "latest"]
-    reset_accelerate_state()
-    capsys.readouterr()
-    assert example.main(longer, conditional=True) == 2
-    refused = capsys.readouterr().err
-    assert refused.strip().count("\n") == 0, refused[-2000:]
-    assert "cannot resume" in refused and "'d_position': 'coords'" in refused
-    reset_accelerate_state()
-    assert example.main([*longer, "--d-position", "none"], conditional=True) == 0
-    steps = [row.get("step") for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
-    assert steps[-1] == 6

@@ -110,22 +110,12 @@ def default_spec(family: str, resolution: int, channels: int = 3, num_classes: i
 
 
 def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec checked and completed (every key of its family, defaults filled in); one-line ConfigError if not.
-
-    Accepts the example scripts' older records (no ``"family"``; ``"conditional": true``) as DCGAN specs.
-    """
+    """The spec checked and completed (every key of its family, defaults filled in); one-line ConfigError if not."""
     if not isinstance(spec, dict):
         raise ConfigError(f"a model spec is a dict of JSON values, got {type(spec).__name__}")
     spec = dict(spec)
-    if "family" not in spec:  # an older record: a DCGAN
-        spec["family"] = "dcgan"
-        conditional = spec.pop("conditional", False)
-        if conditional and spec.get("num_classes") is None:
-            raise ConfigError("the model spec says conditional but records no num_classes")
-        if not conditional:
-            spec["num_classes"] = None
-        elif "d_position" not in spec:
-            spec["d_position"] = "none"  # recorded only when not "none" (examples/dcgan_mnist.py)
+    if "family" not in spec:
+        raise ConfigError(f"the model spec names no family: choose one of {', '.join(FAMILIES)}")
     fam = _family(spec["family"])
     missing = [key for key in COMMON if key not in spec]
     if missing:
