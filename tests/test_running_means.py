@@ -51,12 +51,6 @@ def test_a_resumed_instance_reduces_to_the_very_same_means():
         assert resumed.reduce(OneProcess()) == whole.reduce(OneProcess()), cut  # bitwise: same folds, same order
 
 
-def test_checkpoints_from_before_the_fold_load_as_a_sum_and_a_count():
-    means = RunningMeans()
-    means.load_state_dict({"loss": (torch.tensor(6.0), 3)}, torch.device("cpu"))
-    means.add("loss", torch.tensor(10.0))
-    assert means.reduce(OneProcess()) == {"loss": 4.0}
-
 
 def test_a_buffer_changed_in_place_after_logging_keeps_its_logged_value():
     buffer, means = torch.zeros(()), RunningMeans()
