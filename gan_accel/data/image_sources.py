@@ -71,17 +71,22 @@ def open_regular(path: str | os.PathLike, limit: int | None = None) -> IO[bytes]
     ``MAX_FILE_BYTES``); raises :class:`RefusedFile` otherwise. Checked before opening (a FIFO would block, a
     device may act on open) and again on the open handle (the file may have been swapped in between)."""
     limit = MAX_FILE_BYTES if limit is None else limit
-    for attempt in ("path", "handle"):
-        info = os.stat(path) if attempt == "path" else os.fstat(fd)
+
+    def check(info: os.stat_result) -> None:
         reason = not_regular(info.st_mode)
         if not reason and info.st_size > limit:
             reason = f"too large: {info.st_size:,} bytes, more than the {limit:,} an image file may have"
         if reason:
-            if attempt == "handle":
-                os.close(fd)
             raise RefusedFile(reason)
-        if attempt == "path":  # non-blocking: a FIFO swapped in after the check does not hang the open
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+
+    check(os.stat(path))
+    # non-blocking: a FIFO swapped in after the check does not hang the open
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        check(os.fstat(fd))
+    except RefusedFile:
+        os.close(fd)
+        raise
     return os.fdopen(fd, "rb")
 
 
