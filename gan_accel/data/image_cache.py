@@ -12,13 +12,24 @@ Layout, under the cache root (``cache_dir``, else ``$GAN_ACCEL_CACHE/images``, e
 ``<key>`` hashes the source and every candidate's name, size and change stamp: a changed folder gets a new
 key. Every file is written to a temporary name and renamed into place, the JSON last: a reader never sees
 half a cache. Nothing here is unpickled: ``np.load(allow_pickle=False)`` and JSON only.
+
+Nothing in the cache is trusted: each JSON records the key it belongs to and a SHA-256 of its own content, the
+preprocessing's JSON also those of the arrays; anything that does not match or parse is named in one line and
+built again. A build preallocates its array (a full disk is one line, not a ``Bus error``), its decoding workers
+die with it, and the temporary files of a killed build (named ``.<file>.<host>.<pid>.tmp``) are removed by the
+next build on the same host.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import json
 import os
+import re
+import signal
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +45,7 @@ from .image_decode import Preprocessing
 from .image_scan import scan, skip_reason
 from .image_sources import Entry, ImageSource
 
-CACHE_VERSION = 1  # part of every key: a change to decoding or to the layout invalidates old caches
+CACHE_VERSION = 2  # part of every key: a change to decoding or to the layout invalidates old caches
 
 
 def default_cache_root() -> Path:
@@ -76,11 +87,59 @@ def cache_error(error: OSError, root: Path) -> DataError:
                      "with cache_dir (or $GAN_ACCEL_CACHE)")
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in chunks (bounded memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _json_sha256(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def clear_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files (``.<name>.<host>.<pid>.tmp``, and ``.compact`` ones) that a killed writer on
+    this host left in ``folder``; those of live processes and other hosts are kept. Returns what was removed."""
+    host, removed = socket.gethostname(), []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = _TEMPORARY.search(name)
+        if match is None or not name[:match.start()].endswith(f".{host}") or not name.startswith(".") \
+                or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
+            continue
+        try:
+            (folder / name).unlink()
+            removed.append(folder / name)
+        except OSError:
+            pass
+    return removed
+
+
+_TEMPORARY = re.compile(r"\.(?P<pid>\d+)\.tmp(\.compact)?$")  # the end of temporary_name's names
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+
+
 class CacheFolder:
     """The files of one key (see the module docstring)."""
 
     def __init__(self, root: str | os.PathLike, key: str) -> None:
         self.root = Path(root)
+        self.key = key
         self.path = self.root / key[:32]
 
     @property
@@ -91,34 +150,83 @@ class CacheFolder:
         """One of ``prep``'s files: ``.npy``, ``.strips.npy``, ``.json`` or ``.skipped.txt``."""
         return self.path / f"{prep.name}{suffix}"
 
-    def read_json(self, path: Path) -> dict[str, Any] | None:
-        """The JSON at ``path``, or None when it is missing or unreadable (then it is rebuilt)."""
+    def read_json(self, path: Path, say: Callable[[str], Any] | None = None) -> dict[str, Any] | None:
+        """The JSON at ``path`` when it is this key's and matches its checksum; None when it is missing, and also
+        (with one line to ``say``) when it is damaged, foreign or changed: then it is rebuilt."""
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            text = path.read_bytes()
+        except FileNotFoundError:
             return None
-        return data if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
+        except OSError as error:
+            return self._distrust(path, os.strerror(error.errno) if error.errno else str(error), say)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return self._distrust(path, "it is not valid JSON", say)
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+            return self._distrust(path, "it was written by another version of gan_accel", say)
+        body = {k: v for k, v in data.items() if k != "sha256"}
+        if data.get("key") != self.key or data.get("sha256") != _json_sha256(body):
+            return self._distrust(path, "it does not match its checksum or its data", say)
+        return data
+
+    @staticmethod
+    def _distrust(path: Path, why: str, say: Callable[[str], Any] | None) -> None:
+        if say is not None:
+            say(f"gan_accel: warning: the image cache file {path} cannot be used ({why}); building it again")
+        return None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
-        write_bytes_synced(path, json.dumps({"version": CACHE_VERSION, **data}).encode())
+        body = {"version": CACHE_VERSION, "key": self.key, **data}
+        write_bytes_synced(path, json.dumps({**body, "sha256": _json_sha256(body)}).encode())
 
-    def has_images(self, prep: Preprocessing, rows: int) -> bool:
-        """Whether the cached array is there, uint8 and of ``rows`` rows (memory-mapped to look: nothing read)."""
-        try:
-            images = np.load(self.file(prep, ".npy"), mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError):
+    def verified(self, prep: Preprocessing, done: dict[str, Any] | None, say: Callable[[str], Any] | None) -> bool:
+        """Whether the cached arrays are there and hold what ``done`` (the preprocessing's JSON) recorded: their
+        SHA-256 (every byte read), dtype and rows. A mismatch is one line to ``say``."""
+        if done is None or not done.get("cached"):
             return False
-        return images.dtype == np.uint8 and images.ndim == 4 and images.shape[0] == rows
+        files = {".npy": done.get("images_sha256")}
+        if prep.crop == "random":
+            files[".strips.npy"] = done.get("strips_sha256")
+        for suffix, expected in files.items():
+            path = self.file(prep, suffix)
+            try:
+                same = file_sha256(path) == expected
+                array = np.load(path, mmap_mode="r", allow_pickle=False) if same else None
+            except (OSError, ValueError) as error:
+                same, why = False, f"it cannot be read: {error}"
+            else:
+                why = "its bytes do not match the checksum recorded when it was written"
+            if same and suffix == ".npy":
+                same = array.dtype == np.uint8 and array.shape == (done.get("rows"), prep.channels, prep.resolution,
+                                                                   prep.width)
+            if not same:
+                if say is not None:
+                    say(f"gan_accel: warning: the image cache {path} cannot be used ({why}); decoding the images again")
+                return False
+        return True
 
     def scan(self, source: ImageSource, entries: list[Entry]) -> dict[str, Any]:
         """The scan of ``entries`` (:func:`~gan_accel.data.image_scan.scan`), read from the cache or made and cached:
         ``{"source", "items": [(entry index, width, height, mode, grey), ...], "skipped": [[name, reason], ...]}``."""
-        scan_data = self.read_json(self.scan_json)
+        scan_data = self.read_json(self.scan_json, say=print)
+        if scan_data is not None and not _valid_scan(scan_data, len(entries)):
+            scan_data = self._distrust(self.scan_json, "its content is not a scan of this data", print)
         if scan_data is None:
+            clear_stale_temporaries(self.path)
             items, skipped = scan(source, entries)
             scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped]}
             self.write_json(self.scan_json, scan_data)
         return scan_data
+
+
+def _valid_scan(data: dict[str, Any], count: int) -> bool:
+    """Whether a scan's JSON holds what :meth:`CacheFolder.scan` writes (a checksum can be forged with its content)."""
+    items, skipped = data.get("items"), data.get("skipped")
+    return isinstance(items, list) and isinstance(skipped, list) and all(
+        isinstance(i, list) and len(i) == 5 and all(type(v) is int for v in i[:3]) and 0 <= i[0] < count
+        and i[1] > 0 and i[2] > 0 and isinstance(i[3], str) and isinstance(i[4], bool) for i in items) and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(v, str) for v in s) for s in skipped)
 
 
 class _DecodeJob(Dataset):
@@ -139,31 +247,61 @@ class _DecodeJob(Dataset):
             return index, None, skip_reason(error)
 
 
-def _single_thread(_: int) -> None:
+def die_with_parent(_: int = 0, parent: int | None = None) -> None:
+    """A DataLoader ``worker_init_fn``: the worker is killed when the process that started it dies (Linux), and
+    uses one intra-op thread. Without it a worker whose parent was killed stays blocked writing to their pipe."""
     torch.set_num_threads(1)  # decoding workers need no intra-op threads of their own
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: torch's own watchdog is what is left
+        return
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # the parent died before the line above
+
+
+def preallocate(path: Path) -> None:
+    """Reserve a sparse file's blocks: a memory-mapped write into a full disk is a ``Bus error``, this an
+    ``OSError`` (ENOSPC) that becomes one line."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a file system without it
+            raise
+    except AttributeError:  # no posix_fallocate (macOS): the free-space check before the build is what is left
+        pass
+    finally:
+        os.close(fd)
 
 
 def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, names: Sequence[str], workers: int,
                  progress: Callable[[int], Any] | None = None) -> list[tuple[str, str]]:
     """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (name, reason) of failures.
 
-    Written to a temporary file and renamed: a build cut short leaves no cache behind. With
-    ``workers > 0`` the decoding runs in that many DataLoader worker processes.
+    Written to a temporary file and renamed: a build cut short leaves no cache behind (and one killed leaves a
+    file the next build removes). With ``workers > 0`` the decoding runs in that many DataLoader worker
+    processes, which die with this one.
     """
     n = len(names)
     final = folder.file(prep, ".npy")
     final.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale_temporaries(final.parent)
     tmp = temporary_name(final)
+    compact = tmp.with_name(tmp.name + ".compact")
     failed: list[tuple[str, str]] = []
     try:
         shape = (n, prep.channels, prep.resolution, prep.width)
         array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+        preallocate(tmp)
         # the random crop needs each strip's real length (the rest is padding) and orientation
         strips = np.zeros((n, 2), dtype=np.int16)
         job = _DecodeJob(source, names, prep)
         if workers > 0:
             results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
-                                                         worker_init_fn=_single_thread) for item in batch)
+                                                         worker_init_fn=functools.partial(die_with_parent, parent=os.getpid())) for item in batch)
         else:
             results = (job[i] for i in range(n))
         for index, decoded, reason in results:  # in order: the images decoded fill the first rows
@@ -180,8 +318,8 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
                 progress(index + 1)
         rows = n - len(failed)
         if failed:  # copied into a file of the right length, chunked: bounded memory
-            compact = tmp.with_name(tmp.name + ".compact")
             out = np.lib.format.open_memmap(compact, mode="w+", dtype=np.uint8, shape=(rows, *shape[1:]))
+            preallocate(compact)
             for start in range(0, rows, 4096):
                 out[start:start + 4096] = array[start:min(start + 4096, rows)]
             del array
@@ -196,4 +334,5 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
+        compact.unlink(missing_ok=True)
     return failed

@@ -22,6 +22,7 @@ while the others wait (:mod:`~gan_accel.data.build_once`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -139,6 +140,7 @@ class ImageData:
             self.dataset(augment_seed), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
             num_workers=num_workers, collate_fn=UInt8Collate(self.labels is not None, random_flip, augment_seed + 1),
             generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0,
+            worker_init_fn=functools.partial(image_cache.die_with_parent, parent=os.getpid()) if num_workers else None,
         )
 
     def real_images(self, count: int = EVAL_IMAGES, seed: int = 0) -> torch.Tensor:
@@ -281,9 +283,9 @@ class ImageScan:
     def _decode(self, prep: Preprocessing, chosen: Selection, workers: int | None, say: Callable[[str], Any]) -> None:
         """On the builder: decode the chosen images into the cache, unless a complete cache is there."""
         cache, record = self.cache, self.cache.file(prep, ".json")
-        done = cache.read_json(record)
-        if done is not None and done["cached"] and cache.has_images(prep, done["rows"]):
-            return  # a complete cache: nothing is decoded again
+        done = cache.read_json(record, say)
+        if cache.verified(prep, done, say):
+            return  # a complete cache, every byte as it was written: nothing is decoded again
         n = len(chosen.positions)
         size, free = prep.bytes_for(n), free_space(cache.path) or 0
         if free < size * 1.05 + (64 << 20):
@@ -301,7 +303,10 @@ class ImageScan:
         if len(failed) == n:
             raise DataError(f"none of the {n:,} images of {self.source.description} could be decoded (e.g. "
                             f"{failed[0][0]}: {failed[0][1]}): check the files")
-        cache.write_json(record, {"cached": True, "note": "", "rows": n - len(failed), "failed": failed})
+        sums = {"images_sha256": image_cache.file_sha256(cache.file(prep, ".npy"))}
+        if prep.crop == "random":
+            sums["strips_sha256"] = image_cache.file_sha256(cache.file(prep, ".strips.npy"))
+        cache.write_json(record, {"cached": True, "note": "", "rows": n - len(failed), "failed": failed, **sums})
 
 
 def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,

@@ -10,16 +10,21 @@ One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow (
 * ``crop="center"``: the central square resized to R x R in one Lanczos resample (:func:`PIL.ImageOps.fit`'s
   maths); ``crop="random"``: short side R, long side kept up to ``RANDOM_CROP_MAX_ASPECT`` x R, the window
   chosen per draw (:mod:`gan_accel.data.loader`).
+* images of more than ``MAX_PIXELS`` pixels (by their header) are refused before any pixel is decoded, in
+  gan_accel's own words (Pillow's DecompressionBombWarning is silenced: the check comes first).
 * JPEG is decoded at 1/2, 1/4 or 1/8 scale while that keeps >= 2R pixels on the short side: a large
   photo costs a fraction of its full decode, and the Lanczos resample from >= 2R keeps the quality.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import struct
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,6 +46,31 @@ GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _TAIL = 4096  # bytes read from the end of a file to find its format's end marker
 MIN_RESOLUTION, MAX_RESOLUTION = 8, 4096
+MAX_PIXELS = 64_000_000  # an 8000 x 8000 image; a 61-megapixel camera's 9504 x 6336 fits
+
+
+class TooManyPixels(ValueError):
+    """An image whose header declares more than ``MAX_PIXELS`` pixels: skipped before it is decoded."""
+
+
+@contextlib.contextmanager
+def open_image(item: Any) -> Iterator[Image.Image]:
+    """The image of ``item`` (anything :func:`as_file` takes), opened with the allowed formats only and its size
+    checked against ``MAX_PIXELS`` before anything is decoded; the file is closed on exit."""
+    with contextlib.ExitStack() as stack:
+        fp = as_file(item)
+        if hasattr(fp, "close"):
+            stack.callback(fp.close)  # Pillow leaves files it was handed open
+        with warnings.catch_warnings():  # gan_accel's own limit below is lower, and says it in its words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            try:
+                img = stack.enter_context(Image.open(fp, formats=ALLOWED_FORMATS))
+            except Image.DecompressionBombError:  # Pillow's own hard limit, above ours
+                img = None
+        size = "its header declares" if img is None else f"{img.width}x{img.height} pixels,"
+        if img is None or img.width * img.height > MAX_PIXELS:
+            raise TooManyPixels(f"too large: {size} more than the {MAX_PIXELS:,} pixels gan_accel decodes; shrink it")
+        yield img
 
 
 @dataclass(frozen=True)
@@ -115,7 +145,7 @@ def read_header(item: Any) -> tuple[tuple[int, int, str], bool]:
     copy or download) lacks its format's end marker. Nothing is decoded; a full decode (the cache build)
     finds the rest.
     """
-    with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
+    with open_image(item) as img:
         width, height = img.size
         if img.format in ("JPEG", "MPO", "WEBP", "TIFF"):
             # Orientations 5-8 turn the picture by 90 degrees. PNG is left out: its EXIF may follow the
@@ -219,7 +249,7 @@ def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
     Raises Pillow's errors (``OSError``, ``ValueError``, ...) for an unreadable file.
     """
     resolution, channels = prep.resolution, prep.channels or 3
-    with Image.open(as_file(item), formats=ALLOWED_FORMATS) as img:
+    with open_image(item) as img:
         scale = 2 * resolution / min(img.size)
         if img.format in ("JPEG", "MPO") and scale < 1:  # libjpeg decodes at the smallest 1/2^k scale >= 2R
             img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
@@ -242,11 +272,16 @@ def decode_image(item: Any, prep: Preprocessing) -> np.ndarray:
 
 
 def as_file(item: Any) -> Any:
-    """A path or file for Pillow from a path, a file, bytes, or a Hugging Face image cell ``{"bytes", "path"}``."""
+    """A file for Pillow from a path (a regular file, bounded in size: :func:`~gan_accel.data.image_sources.open_regular`),
+    a file, bytes, or a Hugging Face image cell ``{"bytes", "path"}``."""
     if isinstance(item, dict):
         item = item.get("bytes") or item.get("path")
     if isinstance(item, (bytes, bytearray, memoryview)):
         item = io.BytesIO(item)
+    if isinstance(item, (str, os.PathLike)):
+        from .image_sources import open_regular
+
+        item = open_regular(item)
     if item is None:
         raise ValueError("empty image cell")
     return item

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
-from .image_decode import mode_family, read_header
-from .image_sources import Entry, HFSource, ImageSource, folder_classes
+from .image_decode import TooManyPixels, mode_family, read_header
+from .image_sources import Entry, HFSource, ImageSource, RefusedFile, folder_classes
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
 
@@ -84,14 +84,14 @@ class ScanReport:
 
 def skip_reason(error: BaseException) -> str:
     """A short reason for a file that failed to open or decode."""
+    if isinstance(error, (RefusedFile, TooManyPixels)):
+        return str(error)
     if isinstance(error, UnidentifiedImageError):
         return "not an image"
     if isinstance(error, FileNotFoundError):
         return "missing"
     if isinstance(error, PermissionError):
         return "unreadable: permission denied"
-    if isinstance(error, Image.DecompressionBombError):
-        return "too large: more pixels than Pillow's decompression-bomb limit"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"truncated or corrupt: {text}"
 

@@ -10,6 +10,11 @@ readable image lies in a first-level subfolder and there are at least two such s
 subfolder names are the classes, sorted by name (as torchvision's ``ImageFolder`` sorts them).
 Otherwise the data has no labels. Hidden files and folders (``.name``), ``__MACOSX`` and the
 thumbnail caches of Windows are ignored without a word; every other file is a candidate image.
+
+What is read is checked before it is opened (docs/own-images.md, "Bad files"): a folder's file must be a regular
+file (no FIFO, device or socket), inside the folder (a link out of it is skipped), and at most
+``MAX_FILE_BYTES``; a ZIP member is read alone, bounded by its declared size, and an archive whose members
+declare more than ``MAX_FILE_BYTES`` or inflate more than ``MAX_RATIO`` times is refused as a ZIP bomb.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from typing import IO, Any
 
 from ..errors import DataError, GanAccelError
 
+MAX_FILE_BYTES = 512 << 20  # the largest image file read (a 64-megapixel 16-bit RGB TIFF is 384 MiB)
+MAX_RATIO = 100  # a ZIP member above BOMB_FLOOR bytes that inflates more than this is no image (zeros: ~1,000x)
+BOMB_FLOOR = 16 << 20
 IGNORED_NAMES = frozenset({"__MACOSX", "Thumbs.db", "desktop.ini", "ehthumbs.db"})
 DATASETS_HINT = "pip install 'gan_accel[datasets]'"
 
@@ -42,6 +50,50 @@ def _ignored(part: str) -> bool:
     return part.startswith(".") or part in IGNORED_NAMES
 
 
+class RefusedFile(OSError):
+    """A file skipped before it is read: its message is the reason the scan lists."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def not_regular(mode: int) -> str:
+    """Why a file of this ``st_mode`` is refused ("not a regular file: a FIFO"), or "" for a regular file."""
+    if stat.S_ISREG(mode):
+        return ""
+    kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
+    return f"not a regular file: {kind}"
+
+
+def open_regular(path: str | os.PathLike, limit: int | None = None) -> IO[bytes]:
+    """Open ``path`` for reading only when it is a regular file of at most ``limit`` bytes (default
+    ``MAX_FILE_BYTES``); raises :class:`RefusedFile` otherwise. Checked before opening (a FIFO would block, a
+    device may act on open) and again on the open handle (the file may have been swapped in between)."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+
+    def check(info: os.stat_result) -> None:
+        reason = not_regular(info.st_mode)
+        if not reason and info.st_size > limit:
+            reason = f"too large: {info.st_size:,} bytes, more than the {limit:,} an image file may have"
+        if reason:
+            raise RefusedFile(reason)
+
+    check(os.stat(path))
+    # non-blocking: a FIFO swapped in after the check does not hang the open
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        check(os.fstat(fd))
+    except RefusedFile:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _inside(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
+
+
 class ImageSource:
     """Base class: ``entries()`` lists, ``open(name)`` gives what ``decode_image`` takes, ``identity()`` feeds
     the cache key."""
@@ -50,15 +102,21 @@ class ImageSource:
 
 
 class FolderSource(ImageSource):
-    """Every non-hidden file under a folder, recursively (symbolic links followed once)."""
+    """Every non-hidden file under a folder, recursively (symbolic links inside the folder followed once)."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.description = str(self.root)
+        self._real_root = os.path.realpath(self.root)
+        self._refused: dict[str, str] = {}  # name -> why it is skipped unopened (a FIFO, a link out, ...)
 
     def entries(self) -> list[Entry]:
         found: list[Entry] = []
         seen_dirs: set[str] = set()
+
+        def refuse(name: str, reason: str) -> None:
+            self._refused[name] = reason
+            found.append(Entry(name, -1, 0))
 
         def walk(folder: str, prefix: str) -> None:
             real = os.path.realpath(folder)
@@ -70,22 +128,33 @@ class FolderSource(ImageSource):
             for item in items:
                 if _ignored(item.name):
                     continue
+                name = prefix + item.name
+                if item.is_symlink() and not _inside(os.path.realpath(item.path), self._real_root):
+                    refuse(name, "a link out of the data folder: copy what it points to into the folder")
+                    continue
                 try:
                     info = item.stat()  # follows links
                 except OSError:  # a dangling link: a file that cannot be read
-                    found.append(Entry(prefix + item.name, -1, 0))
+                    found.append(Entry(name, -1, 0))
                     continue
                 if stat.S_ISDIR(info.st_mode):
-                    walk(item.path, f"{prefix}{item.name}/")
-                elif stat.S_ISREG(info.st_mode):
-                    found.append(Entry(prefix + item.name, info.st_size, info.st_mtime_ns))
+                    walk(item.path, f"{name}/")
+                elif not_regular(info.st_mode):
+                    refuse(name, not_regular(info.st_mode))
+                else:
+                    found.append(Entry(name, info.st_size, info.st_mtime_ns))
 
         walk(str(self.root), "")
         found.sort(key=lambda e: e.name)
         return found
 
-    def open(self, name: str) -> str:
-        return str(self.root / name)
+    def open(self, name: str) -> IO[bytes]:
+        if name in self._refused:
+            raise RefusedFile(self._refused[name])
+        path = os.path.realpath(self.root / name)
+        if not _inside(path, self._real_root):  # a link changed since the listing
+            raise RefusedFile("a link out of the data folder: copy what it points to into the folder")
+        return open_regular(path)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "folder", "path": str(self.root.resolve())}
@@ -99,12 +168,21 @@ class ZipSource(ImageSource):
         self.description = str(self.path)
         self._handle: tuple[int, zipfile.ZipFile] | None = None
         try:
-            with zipfile.ZipFile(self.path) as archive:
+            with open_regular(self.path, limit=1 << 62) as handle, zipfile.ZipFile(handle) as archive:
                 self._infos = [i for i in archive.infolist()
                                if not i.is_dir() and not any(_ignored(p) for p in i.filename.split("/"))]
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as error:
             raise DataError(f"{self.path} is not a readable ZIP archive ({error}): pass a folder of images or "
                             "a .zip of them") from None
+        for i in self._infos:  # from the central directory: nothing is inflated to find a bomb
+            ratio = i.file_size / max(i.compress_size, 1)
+            if i.file_size > MAX_FILE_BYTES or (i.file_size > BOMB_FLOOR and ratio > MAX_RATIO):
+                raise DataError(
+                    f"{self.path} looks like a ZIP bomb: its member {i.filename!r} declares {i.file_size:,} bytes from "
+                    f"{i.compress_size:,} compressed ({ratio:,.0f}x; gan_accel reads members of at most "
+                    f"{MAX_FILE_BYTES:,} bytes that inflate at most {MAX_RATIO}x beyond {BOMB_FLOOR:,}): remove it, "
+                    "or unpack the archive yourself if you trust it and pass the folder")
+        self._sizes = {i.filename: i.file_size for i in self._infos}
         info = self.path.stat()
         self._stamp = (info.st_size, info.st_mtime_ns)
 
@@ -121,8 +199,14 @@ class ZipSource(ImageSource):
         return sorted((Entry(i.filename, i.file_size, i.CRC) for i in self._infos), key=lambda e: e.name)
 
     def open(self, name: str) -> IO[bytes]:
-        # Members are small: reading one whole gives Pillow the seekable file it wants.
-        return io.BytesIO(self._archive().read(name))
+        # One member, read whole (a seekable file for Pillow) but never past its declared size, which the
+        # constructor bounded; zipfile checks the CRC when the read reaches the end.
+        declared = self._sizes[name]
+        with self._archive().open(name) as member:
+            data = member.read(declared)
+            if member.read(1):
+                raise RefusedFile(f"holds more than the {declared:,} bytes its ZIP header declares")
+        return io.BytesIO(data)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "zip", "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
@@ -320,6 +404,10 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
     if not path.exists():
         raise DataError(f"{path} does not exist: pass a folder of images, a .zip of them, or hf:NAME for a "
                         "Hugging Face dataset")
+    kind = not_regular(path.stat().st_mode)
+    if kind:  # opening a FIFO would wait forever, a device may act on being opened
+        raise DataError(f"{path} is {kind.split(': ')[-1]}, not a folder of images or a .zip: pass the folder that "
+                        "holds the images")
     try:
         is_zip = path.suffix.lower() == ".zip" or zipfile.is_zipfile(path)
     except OSError:
