@@ -123,6 +123,15 @@ def test_refused_connection_is_fast(tmp_path):
     assert "refused" in message.lower() and seconds < 2
 
 
+def test_offline_machine_is_named(monkeypatch, tmp_path):
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)  # what a machine without a network answers
+    message, seconds = failed_fetch(tmp_path / WEIGHTS_FILE, "https://weights.example/w.pth", sha256_prefix=PREFIX)
+    assert "cannot look up weights.example" in message and "offline" in message and seconds < 2
+
+
 def test_server_that_never_answers_ends_at_the_timeout(tmp_path):
     with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never says a word
         silent.bind(("127.0.0.1", 0))

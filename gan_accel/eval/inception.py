@@ -15,9 +15,11 @@ import http.client
 import importlib
 import os
 import re
+import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Callable, Union
@@ -141,6 +143,8 @@ def fetch_weights(dest: PathLike, url: str | None = None, sha256_prefix: str | N
             reason = f"HTTP {error.code} {error.reason}"
         elif isinstance(reason, TimeoutError) and str(reason) in ("", "timed out"):  # the socket's own words
             reason = f"no answer within {timeout:g} s"
+        elif isinstance(reason, socket.gaierror):
+            reason = f"cannot look up {urllib.parse.urlsplit(url).hostname}: {reason.strerror}; is this machine offline?"
         reason = " ".join(first_line(reason).split()) if isinstance(reason, BaseException) else str(reason)
         raise InceptionUnavailable(
             f"cannot download the Inception weights {dest.name} from {url} ({reason}); download that file by hand "
