@@ -6,8 +6,9 @@ the share of each requested digit read as that digit). A run trained on the buil
 scored against that set, and the report says so.
 
 With ``--data PATH`` (a folder, a ZIP or ``hf:NAME``), against those images: FID in Inception-v3
-features when torch-fidelity and its weights are here, else a fixed random network's features (said in
-one line); the real images' features are cached per dataset, resolution and feature space.
+features when torch-fidelity is installed (its weights, about 91 MB, are downloaded once into torch
+hub's cache), else a fixed random network's features (said in one line); the report names the feature
+space, and the real images' features are cached per dataset, resolution and feature space.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--data", default=None, metavar="PATH",
                         help="score against these images instead of MNIST: a folder, a .zip or hf:NAME[:SPLIT]")
     parser.add_argument("--features", choices=("auto", "inception", "random"), default="auto",
-                        help="with --data: Inception-v3 (FID; needs gan_accel[inception] and its weights), a fixed "
-                             "random network, or auto (Inception when it loads)")
+                        help="with --data: Inception-v3 (FID; needs gan_accel[inception]; its weights are downloaded "
+                             "once, or set GAN_ACCEL_INCEPTION_WEIGHTS), a fixed random network, or auto (Inception "
+                             "when it loads)")
     parser.add_argument("--seed", type=seed_int, default=0, help="with --data: the samples' latents")
     parser.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_DATA_DIR", "./data"),
                         help="where MNIST is: DIR/MNIST/raw (env GAN_ACCEL_DATA_DIR)")
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(result: dict, args: argparse.Namespace, info: dict, out: Path | None) -> int:
     print(result.pop("summary"))
+    result.setdefault("features", "mnist-classifier")  # the feature space of every distance in the file
     result.update(source=str(args.source), step=info["weights"]["step"], ema=info["weights"]["ema"])
     if out is not None:
         write_new_file(out, (json.dumps(result, indent=2) + "\n").encode())

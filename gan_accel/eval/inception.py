@@ -3,15 +3,24 @@ extra ``gan_accel[inception]``, imported only when :func:`inception_extractor` i
 
 Comparable with published FIDs: torch-fidelity's port of the 2015 TensorFlow Inception weights, images in
 [-1, 1] quantised as ``clamp(round((x + 1) * 127.5), 0, 255)`` (the exact inverse of ``uint8_to_float``),
-torch-fidelity's TensorFlow-1.x resize to 299x299, float32 inside. Nothing is downloaded: the weights come from
-``weights_path``, ``$GAN_ACCEL_INCEPTION_WEIGHTS`` or torch hub's cache (on a machine with internet:
-:data:`WEIGHTS_URL`).
+torch-fidelity's TensorFlow-1.x resize to 299x299, float32 inside. The weights come from ``weights_path``,
+``$GAN_ACCEL_INCEPTION_WEIGHTS`` or torch hub's cache, where the first use downloads them once from
+:data:`WEIGHTS_URL` (:func:`fetch_weights`: checked against the hash in their name before they are kept).
 """
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import importlib
 import os
+import re
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Callable, Union
 
@@ -24,6 +33,8 @@ WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{WEIGHTS_FILE}"
 WEIGHTS_ENV = "GAN_ACCEL_INCEPTION_WEIGHTS"
 INSTALL_HINT = "pip install 'gan_accel[inception]'"
+FETCH_TIMEOUT = 30.0  # seconds: the longest wait for a connection or for any bytes of the download
+FETCH_LIMIT = 1800.0  # seconds: the whole download (91 MB at 50 kB/s); a server that trickles ends then
 FEATURE_LAYERS = ("64", "192", "768", "2048")
 # torch-fidelity's name for fc(pool) without the bias: what the original Inception-score code used.
 LOGITS_LAYER = "logits_unbiased"
@@ -61,8 +72,9 @@ def _torch_fidelity_backend(weights: str, features_list: list[str]) -> nn.Module
     return _inception_class()("inception-v3-compat", features_list, feature_extractor_weights_path=weights)
 
 
-def resolve_weights(weights_path: PathLike | None = None) -> Path:
-    """The local weights file: ``weights_path``, else ``$GAN_ACCEL_INCEPTION_WEIGHTS``, else torch hub's cache."""
+def resolve_weights(weights_path: PathLike | None = None, download: bool = True) -> Path:
+    """The local weights file: ``weights_path``, else ``$GAN_ACCEL_INCEPTION_WEIGHTS``, else torch hub's cache,
+    downloaded there first (:func:`fetch_weights`) when it is missing and ``download`` is true."""
     env = os.environ.get(WEIGHTS_ENV, "").strip()
     if weights_path is not None or env:
         path = Path(weights_path if weights_path is not None else env).expanduser()
@@ -75,10 +87,86 @@ def resolve_weights(weights_path: PathLike | None = None) -> Path:
     cached = Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE  # where torch-fidelity would download it
     if cached.is_file():
         return cached
-    raise InceptionUnavailable(
-        f"Inception weights {WEIGHTS_FILE} are not on this machine (not in {cached.parent}) and cannot be "
-        f"downloaded here; copy the file (from {WEIGHTS_URL}) and pass weights_path=... or set {WEIGHTS_ENV}=/path/to/it"
-    )
+    if not download:
+        raise InceptionUnavailable(f"Inception weights {WEIGHTS_FILE} are not in {cached.parent} (downloads are off); "
+                                   f"get them from {WEIGHTS_URL} and put them there, or point {WEIGHTS_ENV} at a copy")
+    return fetch_weights(cached)
+
+
+def fetch_weights(dest: PathLike, url: str | None = None, sha256_prefix: str | None = None,
+                  timeout: float | None = None, limit: float | None = None, progress: bool | None = None) -> Path:
+    """Download ``url`` (default :data:`WEIGHTS_URL`) to ``dest`` with a progress bar, and return ``dest``.
+
+    The bytes go to a temporary file beside ``dest``, renamed to ``dest`` only once their SHA-256 starts with
+    ``sha256_prefix`` (default: torch hub's convention, the hex digits after the last ``-`` of ``dest``'s name),
+    so a partial or wrong file is never kept. ``timeout`` bounds each wait for the server (default
+    :data:`FETCH_TIMEOUT`), ``limit`` the whole download (:data:`FETCH_LIMIT`). The bar shows on the local main
+    process only (``progress=None``). Any failure raises :class:`InceptionUnavailable` in one line naming the file,
+    where to put it by hand and :data:`WEIGHTS_ENV`.
+    """
+    from ..state.files import atomic_path, first_line
+
+    dest = Path(dest)
+    url = url or WEIGHTS_URL
+    timeout = FETCH_TIMEOUT if timeout is None else timeout
+    limit = FETCH_LIMIT if limit is None else limit
+    progress = os.environ.get("LOCAL_RANK", "0") == "0" if progress is None else progress
+    named = re.fullmatch(r".*-([0-9a-f]{8,})\.\w+", dest.name)
+    expected = sha256_prefix or (named.group(1) if named else None)
+    if not expected:
+        raise ValueError(f"no sha256_prefix given and none in the name {dest.name!r} (NAME-<hex digits>.EXT)")
+    started = time.monotonic()
+    try:
+        _clear_stale_downloads(dest, 3 * timeout)
+        with urllib.request.urlopen(url, timeout=timeout) as response, atomic_path(dest) as tmp:
+            if progress:
+                print(f"gan_accel: first use of Inception features: downloading {dest.name} (about 91 MB, once) "
+                      f"into {dest.parent}", file=sys.stderr, flush=True)
+            total = int(response.headers.get("Content-Length") or 0) or None
+            digest, received = hashlib.sha256(), 0
+            with open(tmp, "wb") as out, _bar(total, dest.name, progress) as bar:
+                while chunk := response.read1(1 << 20):  # what has arrived: a trickle still meets the limit
+                    if time.monotonic() - started > limit:
+                        raise TimeoutError(f"the download took longer than {limit:g} s")
+                    out.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+            if total is not None and received != total:
+                raise ConnectionError(f"the connection closed after {received} of {total} bytes")
+            if not digest.hexdigest().startswith(expected):
+                raise ValueError(f"the file's SHA-256 starts {digest.hexdigest()[:len(expected)]}, not {expected} as "
+                                 "its name says: refused")
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        reason = getattr(error, "reason", None) if isinstance(error, urllib.error.URLError) else error
+        if isinstance(error, urllib.error.HTTPError):
+            reason = f"HTTP {error.code} {error.reason}"
+        elif isinstance(reason, TimeoutError) and str(reason) in ("", "timed out"):  # the socket's own words
+            reason = f"no answer within {timeout:g} s"
+        elif isinstance(reason, socket.gaierror):
+            reason = f"cannot look up {urllib.parse.urlsplit(url).hostname}: {reason.strerror}; is this machine offline?"
+        reason = " ".join(first_line(reason).split()) if isinstance(reason, BaseException) else str(reason)
+        raise InceptionUnavailable(
+            f"cannot download the Inception weights {dest.name} from {url} ({reason}); download that file by hand "
+            f"and put it in {dest.parent}, or point {WEIGHTS_ENV} at your copy") from None
+    return dest
+
+
+def _bar(total: int | None, name: str, show: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=name, unit="B", unit_scale=True, unit_divisor=1024, disable=not show,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def _clear_stale_downloads(dest: Path, age: float) -> None:
+    """Remove what a killed download left beside ``dest``: a live download writes at least every ``timeout``."""
+    for stale in dest.parent.glob(f".{dest.name}.*.tmp"):
+        try:
+            if time.time() - stale.stat().st_mtime > age:
+                stale.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove: it is never read
 
 
 def to_uint8_rgb(images: Tensor) -> Tensor:
@@ -135,17 +223,20 @@ class InceptionExtractor(nn.Module):
 
 
 def inception_extractor(weights_path: PathLike | None = None, device: str | torch.device = "cpu",
-                        features: str = "2048", *, _backend: BackendFactory | None = None) -> InceptionExtractor:
+                        features: str = "2048", download: bool = True, *,
+                        _backend: BackendFactory | None = None) -> InceptionExtractor:
     """torch-fidelity's Inception-v3 as a :class:`~gan_accel.eval.features.FeatureExtractor`.
 
     Args:
         weights_path: a local copy of :data:`WEIGHTS_FILE`; default ``$GAN_ACCEL_INCEPTION_WEIGHTS``, then torch
-            hub's cache. Nothing is ever downloaded.
+            hub's cache (``$TORCH_HOME/hub/checkpoints``).
         device: where the network runs; batches are moved there.
         features: the pool layer, "64", "192", "768" or "2048" (FID's; the logits are computed in any case).
+        download: fetch the weights into torch hub's cache when they are nowhere (about 91 MB, once).
         _backend: test seam, replaces torch-fidelity's network (see ``BackendFactory``).
 
-    Raises InceptionUnavailable when torch-fidelity is not installed or the weights are missing or unreadable.
+    Raises InceptionUnavailable when torch-fidelity is not installed or the weights are missing (and cannot be
+    downloaded) or unreadable.
     """
     features = str(features)
     if features not in FEATURE_LAYERS:
@@ -153,7 +244,7 @@ def inception_extractor(weights_path: PathLike | None = None, device: str | torc
     if _backend is None:
         _inception_class()  # a missing library is the first thing to fix, before the weights
         _backend = _torch_fidelity_backend
-    weights = resolve_weights(weights_path)
+    weights = resolve_weights(weights_path, download)
     try:
         backend = _backend(str(weights), [features, LOGITS_LAYER])
     except InceptionUnavailable:

@@ -87,8 +87,9 @@ INCEPTION_NAME = "inception-v3-2048"
 
 def choose_features(choice: str, device: Any, log: Callable[[str], Any]) -> tuple[nn.Module, Any, str]:
     """(features, logits or None, the feature space's name) for ``choice``: "inception" (torch-fidelity's
-    Inception-v3, which must load here), "random" (:class:`RandomConvFeatures`), or "auto" (Inception when
-    it loads, else the random network, said in one line)."""
+    Inception-v3, its weights downloaded once if they are not here; it must load), "random"
+    (:class:`RandomConvFeatures`), or "auto" (Inception when torch-fidelity is installed and its weights are
+    here or can be downloaded, else the random network, said in one line with the reason)."""
     from .inception import InceptionUnavailable, inception_extractor
 
     if choice in ("auto", "inception"):
