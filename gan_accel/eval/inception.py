@@ -31,6 +31,8 @@ from ..errors import GanAccelError
 
 WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{WEIGHTS_FILE}"
+# The file's whole SHA-256 as users of it publish it; its first 8 digits are the ones in its name (torch hub's rule).
+WEIGHTS_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"
 WEIGHTS_ENV = "GAN_ACCEL_INCEPTION_WEIGHTS"
 INSTALL_HINT = "pip install 'gan_accel[inception]'"
 FETCH_TIMEOUT = 30.0  # seconds: the longest wait for a connection or for any bytes of the download
@@ -90,7 +92,7 @@ def resolve_weights(weights_path: PathLike | None = None, download: bool = True)
     if not download:
         raise InceptionUnavailable(f"Inception weights {WEIGHTS_FILE} are not in {cached.parent} (downloads are off); "
                                    f"get them from {WEIGHTS_URL} and put them there, or point {WEIGHTS_ENV} at a copy")
-    return fetch_weights(cached)
+    return fetch_weights(cached, sha256_prefix=WEIGHTS_SHA256)
 
 
 def fetch_weights(dest: PathLike, url: str | None = None, sha256_prefix: str | None = None,
