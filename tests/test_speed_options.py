@@ -52,6 +52,33 @@ def test_channels_last_trains_convolutions_in_channels_last_and_matches_the_defa
     assert fast.last_metrics["loss/D"] == pytest.approx(eager.last_metrics["loss/D"], rel=1e-9)
 
 
+def test_channels_last_gives_a_double_backward_gradient_the_weights_strides_and_the_same_values():
+    """A 1-channel convolution's weight is channels-last only in the strides of its size-1 dimension; R1's double
+    backward gives its gradient the plain strides, which DDP's bucket view (the weight's strides) would copy every
+    step with a 'Grad strides do not match' warning. The gradients must have the weights' strides, same values."""
+    from types import SimpleNamespace
+
+    from gan_accel.engine.speed import apply_memory_format
+
+    grads = []
+    for channels_last in (False, True):
+        D = small_dcgan()[1]
+        apply_memory_format({"D": D}, SimpleNamespace(channels_last=channels_last))
+        x = make_images(8, dtype=torch.float64).repeat(1, 1, 7, 7).requires_grad_(True)
+        (gradient,) = torch.autograd.grad(D(x).sum(), x, create_graph=True)
+        gradient.pow(2).sum().backward()
+        grads.append({name: p.grad for name, p in D.named_parameters()})
+        if channels_last:
+            assert D.net[0].weight.shape[1] == 1 and D.net[0].weight.stride() != torch.empty(D.net[0].weight.shape).stride()
+            mismatched = [(n, p.stride(), p.grad.stride()) for n, p in D.named_parameters()
+                          if p.grad is not None and p.grad.stride() != p.stride()]
+            assert D.net[0].weight.grad is not None and not mismatched, mismatched
+    for name, plain in grads[0].items():
+        assert (plain is None) == (grads[1][name] is None), name
+        if plain is not None:
+            torch.testing.assert_close(grads[1][name], plain, rtol=1e-12, atol=1e-12, msg=name)
+
+
 @pytest.fixture
 def traced_without_codegen(monkeypatch):
     """The engine's torch.compile with the ``aot_eager`` backend: dynamo and AOT autograd decide graph breaks,

@@ -48,6 +48,21 @@ def apply_memory_format(nets: Mapping[str, nn.Module], config: TrainConfig) -> N
         return
     for net in nets.values():
         net.to(memory_format=torch.channels_last)
+        for param in net.parameters():
+            if param.dim() == 4 and param.requires_grad and param.is_contiguous():  # channels-last only in name
+                param.register_hook(_keep_strides_of(param))
+
+
+def _keep_strides_of(param: nn.Parameter) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gradient hook for a weight with a dimension of size 1 (a 1-channel convolution): its channels-last
+    strides differ from the plain ones only on that dimension, the same bytes in the same order. A double
+    backward (R1, GP) gives its gradient the plain strides; DDP's bucket view has the weight's, so it would warn
+    and copy that gradient every step. The hook gives the gradient the weight's strides, without a copy."""
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if grad.stride() != param.stride() and grad.is_contiguous() and param.is_contiguous():
+            return grad.as_strided(param.shape, param.stride())
+        return grad
+    return hook
 
 
 def training_views(networks: Mapping[str, Any], config: TrainConfig) -> dict[str, Any]:
