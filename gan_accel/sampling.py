@@ -103,8 +103,8 @@ def sample_images(G: nn.Module, num: int, label: int | None = None,
 def slerp(z0: torch.Tensor, z1: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """Spherical interpolation from each row of ``z0`` (W, D) to the same row of ``z1`` at the fractions ``t`` (S,):
     (W, S, D). The angle is the one between the normalised endpoints, and the weights apply to the latents as
-    drawn (White, "Sampling Generative Networks", 2016): the path keeps near the norm ``sqrt(D)`` where Gaussian
-    latents lie, where a straight line passes through shorter latents G never saw. ``t = 0`` and ``1`` give
+    drawn (White, "Sampling Generative Networks", 2016): the path keeps near the norm ``sqrt(D)`` of Gaussian
+    latents, where a straight line passes through shorter latents that G never saw. ``t = 0`` and ``1`` give
     ``z0`` and ``z1`` exactly; endpoints in (almost) the same direction are joined by a straight line."""
     cosine = F.cosine_similarity(z0, z1, dim=1).clamp(-1.0, 1.0)[:, None, None]
     omega, t = torch.acos(cosine), t.to(z0)[None, :, None]
@@ -117,17 +117,10 @@ def slerp(z0: torch.Tensor, z1: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def walk_count(num_classes: int | None, walks: int | None, label: int | None) -> int:
-    """``walks``, or its default: 8, or for a conditional run without a label one per class (at most :data:`MAX_WALKS`)."""
+    """``walks``, or by default 8, or in a conditional run without a label one per class (at most 100)."""
     if walks is not None:
         return walks
     return 8 if num_classes is None or label is not None else min(num_classes, MAX_WALKS)
-
-
-def walk_labels(num_classes: int | None, walks: int, label: int | None) -> torch.Tensor | None:
-    """The class of each walk: ``label``, or walk ``i`` in class ``i % num_classes``; None when unconditional."""
-    if num_classes is None:
-        return None
-    return torch.full((walks,), label, dtype=torch.long) if label is not None else torch.arange(walks) % num_classes
 
 
 @torch.no_grad()
@@ -148,8 +141,8 @@ def interpolate(G: nn.Module, walks: int | None = None, steps: int = 10, label: 
     check_sample_request(num_classes, walks * steps, label)
     ends = torch.randn(walks, 2, G.z_dim, generator=torch.Generator().manual_seed(seed))
     z = slerp(ends[:, 0], ends[:, 1], torch.linspace(0, 1, steps, dtype=ends.dtype)).reshape(walks * steps, G.z_dim)
-    labels = walk_labels(num_classes, walks, label)
-    labels = None if labels is None else labels.repeat_interleave(steps)
+    labels = None if num_classes is None else (torch.arange(walks) % num_classes if label is None else
+                                               torch.full((walks,), label)).repeat_interleave(steps)
     weight = next(G.parameters())
     images = []
     for start in range(0, len(z), CHUNK):  # memory of one chunk of G's activations, whatever the grid

@@ -146,6 +146,8 @@ def _check_walk_flags(args: argparse.Namespace, fmt: str) -> None:
         raise CommandError(f"--interpolate writes a PNG grid, not {fmt}: end --out in .png")
     if args.gif is not None and Path(args.gif).suffix.lower() != ".gif":
         raise CommandError(f"--gif {args.gif}: the animation is a GIF; give a path ending in .gif")
+    if args.gif is not None and Path(args.gif).absolute() == Path(args.out).absolute():
+        raise CommandError(f"--gif and --out are both {args.out}: give the grid and the GIF a file each")
 
 
 def _walks(args: argparse.Namespace, G: torch.nn.Module, out: Path) -> int:
