@@ -107,7 +107,6 @@ def train(args: argparse.Namespace) -> int:
         result = score(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim, device=accelerator.device,
                        fallback=dataset, **size)
         (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-        trainer.run_folder.record(Path(config.output_dir) / "eval.json", trainer.step)
         accelerator.print(result["summary"])
     accelerator.wait_for_everyone()
     return 0

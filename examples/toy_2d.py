@@ -83,7 +83,6 @@ def train(args: argparse.Namespace) -> int:
         result = mode_coverage(samples, ring_centres(), threshold=0.12, min_share=0.01)
         result.update(seed=args.seed, steps=trainer.step)
         (Path(args.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-        trainer.run_folder.record(Path(args.output_dir) / "eval.json", trainer.step)
         print(f"toy 2-D, seed {args.seed}: {result['modes']}/8 modes, high quality {result['high_quality']:.3f} "
               f"(samples within 0.12 of a centre), {args.num_eval} samples")
     accelerator.wait_for_everyone()

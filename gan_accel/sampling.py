@@ -2,6 +2,7 @@
 
     G = gan_accel.load_generator("runs/conditional_mnist")          # or a checkpoint, an export, a Hub repo
     images, labels = sample_images(G, num=100, label=3)             # 100 threes
+    walks = interpolate(G, walks=8, steps=10)                        # 8 latent walks of 10 images each
 
 A conditional G (one with ``G.num_classes``) samples one class, or every class in equal numbers.
 """
@@ -11,10 +12,12 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError
 
+MAX_WALKS = MAX_STEPS = 100  # an interpolation grid: at most 100 walks (rows) of 100 steps (columns)
 MAX_SAMPLES = 10_000_000  # what one call may ask for: a hard bound, said in one line, before any work
 CHUNK = 512  # samples made (latents drawn, G run) at a time: memory does not grow with the number asked for
 
@@ -95,3 +98,54 @@ def sample_images(G: nn.Module, num: int, label: int | None = None,
     parts = list(iter_samples(G, num, label, seed))
     images = torch.cat([images for images, _ in parts])
     return images, (None if parts[0][1] is None else torch.cat([labels for _, labels in parts]))
+
+
+def slerp(z0: torch.Tensor, z1: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Spherical interpolation from each row of ``z0`` (W, D) to the same row of ``z1`` at the fractions ``t`` (S,):
+    (W, S, D). The angle is the one between the normalised endpoints, and the weights apply to the latents as
+    drawn (White, "Sampling Generative Networks", 2016): the path keeps near the norm ``sqrt(D)`` of Gaussian
+    latents, where a straight line passes through shorter latents that G never saw. ``t = 0`` and ``1`` give
+    ``z0`` and ``z1`` exactly; endpoints in (almost) the same direction are joined by a straight line."""
+    cosine = F.cosine_similarity(z0, z1, dim=1).clamp(-1.0, 1.0)[:, None, None]
+    omega, t = torch.acos(cosine), t.to(z0)[None, :, None]
+    sine = torch.sin(omega)
+    parallel = sine.abs() < 1e-6
+    safe = torch.where(parallel, torch.ones_like(sine), sine)
+    w0 = torch.where(parallel, 1 - t, torch.sin((1 - t) * omega) / safe)
+    w1 = torch.where(parallel, t, torch.sin(t * omega) / safe)
+    return w0 * z0[:, None] + w1 * z1[:, None]
+
+
+def walk_count(num_classes: int | None, walks: int | None, label: int | None) -> int:
+    """``walks``, or by default 8, or in a conditional run without a label one per class (at most 100)."""
+    if walks is not None:
+        return walks
+    return 8 if num_classes is None or label is not None else min(num_classes, MAX_WALKS)
+
+
+@torch.no_grad()
+def interpolate(G: nn.Module, walks: int | None = None, steps: int = 10, label: int | None = None,
+                seed: int = 0) -> torch.Tensor:
+    """Latent walks: (walks * steps, C, H, W) images in [-1, 1], walk by walk (one grid row each), ``steps``
+    points of :func:`slerp` from one Gaussian latent to another (its first and last images are ``G`` of those two).
+
+    The endpoints are drawn from ``seed`` on the CPU, walk by walk (``randn(walks, 2, z_dim)``). A conditional G
+    walks in ``label``, or without one walk ``i`` stays in class ``i % num_classes``; ``walks`` defaults to 8, or one
+    per class (at most :data:`MAX_WALKS`). Raises :class:`ConfigError` for a count or label the run cannot take.
+    """
+    num_classes = classes_of(G)
+    walks = walk_count(num_classes, walks, label)
+    for name, value, low, high in (("walks", walks, 1, MAX_WALKS), ("steps", steps, 2, MAX_STEPS)):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"{name}={value!r}: ask for {low} to {high} {name} per grid")
+    check_sample_request(num_classes, walks * steps, label)
+    ends = torch.randn(walks, 2, G.z_dim, generator=torch.Generator().manual_seed(seed))
+    z = slerp(ends[:, 0], ends[:, 1], torch.linspace(0, 1, steps, dtype=ends.dtype)).reshape(walks * steps, G.z_dim)
+    labels = None if num_classes is None else (torch.arange(walks) % num_classes if label is None else
+                                               torch.full((walks,), label)).repeat_interleave(steps)
+    weight = next(G.parameters())
+    images = []
+    for start in range(0, len(z), CHUNK):  # memory of one chunk of G's activations, whatever the grid
+        part = z[start:start + CHUNK].to(weight)  # G's device and dtype
+        images.append(G(part) if labels is None else G(part, labels[start:start + CHUNK].to(weight.device)))
+    return torch.cat(images)

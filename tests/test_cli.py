@@ -245,6 +245,37 @@ def test_conditional_sample_counts_and_labels(cond_run, tmp_path, capsys):
 
 
 # -- one line per mistake --------------------------------------------------------------------------
+def test_interpolate_writes_the_walks_grid_and_gif_of_the_runs_g(ema_run, cond_run, tmp_path, capsys):
+    from gan_accel.hub.export import png_grid
+    from gan_accel.sampling import interpolate
+
+    run = ema_run[0]
+    code, out, err = cli(["sample", run, "--interpolate", "--walks", 3, "--steps", 4, "--seed", 5,
+                          "--out", tmp_path / "w.png", "--gif", tmp_path / "w.gif"], capsys)
+    assert code == 0, err
+    assert "3 walks x 4 steps of slerp, the EMA of G of step 4, seed 5" in out and "4 frames" in out
+    G = load_generator(run)
+    images = interpolate(G, 3, 4, seed=5)
+    assert (tmp_path / "w.png").read_bytes() == png_grid(images, 4)  # the Python API's walks, a row each
+    with Image.open(tmp_path / "w.png") as grid:
+        assert grid.size == (4 * 30 + 2, 3 * 30 + 2)
+    with Image.open(tmp_path / "w.gif") as gif:
+        assert gif.n_frames == 4 and gif.size == (2 * 30 + 2, 2 * 30 + 2)  # 3 walks in a 2-column grid
+        gif.seek(3)
+        last = np.asarray(gif.convert("L"), dtype=np.int16)
+    with Image.open(io.BytesIO(png_grid(images.reshape(3, 4, *images.shape[1:])[:, 3], None))) as expected:
+        assert np.abs(last - np.asarray(expected.convert("L"), dtype=np.int16)).max() <= 1  # frame j: step j
+    # a conditional run: one walk per class by default, or every walk in the --label class
+    cond = cond_run[0]
+    for extra, rows in (([], NUM_CLASSES), (["--label", "1", "--walks", 2], 2)):
+        code, out, err = cli(["sample", cond, "--interpolate", "--steps", 3, *extra, "--out", tmp_path / f"c{rows}.png"],
+                             capsys)
+        assert code == 0, err
+        with Image.open(tmp_path / f"c{rows}.png") as grid:
+            assert grid.size == (3 * 30 + 2, rows * 30 + 2)
+    assert "class 1" in out
+
+
 def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     """The arguments of one mistake; files it needs are made under ``tmp``."""
     out = tmp / "out.png"
@@ -274,6 +305,12 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     if case == "existing-out":
         out.write_bytes(b"mine")
         return ["sample", ema, "--out", out]
+    if case == "walks-existing-out":
+        out.write_bytes(b"mine")
+        return ["sample", ema, "--interpolate", "--out", out, "--gif", tmp / "walks.gif"]
+    if case == "walks-existing-gif":
+        (tmp / "walks.gif").write_bytes(b"mine")
+        return ["sample", ema, "--interpolate", "--out", out, "--gif", tmp / "walks.gif"]
     if case == "existing-folder":
         (tmp / "pngs").mkdir()
         return ["sample", ema, "--format", "folder", "--out", tmp / "pngs"]
@@ -296,6 +333,15 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
         return ["eval", ema, "--out", tmp / "scores.json"]
     return {
         "missing": ["sample", tmp / "nowhere", "--out", out],
+        "walks-without-interpolate": ["sample", ema, "--walks", "3", "--out", out],
+        "walks-with-num": ["sample", ema, "--interpolate", "--num", "3", "--out", out],
+        "walks-npz": ["sample", ema, "--interpolate", "--out", tmp / "w.npz"],
+        "walks-gif-ending": ["sample", ema, "--interpolate", "--out", out, "--gif", tmp / "w.png"],
+        "walks-same-files": ["sample", ema, "--interpolate", "--format", "png", "--out", tmp / "w.gif", "--gif",
+                             tmp / "w.gif"],
+        "walks-too-many": ["sample", ema, "--interpolate", "--walks", "101", "--out", out],
+        "walks-one-step": ["sample", ema, "--interpolate", "--steps", "1", "--out", out],
+        "walks-label-unconditional": ["sample", ema, "--interpolate", "--label", "1", "--out", out],
         "a-file": ["sample", ema / "config.json", "--out", out],
         "checkpoints-folder": ["sample", ema / "checkpoints", "--out", out],
         "label-unconditional": ["sample", ema, "--label", 1, "--out", out],
@@ -341,6 +387,16 @@ def _prepare(case: str, tmp: Path, ema: Path, cond: Path) -> list:
     ("missing-out-folder", "nowhere does not exist; create it first, or choose another path"),
     ("out-under-a-file", "file is not a folder; choose another path"),
     ("out-named-like-the-runs", "samples_000003.png: that name is one of the run's own in its folder"),
+    ("walks-existing-out", "out.png: that file exists, and gan-accel never replaces anything"),
+    ("walks-existing-gif", "walks.gif: that file exists, and gan-accel never replaces anything"),
+    ("walks-without-interpolate", "--walks is an option of latent walks: add --interpolate"),
+    ("walks-with-num", "--num counts plain samples: with --interpolate the grid holds --walks x --steps images"),
+    ("walks-npz", "--interpolate writes a PNG grid, not npz: end --out in .png"),
+    ("walks-gif-ending", "the animation is a GIF; give a path ending in .gif"),
+    ("walks-same-files", "w.gif: give the grid and the GIF a file each"),
+    ("walks-too-many", "argument --walks: '101' is more than 100, the largest allowed"),
+    ("walks-one-step", "argument --steps: '1' is not a whole number >= 2"),
+    ("walks-label-unconditional", "this run is unconditional (no num_classes): it cannot sample a chosen class"),
     ("bad-format", "argument --format: invalid choice: 'jpg' (choose from"),
     ("unknown-ending", "cannot tell the format from its ending; end it in .png (a grid) or .npz (arrays), or pass "
                        "--format png|npz|folder"),
@@ -369,7 +425,7 @@ def test_every_mistake_is_one_line_naming_the_fix(case, says, ema_run, cond_run,
     line = error_line(argv, capsys)
     assert says in line, line
     assert snapshot(tmp) == before  # nothing written, nothing replaced
-    if case == "existing-out":
+    if case in ("existing-out", "walks-existing-out"):
         assert (tmp / "out.png").read_bytes() == b"mine"
 
 

@@ -52,6 +52,42 @@ def test_channels_last_trains_convolutions_in_channels_last_and_matches_the_defa
     assert fast.last_metrics["loss/D"] == pytest.approx(eager.last_metrics["loss/D"], rel=1e-9)
 
 
+@pytest.mark.parametrize("conditional", [False, True], ids=["dcgan", "projection"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["plain", "channels_last"])
+def test_a_double_backward_gives_every_gradient_its_weights_strides_and_the_same_values(conditional, channels_last):
+    """A weight with a dimension of size 1 (D's 1-channel first convolution, the projection D's linear layer to one
+    logit) takes a gradient whose strides differ on that dimension from R1's double backward (and under channels_last
+    from any backward): DDP's bucket view, with the weight's strides, would warn ('Grad strides do not match') and
+    copy it every step. The gradients must have the weights' strides and the values of the networks left as built."""
+    from types import SimpleNamespace
+
+    from gan_accel.engine.speed import apply_memory_format
+    from gan_accel.models import ProjectionDiscriminator
+
+    grads = []
+    for prepared in (False, True):
+        torch.manual_seed(0)
+        D = (ProjectionDiscriminator(3, width=4) if conditional else DCGANDiscriminator(width=4)).double()
+        if prepared:
+            apply_memory_format({"D": D}, SimpleNamespace(channels_last=channels_last))
+        x = make_images(8, dtype=torch.float64).repeat(1, 1, 7, 7).requires_grad_(True)
+        logits = D(x, torch.arange(8) % 3) if conditional else D(x)
+        (gradient,) = torch.autograd.grad(logits.sum(), x, create_graph=True)
+        gradient.pow(2).sum().backward()
+        grads.append({name: p.grad for name, p in D.named_parameters()})
+        if prepared:
+            mismatched = [(n, p.stride(), p.grad.stride()) for n, p in D.named_parameters()
+                          if p.grad is not None and p.grad.stride() != p.stride()]
+            assert not mismatched, mismatched
+    for name, plain in grads[0].items():
+        assert (plain is None) == (grads[1][name] is None), name
+        if plain is not None:
+            torch.testing.assert_close(grads[1][name], plain, rtol=1e-12, atol=1e-12, msg=name)
+    if channels_last and not conditional:  # the case the hook is for: the weight's strides are not the plain ones
+        weight = D.net[0].weight
+        assert weight.shape[1] == 1 and weight.stride() != torch.empty(weight.shape).stride()
+
+
 @pytest.fixture
 def traced_without_codegen(monkeypatch):
     """The engine's torch.compile with the ``aot_eager`` backend: dynamo and AOT autograd decide graph breaks,

@@ -5,6 +5,10 @@
 * ``--format folder``: a new folder of one PNG per sample (``000000.png``, or ``000000_label3.png``
   in a conditional run), quantised as ``round((x + 1) * 127.5)``: what FID tools read.
 
+``--interpolate``: a grid of latent walks instead (``--walks`` rows of ``--steps`` images, each row a spherical
+interpolation between two Gaussian latents; a conditional run: one row per class, or ``--label``'s class), and
+with ``--gif PATH`` also an animated GIF whose frame ``j`` shows every walk at its ``j``-th step.
+
 Without ``--format`` the format follows the ending of ``--out`` (``.png`` or ``.npz``). The same
 ``--seed`` gives the same latents, hence the same bytes. ``--no-ema`` samples the raw G rather than
 its EMA (from a run folder: the raw G of the checkpoint written at the run's last step).
@@ -13,6 +17,7 @@ its EMA (from a run folder: the raw G of the checkpoint written at the run's las
 from __future__ import annotations
 
 import argparse
+import io
 import zipfile
 from itertools import chain
 from pathlib import Path
@@ -24,7 +29,9 @@ import torch
 from ..ending import printable
 from ..hub import load_generator
 from ..hub.export import png_grid
-from ..sampling import MAX_SAMPLES, check_sample_request, classes_of, iter_samples, sample_count, sample_labels
+from ..pictures.samples import write_gif
+from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, classes_of, interpolate, iter_samples,
+                        sample_count, sample_labels, walk_count)
 from ..state.files import write_new_folder
 from .arguments import bounded_int, seed_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with
@@ -59,6 +66,16 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--format", choices=FORMATS, default=None,
                         help="png: a grid; npz: arrays 'images' (N, C, H, W) in [-1, 1] and 'labels'; folder: one PNG "
                              "per sample (default: from the ending of --out)")
+    walks = parser.add_argument_group("latent walks")
+    walks.add_argument("--interpolate", action="store_true", help="write a PNG grid of latent walks (slerp between "
+                       "Gaussian latents): one walk per row, one step per column")
+    walks.add_argument("--walks", type=bounded_int(1, MAX_WALKS), default=None,
+                       help="--interpolate: how many walks (rows; default 8, a conditional run without --label: one "
+                            "per class)")
+    walks.add_argument("--steps", type=bounded_int(2, MAX_STEPS), default=None,
+                       help="--interpolate: images per walk, both ends included (columns; default 10)")
+    walks.add_argument("--gif", default=None, metavar="PATH",
+                       help="--interpolate: also write this new .gif, frame j showing every walk at its j-th step")
     parser.set_defaults(run=run)
 
 
@@ -80,10 +97,15 @@ def run(args: argparse.Namespace) -> int:
     source = resolve_source(args.source)
     out = Path(args.out)
     fmt = output_format(out, args.format)
+    _check_walk_flags(args, fmt)
     check_new_output(out)
+    if args.gif is not None:
+        check_new_output(Path(args.gif), "--gif")
     G = load_generator(source, ema=not args.no_ema)
     classes, weights = classes_of(G), G.info["weights"]
     args.label = resolve_label(args.label, G)  # a class name or an index -> the index
+    if args.interpolate:
+        return _walks(args, G, out)
     num = _count(args, classes)
     check_sample_request(classes, num, args.label)
     count = sample_count(classes, num, args.label)
@@ -107,6 +129,43 @@ def run(args: argparse.Namespace) -> int:
     if args.no_ema and not weights["has_ema"]:
         print(f"note: {source} kept no EMA of G: its samples always come from the raw G, so --no-ema changes "
               "nothing")
+    return 0
+
+
+def _check_walk_flags(args: argparse.Namespace, fmt: str) -> None:
+    """The latent-walk flags go together: refused in one line before G is loaded."""
+    if not args.interpolate:
+        given = [flag for flag, value in (("--walks", args.walks), ("--steps", args.steps),
+                                          ("--gif", args.gif)) if value is not None]
+        if given:
+            raise CommandError(f"{given[0]} is an option of latent walks: add --interpolate (or leave it out)")
+        return
+    if args.num is not None:
+        raise CommandError("--num counts plain samples: with --interpolate the grid holds --walks x --steps images")
+    if fmt != "png":
+        raise CommandError(f"--interpolate writes a PNG grid, not {fmt}: end --out in .png")
+    if args.gif is not None and Path(args.gif).suffix.lower() != ".gif":
+        raise CommandError(f"--gif {args.gif}: the animation is a GIF; give a path ending in .gif")
+    if args.gif is not None and Path(args.gif).absolute() == Path(args.out).absolute():
+        raise CommandError(f"--gif and --out are both {args.out}: give the grid and the GIF a file each")
+
+
+def _walks(args: argparse.Namespace, G: torch.nn.Module, out: Path) -> int:
+    """``--interpolate``: the grid of latent walks (and with ``--gif`` its animation), as new files."""
+    classes, weights, steps = classes_of(G), G.info["weights"], args.steps or 10
+    walks = walk_count(classes, args.walks, args.label)
+    _check_grid(walks * steps, G.info["model"])
+    images = interpolate(G, walks, steps, label=args.label, seed=args.seed)
+    write_new_file(out, png_grid(images, steps))
+    what = f", class {args.label}" if args.label is not None else ", walk i in class i mod classes" if classes else ""
+    kind = "the EMA of G" if weights["ema"] else "the raw G"
+    print(f"wrote {out} ({walks} walks x {steps} steps of slerp{what}, {kind} of step "
+          f"{printable(str(weights['step']))}, seed {args.seed})")
+    if args.gif is not None:
+        rows = images.reshape(walks, steps, *images.shape[1:])
+        frames = [io.BytesIO(png_grid(rows[:, j], None)) for j in range(steps)]
+        write_new_file_with(Path(args.gif), lambda handle: write_gif(handle, frames), "--gif")
+        print(f"wrote {args.gif} ({steps} frames: every walk at each step)")
     return 0
 
 

@@ -43,11 +43,30 @@ def check_speed_options(accelerator: Accelerator, config: TrainConfig, plan: Pha
 
 
 def apply_memory_format(nets: Mapping[str, nn.Module], config: TrainConfig) -> None:
-    """Channels-last weights for every network when ``config.channels_last`` (in place, before prepare)."""
-    if not config.channels_last:
-        return
+    """Channels-last weights for every network when ``config.channels_last`` (in place, before prepare); and every
+    weight with a dimension of size 1 gets its gradients in its own strides (:func:`_keep_strides_of`)."""
     for net in nets.values():
-        net.to(memory_format=torch.channels_last)
+        if config.channels_last:
+            net.to(memory_format=torch.channels_last)
+        for param in net.parameters():
+            if param.dim() > 1 and 1 in param.shape and param.requires_grad:
+                param.register_hook(_keep_strides_of(param))
+
+
+def _keep_strides_of(param: nn.Parameter) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gradient hook for a weight with a dimension of size 1 (a 1-channel convolution, a linear layer to one
+    logit): autograd takes a gradient whose strides differ from the weight's only on that dimension (the same
+    bytes in the same order), as a double backward (R1, GP) gives it; DDP's bucket view has the weight's
+    strides, and would warn ("Grad strides do not match") and copy that gradient every step. The hook gives such
+    a gradient the weight's strides, without a copy; any other layout passes unchanged."""
+    formats = (torch.contiguous_format, torch.channels_last) if param.dim() == 4 else (torch.contiguous_format,)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if grad.stride() != param.stride() and grad.shape == param.shape and any(
+                grad.is_contiguous(memory_format=f) and param.is_contiguous(memory_format=f) for f in formats):
+            return grad.as_strided(param.shape, param.stride())
+        return grad
+    return hook
 
 
 def training_views(networks: Mapping[str, Any], config: TrainConfig) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import io
 import os
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 import torch
 
@@ -81,31 +81,37 @@ def save_scatter(points: torch.Tensor, path: str | os.PathLike, reference: torch
     return Path(path)
 
 
-def save_gif(frames: Iterable[str | os.PathLike], path: str | os.PathLike, frame_ms: int = 250,
+def save_gif(frames: Iterable[str | os.PathLike | BinaryIO], path: str | os.PathLike, frame_ms: int = 250,
              hold_last_ms: int = 1500) -> Path:
     """An animated GIF of image files (e.g. the fixed-noise grids in step order), written atomically; each frame
     shown ``frame_ms``, the last ``hold_last_ms``. Streamed one frame at a time with its own colour table
     (Pillow's own writer keeps every frame in memory until the end)."""
-    from PIL import Image
-
     paths = list(frames)
     if not paths:
         raise ValueError("no frames to animate")
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as out:
-            for index, frame in enumerate(paths):
-                with Image.open(frame) as image:
-                    single = io.BytesIO()
-                    _gif_ready(image).save(single, format="GIF")
-                width, height, table, descriptor, data = _gif_parts(single.getvalue())
-                if index == 0:
-                    out.write(b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0))  # no global table
-                    out.write(b"\x21\xff\x0bNETSCAPE2.0\x03\x01\x00\x00\x00")  # loop forever
-                delay = (hold_last_ms if index == len(paths) - 1 else frame_ms) // 10  # GIF counts 1/100 s
-                out.write(b"\x21\xf9\x04\x04" + struct.pack("<H", delay) + b"\x00\x00")  # disposal: keep
-                out.write(descriptor + table + data)
-            out.write(b"\x3b")
+            write_gif(out, paths, frame_ms, hold_last_ms)
     return Path(path)
+
+
+def write_gif(out: BinaryIO, frames: list[str | os.PathLike | BinaryIO], frame_ms: int = 250,
+              hold_last_ms: int = 1500) -> None:
+    """The GIF of :func:`save_gif` written to ``out``; a frame is an image file's path or an open image file."""
+    from PIL import Image
+
+    for index, frame in enumerate(frames):
+        with Image.open(frame) as image:
+            single = io.BytesIO()
+            _gif_ready(image).save(single, format="GIF")
+        width, height, table, descriptor, data = _gif_parts(single.getvalue())
+        if index == 0:
+            out.write(b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0))  # no global table
+            out.write(b"\x21\xff\x0bNETSCAPE2.0\x03\x01\x00\x00\x00")  # loop forever
+        delay = (hold_last_ms if index == len(frames) - 1 else frame_ms) // 10  # GIF counts 1/100 s
+        out.write(b"\x21\xf9\x04\x04" + struct.pack("<H", delay) + b"\x00\x00")  # disposal: keep
+        out.write(descriptor + table + data)
+    out.write(b"\x3b")
 
 
 def _gif_ready(image: "Image.Image") -> "Image.Image":
