@@ -80,6 +80,7 @@ class TrainConfig:
     nan_guard: bool = True  # skip non-finite updates on the device; counters read at log rows and checkpoints
     max_bad_updates: int = 10  # stop after this many consecutive skipped updates of one network
     collective_timeout: float = 120.0  # torch's collective timeout: the longest one process waits for another
+    max_time: float | None = None  # seconds of this fit(): then a checkpoint, the final generator, and a clean stop
     seed: int = 0
     progress_bar: bool = True
     log_with: tuple[str, ...] = ()  # experiment trackers through Accelerate: "tensorboard", "mlflow", "wandb", ..., "all"
@@ -113,6 +114,8 @@ class TrainConfig:
         for name in ("lr_G", "lr_D"):
             _require_positive_float(name, getattr(self, name))
         _require_positive_float("collective_timeout", self.collective_timeout, hint="seconds")
+        if self.max_time is not None:
+            _require_positive_float("max_time", self.max_time, hint="seconds, or None for no limit")
         for name in ("betas_G", "betas_D"):
             betas = getattr(self, name)
             if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):

@@ -1,4 +1,5 @@
-"""How a run ends: one line that says what is true, a clean stop on a signal, no process left waiting.
+"""How a run ends: one line that says what is true, a clean stop on a signal or at the time limit, no process
+left waiting.
 
 :func:`run_script` is the entry point of the examples and ``gan-accel``. The engine's hooks:
 :func:`raise_together` (an error one process sees is raised by all), :class:`SignalHandler` (every process
@@ -38,6 +39,8 @@ SIGPIPE_EXIT = 128 + 13  # what a shell reports for a command that SIGPIPE ended
 #: Two deliveries of a stop signal closer than this (seconds) are one request: launchers deliver a
 #: terminal's Ctrl-C again within milliseconds (forwarding it, or following it with SIGTERM).
 DUPLICATE_SIGNAL_WINDOW = 0.25
+#: The stop code of ``max_time``, agreed like a signal number; below SIGINT's and SIGTERM's, so a signal wins.
+TIME_LIMIT = 1
 
 NO_CHECKPOINT = "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
 UNKNOWN_PROGRESS = "outside training; the complete checkpoints written so far, if any, are untouched."
@@ -147,16 +150,19 @@ class SignalHandler:
 
     def __init__(self) -> None:
         self.flag = StopFlag()
+        self.deadline: float | None = None  # time.monotonic() of max_time
         self._handlers: Any = None
         self._pending: tuple[Any, torch.Tensor, Any] | None = None  # (work to wait, value to read, event)
 
     def on_fit_start(self, trainer: "GANTrainer") -> None:
         self.flag, self._pending = StopFlag(), None
+        max_time = trainer.config.max_time  # counted from this fit(): a resume gets the whole time again
+        self.deadline = None if max_time is None else time.monotonic() + max_time
         self._handlers = stop_on_signals(self.flag)
         self._handlers.__enter__()
 
     def on_step_end(self, trainer: "GANTrainer") -> None:
-        signum = self.flag.signum or 0
+        signum = self.flag.signum or (TIME_LIMIT if self.deadline and time.monotonic() >= self.deadline else 0)
         if trainer.accelerator.num_processes > 1:  # every rank stops at the same step, by the signal one got
             signum = self._agree(signum, trainer.accelerator.device)
         if signum:
@@ -190,6 +196,29 @@ class SignalHandler:
         if self._handlers is not None:
             self._handlers.__exit__(None, None, None)
             self._handlers = None
+
+
+def stop_here(trainer: "GANTrainer") -> None:
+    """``fit``, at the step where every process agreed to stop: a checkpoint, then at the time limit what the run's
+    end writes (the final generator, samples and plot) and a line saying how to go on; on a signal
+    :class:`TrainingInterrupted`."""
+    signum, step, cfg = trainer.control.stop_signal, trainer.step, trainer.config
+    trainer.fire_agreed("on_checkpoint")
+    if signum == TIME_LIMIT:
+        trainer.fire_agreed("on_fit_end")
+        trainer.accelerator.print(f"gan_accel: stopped at the time limit ({describe_duration(cfg.max_time)}) at step "
+                                  f"{step:,} of {cfg.max_steps:,}. {trainer.checkpoint_note()}")
+        return
+    name = {2: "SIGINT", 15: "SIGTERM"}.get(signum, f"signal {signum}")
+    raise TrainingInterrupted(f"stopped by {name} at step {step}; {trainer.checkpoint_note()}", signum)
+
+
+def describe_duration(seconds: float) -> str:
+    """``45 s``, ``14 min``, ``2 h 5 min``: a duration as a person reads it."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")
 
 
 # -- what the line says ------------------------------------------------------------------------------

@@ -33,13 +33,11 @@ def default_callbacks(config) -> list[Callback]:
     wanted: dict[type, Callback] = {
         MetricsLogger: MetricsLogger(), HealthMonitor: HealthMonitor(), SampleSaver: SampleSaver(),
         TrainingPlot: TrainingPlot(), Checkpointer: Checkpointer(config.keep_checkpoints),
-        WeightsExporter: WeightsExporter(), SignalHandler: SignalHandler(),
+        WeightsExporter: WeightsExporter(), SignalHandler: SignalHandler(), ProgressBar: ProgressBar(),
     }
     if config.ema_decay or config.ema_half_life:
         wanted[GeneratorEMA] = GeneratorEMA(config.ema_decay or None, half_life_images=config.ema_half_life,
                                             rampup=config.ema_rampup, batchnorm=config.ema_batchnorm)
     if config.log_with:  # experiment trackers through Accelerate (TensorBoard, MLflow, W&B, ...)
         wanted[TrackerLogger] = TrackerLogger()
-    if config.progress_bar:
-        wanted[ProgressBar] = ProgressBar()
     return [wanted[cls] for cls in BUILTIN_CLASSES if cls in wanted]

@@ -7,6 +7,7 @@ later); :func:`gan_accel.ending.run_script` does the same for every other expect
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -72,3 +73,17 @@ def fraction(text: str) -> float:
     if value >= 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1)")
     return value
+
+
+DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0, "": 1.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``5400``, ``90m``, ``2h``, ``1h30m`` or ``1d``: a limit as a person writes it."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(min|[dhms]?)", text.strip().lower())
+    if not parts or re.sub(r"[\d.\s]|min|[dhms]", "", text.strip().lower()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 5400, 90m, 2h or 1h30m")
+    seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration > 0")
+    return seconds

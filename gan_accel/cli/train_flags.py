@@ -10,7 +10,7 @@ import argparse
 import math
 from typing import Any
 
-from .arguments import bounded_int, fraction, nonnegative_float, positive_float, positive_int, seed_int
+from .arguments import bounded_int, duration, fraction, nonnegative_float, positive_float, positive_int, seed_int
 
 TRACKERS_HELP = ("also log metrics and sample grids to these trackers through Accelerate (space or comma separated): "
                  "tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, or all (the installed "
@@ -30,6 +30,9 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
     length.add_argument("--epochs", type=positive_float, default=None, help="train for this many passes over the data instead")
     length.add_argument("--images", type=positive_int, default=None,
                         help="train until this many real images were seen (all processes together) instead")
+    run.add_argument("--max-time", type=duration, default=None, metavar="TIME",
+                     help="stop cleanly after this much training (5400, 90m, 2h, 1h30m): a checkpoint and the final "
+                          "generator are written, and --resume latest continues (each resume gets the whole time)")
     run.add_argument("--batch-size", type=positive_int, default=64, help="images per process per micro-batch")
     run.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
@@ -125,7 +128,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         tracker_project=args.tracker_project, progress_bar=not args.no_progress,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
         keep_samples=args.keep_samples, gif_frames=args.gif_frames, max_bad_updates=args.max_bad_updates,
-        collective_timeout=args.collective_timeout,
+        collective_timeout=args.collective_timeout, max_time=args.max_time,
     )
 
 

@@ -36,9 +36,8 @@ from torch.utils.data import DataLoader
 
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
-from ..ending import remember, run_together
+from ..ending import remember, run_together, stop_here
 from ..config import TrainConfig
-from ..errors import TrainingInterrupted
 from ..state.lock import RunLock
 from .augmentation import RunAugmentation
 from .build import ExtraNetwork, collect_networks, prepare_run
@@ -180,16 +179,15 @@ class GANTrainer:
                 if self.step % cfg.sample_every == 0 or last:
                     self.fire_agreed("on_sample")
                 self._checkpoint_if_asked()
-                if control.stop_signal is not None:
-                    self.fire_agreed("on_checkpoint")
-                    name = {2: "SIGINT", 15: "SIGTERM"}.get(control.stop_signal, f"signal {control.stop_signal}")
-                    raise TrainingInterrupted(f"stopped by {name} at step {self.step}; {self.checkpoint_note()}",
-                                              control.stop_signal)
+                if control.stop_signal is not None:  # a signal (raises) or the time limit
+                    stop_here(self)
+                    break
                 if self.step % cfg.checkpoint_every == 0 and self.step < target:
                     self.fire_agreed("on_checkpoint")
-            self.fire_agreed("on_checkpoint")
-            if self.step >= cfg.max_steps:
-                self.fire_agreed("on_fit_end")
+            else:
+                self.fire_agreed("on_checkpoint")
+                if self.step >= cfg.max_steps:
+                    self.fire_agreed("on_fit_end")
             acc.wait_for_everyone()
         except BaseException as error:
             remember(error, self)  # the step and checkpoint the exit line names
