@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from ..ending import printable
 from .image_decode import mode_family, read_header
 from .image_sources import Entry, HFSource, ImageSource, folder_classes
 
@@ -128,8 +129,9 @@ def size_summary(items: list[tuple[int, int, int, str, bool]]) -> dict[str, Any]
 
 
 def skipped_text(skipped: Sequence[SkippedFile]) -> str:
-    """The full list of skipped files: one "name<TAB>reason" line each."""
-    return "".join(f"{s.name}\t{s.reason}\n" for s in skipped)
+    """The full list of skipped files: one "name<TAB>reason" line each, escaped (a tab or newline in a name
+    cannot forge a line or a column)."""
+    return "".join(f"{printable(s.name)}\t{printable(s.reason)}\n" for s in skipped)
 
 
 @dataclass
