@@ -43,7 +43,7 @@ from . import image_cache, image_decode
 from .build_once import build_once, builder_of
 from .image_cache import CacheFolder, default_cache_root, within_budget
 from .image_decode import Preprocessing
-from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
+from .image_scan import DAMAGED_ZIP, ScanReport, Selection, SkippedFile, select, skipped_text
 from .image_sources import Entry, ImageSource, resolve_source
 from .loader import DecodedImages, UInt8Collate, UInt8ImageDataset
 
@@ -272,6 +272,10 @@ class ImageScan:
 
     def _check(self, chosen: Selection, batch_size: int | None) -> None:
         report, where = chosen.report, self.source.description
+        if report.count == 0 and all(s.reason.startswith(DAMAGED_ZIP) for s in report.skipped):
+            raise DataError(f"{where} is a damaged ZIP archive: none of the {len(self.entries):,} files its central "
+                            f"directory lists is where it says ({report.skipped[0].reason}): re-create the archive, "
+                            "or repair it (zip -FF)")
         if report.count == 0:
             examples = ", ".join(f"{s.name} ({s.reason})" for s in report.skipped[:3])
             raise DataError(f"{where} holds no readable image among its {len(self.entries):,} files (e.g. "
