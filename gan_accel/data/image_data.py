@@ -40,7 +40,7 @@ from ..errors import DataError
 from ..state.files import free_space, write_bytes_synced
 from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
-from .build_once import build_once, builder_of
+from .build_once import Builder, build_once, builder_of
 from .image_cache import CacheFolder, default_cache_root, within_budget
 from .image_decode import Preprocessing
 from .image_scan import DAMAGED_ZIP, ScanReport, Selection, SkippedFile, select, skipped_text
@@ -226,7 +226,7 @@ class ImageScan:
     scan: dict[str, Any]  # what :meth:`CacheFolder.scan` returns
     labels: str
     accelerator: Any = None
-    builder: tuple[bool, str] = (True, "")
+    builder: Builder = Builder(True, "")
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
