@@ -74,14 +74,16 @@ def resolve_label(text: str | None, G: nn.Module, log: Callable[[str], Any] | No
         return index
     if _NUMBER.fullmatch(text.strip()):
         number = text.strip()
+        if not names:
+            return int(number)  # an index; one out of range is refused with the sampling request
         if int(number) >= count:
-            raise CommandError(f"{flag} is neither a class name of this run ({count} classes: {shown or 'no names'}) "
-                               f"nor one of its indices 0..{count - 1}")
+            raise CommandError(f"{flag} is neither a class name of this run ({count} classes: {shown}) nor one of "
+                               f"its indices 0..{count - 1}")
         if any(_NUMBER.fullmatch(name.strip()) for name in names):
             raise CommandError(f"{flag} is no class name of this run, whose classes are named by numbers ({shown}): "
                                f"pass name:NAME for a class by its name, or index:{number} for the class at index "
                                f"{number} ({names[int(number)]!r})")
-        return _index(number, count, flag)
+        return int(number)
     if not names:
         raise CommandError(f"{flag}: this run keeps no class names, only indices: pass a class index 0..{count - 1}")
     raise CommandError(f"{flag} is not a class of this run (its {count} classes: {shown}): pass one of "
