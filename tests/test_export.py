@@ -276,3 +276,50 @@ def test_without_huggingface_hub_the_hub_is_one_line_and_the_export_stays(runs, 
     line = error_line(["export", runs / "plain", out, "--push-to-hub", "someone/plain"], capsys)
     assert "pip install 'gan_accel[hub]'" in line and "is complete" in line
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "samples.png"]
+
+
+def test_a_full_disk_during_export_is_one_line_and_leaves_no_folder(runs, tmp_path, monkeypatch, capsys):
+    from safetensors import SafetensorError
+
+    import gan_accel.state.weights as weights
+
+    def full(*args, **kwargs):  # what safetensors raises when the disk fills up under it
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(weights, "save_file", full)
+    line = error_line(["export", runs / "plain", tmp_path / "out"], capsys)
+    assert "No space left on device (ENOSPC)" in line and f"DIR {tmp_path / 'out'}: cannot write it" in line, line
+    assert list(tmp_path.iterdir()) == [], "neither the folder nor its temporary twin is left"
+
+
+@pytest.mark.parametrize("edit, section", [
+    (lambda c: c.__setitem__("training", [1]), "training"),
+    (lambda c: c["data"].__setitem__("images", "many"), "data"),
+    (lambda c: c["data"].__setitem__("classes", [1, 2]), "data"),
+    (lambda c: c.pop("gan_accel_version"), None),
+])
+def test_odd_metadata_in_a_run_gives_a_card_that_says_so(runs, tmp_path, capsys, edit, section):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "plain", run)
+    config = json.loads((run / "generator" / "config.json").read_text())
+    edit(config)
+    (run / "generator" / "config.json").write_text(json.dumps(config))
+    code, _, err = gan_accel(["export", run, tmp_path / "out"], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    card = (tmp_path / "out" / "README.md").read_text()
+    if section:
+        assert f"The run's `config.json` holds no readable {section} record." in card
+    assert "## Usage" in card and "## Model" in card
+
+
+def test_names_from_the_data_are_escaped_in_the_card(tmp_path, capsys):
+    from gan_accel.hub.card import model_card
+
+    forged = "a\n# forged\x1b[31m"
+    config = {"gan_accel_version": "1\n# v", "model": {"family": "dcgan", "image_size": 32, "channels": 3, "z_dim": 8,
+              "num_classes": 2}, "class_names": [forged, "b"], "weights": {"ema": True, "has_ema": True, "step": 2},
+              "data": {"images": 4, "source": forged, "resolution": 32, "channels": 3, "crop": "center",
+                       "classes": {forged: 2, "b": 2}}, "training": {"extra": {}}, "scores": {}}
+    card = model_card(config, "out", 10)
+    assert "\x1b" not in card and "\n# forged" not in card and "\n# v" not in card
+    assert "from `a\\n# forged\\x1b[31m` at 32 px" in card and "a\\n# forged\\x1b[31m (2)" in card  # escaped

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -161,7 +162,7 @@ def test_conditional_run_keeps_its_class_names_and_samples_a_class_by_name_or_in
     assert named["labels"].tolist() == [1] * 6
     np.testing.assert_array_equal(named["images"], indexed["images"])
     line = error_line(["sample", out, "--label", "ferrets", "--out", tmp_path / "x.png"], capsys)
-    assert "'ferrets' is not a class of this run (its 3 classes: cats, dogs, owls)" in line
+    assert "'ferrets' is not a class of this run (its 3 classes: 'cats', 'dogs', 'owls')" in line
     assert not (tmp_path / "x.png").exists()
 
 
@@ -208,8 +209,15 @@ def test_resume_continues_and_refuses_changed_data_unless_asked(tmp_path, capsys
     assert "resumed from" in stdout and [row["step"] for row in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [json.loads(line)["event"] for line in (out / "history.jsonl").read_text().splitlines()] == ["start", "resume"]
 
-    write_images(tmp_path / "more", 1, seed=5)[0].rename(tmp_path / "photos" / "extra.png")
     before = snapshot(out)
+    for flags, says in ((["--resolution", "28"], "--resolution 28 (the run's: 32)"),
+                        (["--channels", "1", "--crop", "random"], "--channels 1 (the run's: 3), --crop random (the "
+                                                                   "run's: center): a run resumes as it started")):
+        line = error_line([*base, "--steps", "6", "--resume", "latest", *flags], capsys)
+        assert says in line and "leave these flags out" in line and "data changed" not in line, line
+        assert snapshot(out) == before
+
+    write_images(tmp_path / "more", 1, seed=5)[0].rename(tmp_path / "photos" / "extra.png")
     line = error_line([*base, "--steps", "6", "--resume", "latest"], capsys)
     assert "the training data changed since this run started (images 16 -> 17)" in line
     assert "--allow-data-change" in line
@@ -230,6 +238,7 @@ def mistakes(tmp_path: Path) -> dict[str, tuple[list, str]]:
     write_images(tmp_path / "classes", 12, classes=CLASSES)
     (tmp_path / "empty").mkdir()
     (tmp_path / "fake.zip").write_text("not a zip archive\n")
+    damaged_zip(tmp_path / "flat", tmp_path / "damaged.zip")
     return {
         "empty folder": (["--data", tmp_path / "empty"], "holds no files"),
         "fewer images than a batch": (["--data", tmp_path / "few"], "has 5 readable images, fewer than one batch of 8"),
@@ -245,13 +254,38 @@ def mistakes(tmp_path: Path) -> dict[str, tuple[list, str]]:
         "spectral norm on resnet": (["--data", tmp_path / "flat", "--model", "resnet", "--spectral-norm"],
                                     "resnet family's D is always spectrally normalised"),
         "missing data": (["--data", tmp_path / "nowhere"], "does not exist"),
+        "empty data": (["--data", ""], "--data is empty: pass a folder of images"),
+        "run folder in the data": (["--data", tmp_path / "flat", "--output-dir", tmp_path / "flat" / "run"],
+                                   f"the run folder {tmp_path / 'flat' / 'run'} is inside the data folder"),
+        "cache in the data": (["--data", tmp_path / "flat", "--cache-dir", tmp_path / "flat" / "c"],
+                              f"the image cache {tmp_path / 'flat' / 'c'} is inside the data folder"),
+        "damaged zip": (["--data", tmp_path / "damaged.zip"], "is a damaged ZIP archive: none of the 12 files its "
+                        "central directory lists is where it says (damaged ZIP entry: Bad magic number"),
         "resume of nothing": (["--data", tmp_path / "flat", "--resume", "latest"], "checkpoint"),
     }
+
+
+def damaged_zip(folder: Path, path: Path) -> None:
+    """A ZIP of ``folder``'s images whose central directory points 7 bytes past every member."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for image in sorted(folder.glob("*.png")):
+            archive.write(image, image.name)
+    data = bytearray(path.read_bytes())
+    end = data.rfind(b"PK\x05\x06")
+    size, at = struct.unpack_from("<II", data, end + 12)
+    while at < end:
+        offset = struct.unpack_from("<I", data, at + 42)[0]
+        struct.pack_into("<I", data, at + 42, offset + 7)
+        at += 46 + sum(struct.unpack_from("<HHH", data, at + 28))
+    path.write_bytes(bytes(data))
 
 
 def test_every_mistake_is_one_line_before_anything_is_written(tmp_path, capsys):
     for name, (flags, expected) in mistakes(tmp_path).items():
         out = tmp_path / f"run_{name.replace(' ', '_')}"
+        if "--output-dir" in flags:
+            out = flags[flags.index("--output-dir") + 1]
+            flags = flags[:flags.index("--output-dir")]
         line = error_line(["train", *flags, "--output-dir", out, "--steps", "1", *TINY], capsys)
         assert expected in line, (name, line)
         assert not out.exists(), f"{name}: the run folder was created"
@@ -327,3 +361,104 @@ def test_the_random_feature_space_is_fixed_and_tells_real_images_from_degraded_o
     assert distance(blurred) > 3 * same
     assert distance(torch.cat([other[:150], other[:150]])) > 1.2 * same
     assert distance(torch.rand_like(other) * 2 - 1) > distance(blurred)
+
+
+def test_names_from_the_data_are_escaped_in_every_line_and_file(tmp_path, capsys):
+    forged = ("a\x1b[31mred", "b\nerror: forged")
+    write_images(tmp_path / "pets", 16, classes=forged)
+    (tmp_path / "pets" / forged[0] / "bad\x1b[2J\tx\nerror: y.png").write_bytes(b"junk")
+    out = tmp_path / "run"
+    code, stdout, err = gan_accel(["train", "--data", tmp_path / "pets", "--output-dir", out, "--conditional",
+                                   "--resolution", "32", "--steps", "1", *TINY], capsys)
+    assert code == 0, err[-3000:]
+    assert "\x1b" not in stdout + err and not any(line.startswith("error:") for line in (stdout + err).splitlines())
+    assert "2 classes: a\\x1b[31mred (8), b\\nerror: forged (8)" in stdout
+    assert "not an image): a\\x1b[31mred/bad\\x1b[2J\\tx\\nerror: y.png; the full list" in stdout
+    listed = (out / "skipped_files.txt").read_text()
+    assert listed == "a\\x1b[31mred/bad\\x1b[2J\\tx\\nerror: y.png\tnot an image\n", "one line, two columns"
+    code, stdout, err = gan_accel(["sample", out, "--label", forged[1], "--num", "2", "--out", tmp_path / "s.png"],
+                                  capsys)
+    assert code == 0 and "class 1 ('b\\nerror: forged')" in stdout and "\nerror: forged" not in stdout, stdout
+    line = error_line(["sample", out, "--label", "c", "--out", tmp_path / "t.png"], capsys)
+    assert "'a\\x1b[31mred', 'b\\nerror: forged'" in line, line
+
+
+class FakeG(torch.nn.Module):
+    def __init__(self, names):
+        super().__init__()
+        self.num_classes, self.class_names = len(names), names
+
+
+NUMBERED = [str(i) for i in range(1, 11)]  # folders 1..10, in label (sorted name) order: 1, 10, 2, ..., 9
+
+
+@pytest.mark.parametrize("text, index, note", [
+    ("1", 0, "note: --label 1 is the class named '1' (index 0), not the class at index 1 ('10'): pass index:1 "
+            "for that one"),
+    ("10", 1, None),  # no class has index 10: the name alone fits
+    ("2", 2, None),  # the name '2' is at index 2: both readings agree, nothing to say
+    ("index:0", 0, None), ("index:1", 1, None), ("name:1", 0, None), ("name:10", 1, None),
+])
+def test_a_label_that_is_a_name_and_a_number_is_the_name_and_says_so(text, index, note):
+    from gan_accel.cli.labels import resolve_label
+
+    assert sorted(NUMBERED) == ["1", "10", "2", "3", "4", "5", "6", "7", "8", "9"]
+    said = []
+    assert resolve_label(text, FakeG(sorted(NUMBERED)), log=said.append) == index
+    assert said == ([note] if note else [])
+
+
+@pytest.mark.parametrize("names, text, says", [
+    (sorted(NUMBERED), "0", "--label '0' is no class name of this run, whose classes are named by numbers ('1', "
+                            "'10', '2'"),
+    (sorted(NUMBERED), "0", "pass name:NAME for a class by its name, or index:0 for the class at index 0 ('1')"),
+    (sorted(NUMBERED), "11", "--label '11' is neither a class name of this run (10 classes: '1', '10'"),
+    (sorted(NUMBERED), "name:0", "--label 'name:0' is not a class name of this run"),
+    (sorted(NUMBERED), "index:10", "--label 'index:10': this run has 10 classes, indexed 0..9"),
+    (["cats", "dogs"], "\u00b3", "--label '\u00b3' is not a class of this run (its 2 classes: 'cats', 'dogs')"),
+    (["cats", "dogs"], "index:\u00b3", "is not a class index: pass a whole number 0..1 (ASCII digits)"),
+    (["cats", "dogs"], "2", "--label '2' is neither a class name of this run (2 classes: 'cats', 'dogs') nor one of "
+                            "its indices 0..1"),
+])
+def test_a_label_never_read_the_other_way_silently_is_one_line(names, text, says):
+    from gan_accel.cli.common import CommandError
+    from gan_accel.cli.labels import resolve_label
+
+    with pytest.raises(CommandError) as error:
+        resolve_label(text, FakeG(names), log=None)
+    assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert resolve_label("1", FakeG(["cats", "dogs"]), log=None) == 1, "plain numbers index names that are not numbers"
+
+
+def test_grids_of_many_classes_wrap_into_blocks_and_keep_every_row():
+    from gan_accel.pictures import to_grid
+
+    # image k is filled with the value k / 1000 * 2 - 1: after the grid's normalisation its pixels read k / 1000
+    images = (torch.arange(1000, dtype=torch.float32) / 1000 * 2 - 1).view(1000, 1, 1, 1).expand(1000, 3, 4, 4)
+    grid = to_grid(images, 1)  # 1,000 classes, one sample each: a row per class
+    assert grid.shape == (3, 32 * 6 + 2, 32 * 6 + 2), "32 blocks of 32 rows: about square, not a 1x1,000 strip"
+    for k in (0, 31, 32, 999):  # class row k is row k % 32 of block k // 32
+        top, left = 2 + (k % 32) * 6, 2 + (k // 32) * 6
+        assert abs(float(grid[0, top, left]) - k / 1000) < 1e-3, k
+    assert tuple(to_grid(images[:80], 8).shape) == (3, 10 * 6 + 2, 8 * 6 + 2), "a few classes: one row each, unwrapped"
+    wide = to_grid(images, 8)  # 125 rows of 8
+    assert max(wide.shape[1:]) < 3 * min(wide.shape[1:])
+
+
+@pytest.mark.slow
+def test_a_process_killed_during_the_cache_build_is_named_by_the_other(tmp_path):
+    write_images(tmp_path / "photos", 16)
+    script = tmp_path / "die.py"
+    script.write_text("import os, signal, sys\nfrom gan_accel.cli import main\nfrom gan_accel.data import image_cache\n"
+                      "image_cache.build_images = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "sys.exit(main(sys.argv[1:]))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", GAN_ACCEL_CACHE=str(tmp_path / "cache"))
+    result = subprocess.run(
+        ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+         "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(script), "train",
+         "--data", str(tmp_path / "photos"), "--output-dir", str(tmp_path / "run"), "--steps", "1", *TINY],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode != 0
+    assert ("gan_accel: error: process 0, building this machine's image cache, ended before it was done (killed, or "
+            "out of memory?); stopping before training started") in result.stderr, result.stderr[-3000:]

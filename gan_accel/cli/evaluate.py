@@ -25,7 +25,8 @@ from torch import nn
 from ..hub import load_generator
 from ..eval.mnist import MAX_EVAL_SAMPLES
 from .arguments import bounded_int, seed_int
-from .common import check_new_output, resolve_source, write_new_file
+from ..errors import DataError
+from .common import CommandError, check_new_output, resolve_source, write_new_file
 
 
 def add_parser(commands: Any) -> None:
@@ -45,8 +46,9 @@ def add_parser(commands: Any) -> None:
                         help="where MNIST is: DIR/MNIST/raw (env GAN_ACCEL_DATA_DIR)")
     parser.add_argument("--download", action="store_true",
                         help="download MNIST into --data-dir when it is not there (needs network access)")
-    parser.add_argument("--num", type=bounded_int(1, MAX_EVAL_SAMPLES, "precision and recall compare every pair"),
-                        default=10_000, help="samples to score (made and scored a chunk at a time)")
+    parser.add_argument("--num", type=bounded_int(4, MAX_EVAL_SAMPLES, "precision and recall compare every pair"),
+                        default=10_000, help="samples to score, at least 4 (precision and recall read 3 nearest neighbours; made and "
+                        "scored a chunk at a time)")
     parser.add_argument("--no-ema", action="store_true", help="score the raw G instead of its EMA")
     parser.add_argument("--out", default=None, help="also write the scores as JSON to this new file (an existing "
                         "file is never replaced)")
@@ -65,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if args.data is not None:
         result = evaluate_on_data(G, args.data, args.num, args.features, args.seed)
         return _report(result, args, info, out)
+    model = info["model"]
+    if (model.get("channels"), model.get("image_size")) != (1, 28):  # the MNIST classifier reads 1x28x28 digits
+        raise CommandError(f"{args.source} makes {model.get('channels')}x{model.get('image_size')}px images; without "
+                           "--data it is scored as MNIST digits (1 channel, 28 px): pass --data with its images")
     fallback = offline_digits(info)
     if info["model"]["num_classes"] is not None:
         result = evaluate_conditional_generator(G, args.data_dir, z_dim=G.z_dim, per_class=max(1, args.num // 10),
@@ -110,6 +116,9 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
     data = open_image_data(source, resolution=resolution, channels=channels, labels="none", log=log)
     extractor, _, space = choose_features(features, device, log)
     count = min(len(data), EVAL_IMAGES)
+    if count < 4:  # precision and recall read each image's 3 nearest neighbours
+        raise DataError(f"{source} has {count} readable image{'s' if count > 1 else ''}: scoring needs at least 4; "
+                        "add images")
 
     def real_features() -> torch.Tensor:
         return compute_features(extractor, (uint8_to_float(part) for part in data.real_images(count).split(250)))

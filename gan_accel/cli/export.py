@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..ending import printable
 from .arguments import nonnegative_int, positive_int
 from .common import check_new_output, resolve_source
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                      license=args.license, repo_id=args.push_to_hub)
     weights = read_export_config(out)["weights"]
     print(f"wrote {out}: config.json, model.safetensors ({'the EMA of G' if weights['ema'] else 'the raw G'} of step "
-          f"{weights['step']}), README.md (the model card) and samples.png; load it with "
+          f"{printable(str(weights['step']))}), README.md (the model card) and samples.png; load it with "
           f"gan_accel.load_generator({str(out)!r})")
     if args.push_to_hub:
         url = push_to_hub(out, args.push_to_hub, private=args.private, token=args.token)

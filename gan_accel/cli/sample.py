@@ -35,7 +35,7 @@ from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request,
 from ..state.files import write_new_folder
 from .arguments import bounded_int, seed_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with
-from .labels import label_argument, resolve_label
+from .labels import label_argument, label_name, resolve_label
 
 FORMATS = ("png", "npz", "folder")
 SUFFIXES = {".png": "png", ".npz": "npz"}
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
         columns = None if classes is None else len(images) // classes if args.label is None else min(10, len(images))
         write_new_file(out, png_grid(images, columns))
-    what = f", class {args.label}" if args.label is not None else ", every class" if classes is not None else ""
+    what = f", {label_name(args.label, G)}" if args.label is not None else ", every class" if classes is not None else ""
     kind = "the EMA of G" if weights["ema"] else "the raw G"
     print(f"wrote {out} ({count} samples{what}, {kind} of step {printable(str(weights['step']))}, seed {args.seed})")
     if args.no_ema and not weights["has_ema"]:

@@ -52,14 +52,14 @@ def add_parser(commands: Any) -> None:
     data.add_argument("--resolution", type=positive_int, default=None,
                       help="the side of the square images trained on, in pixels (default: the largest the model "
                            "makes at or below the images' median short side; at most 64 unless --model resnet)")
-    data.add_argument("--crop", choices=("center", "random"), default="center",
-                      help="center: the central square of the image resized to the resolution (short side); "
-                           "random: a random window of it, chosen anew at every draw")
+    data.add_argument("--crop", choices=("center", "random"), default=None,
+                      help="center (the default; a resume: the run's): the central square of the image resized to "
+                           "the resolution (short side); random: a random window of it, chosen anew at every draw")
     data.add_argument("--channels", type=int, choices=(1, 3), default=None,
                       help="1 (grayscale) or 3 (RGB) (default: 1 when every image is grayscale, else 3)")
     data.add_argument("--random-flip", action="store_true", help="mirror each image left-right with probability 1/2")
-    data.add_argument("--background", choices=("white", "black"), default="white",
-                      help="what transparent pixels become")
+    data.add_argument("--background", choices=("white", "black"), default=None,
+                      help="what transparent pixels become (default white; a resume: the run's)")
     data.add_argument("--image-column", default=None, help="a Hugging Face dataset's image column (default: the "
                       "column of type Image)")
     data.add_argument("--label-column", default=None, help="with --conditional: a Hugging Face dataset's class "
@@ -108,8 +108,17 @@ def train(args: argparse.Namespace) -> int:
     from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
 
+    if not args.data.strip():
+        raise DataError("--data is empty: pass a folder of images, a .zip of them or hf:NAME (--data . for the "
+                        "current folder)")
+    from ..data.image_data import check_outside_data
+
     args.output_dir = args.output_dir or default_output_dir(args.data)
+    check_outside_data(args.data, args.output_dir, "the run folder", "pass --output-dir outside it")
     recorded_spec, recorded_data = check_run_folder(args)
+    check_same_run(args, recorded_spec or {}, recorded_data or {})
+    args.crop = args.crop or (recorded_data or {}).get("crop") or "center"
+    args.background = args.background or (recorded_data or {}).get("background") or "white"
     if recorded_spec is not None:  # resuming: --model, --resolution and --channels left out are the run's own
         args.model = args.model or recorded_spec["family"]
         args.resolution = args.resolution or recorded_spec.get("image_size")
@@ -160,6 +169,19 @@ def default_output_dir(data: str) -> str:
         text = re.sub(r":[^/\\:]*$", "", text[3:]) if text.count(":") > 1 else text[3:]
     name = Path(text).stem or Path(text).resolve().name
     return f"runs/{name or 'images'}"
+
+
+def check_same_run(args: argparse.Namespace, spec: dict[str, Any], record: dict[str, Any]) -> None:
+    """On resume, before the data: --model, --resolution, --channels, --crop and --background that differ from
+    the run's own are named as such (its networks are built for them; its data was prepared so)."""
+    given = (("--model", args.model, spec.get("family")), ("--resolution", args.resolution, spec.get("image_size")),
+             ("--channels", args.channels, spec.get("channels")), ("--crop", args.crop, record.get("crop")),
+             ("--background", args.background, record.get("background")))
+    changed = [f"{flag} {value} (the run's: {saved})" for flag, value, saved in given
+               if value is not None and saved is not None and value != saved]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)}: a run resumes as it started; leave these flags out to resume "
+                          f"{args.output_dir} as it is, or start a new run in another --output-dir")
 
 
 def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -36,18 +36,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..ending import printable
 from ..errors import DataError
 from ..state.files import free_space, write_bytes_synced
 from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
-from .build_once import build_once, builder_of
+from .build_once import Builder, build_once, builder_of
 from .image_cache import CacheFolder, default_cache_root, within_budget
 from .image_decode import Preprocessing
-from .image_scan import ScanReport, Selection, SkippedFile, select, skipped_text
+from .image_scan import DAMAGED_ZIP, ScanReport, Selection, SkippedFile, select, skipped_text
 from .image_sources import Entry, ImageSource, resolve_source
 from .loader import DecodedImages, UInt8Collate, UInt8ImageDataset
 
 LABEL_MODES = ("auto", "none", "required")
+PREP_KEYS = ("resolution", "channels", "crop", "background")  # --flags a run keeps
 EVAL_IMAGES = 10_000  # real images evaluation compares samples with (gan-accel train --eval-every, eval --data)
 
 
@@ -199,9 +201,13 @@ class ImageData:
         if saved is None or saved.get("fingerprint") == self.fingerprint:
             return True
         now = self.run_record()
-        changes = [f"{key} {saved.get(key)!r} -> {now[key]!r}" for key in
-                   ("source", "images", "resolution", "channels", "crop", "background", "class_names")
-                   if saved.get(key) != now[key]]
+        settings = [f"--{key} {now[key]} (the run's: {saved.get(key)})" for key in PREP_KEYS
+                    if saved.get(key) is not None and saved.get(key) != now[key]]
+        if settings and not allow_changed:  # a flag of this command changed, not the data: say so
+            raise DataError(f"{', '.join(settings)}: a run goes on as it started; leave these flags out (or pass "
+                            "the run's values), or start a new run in another --output-dir")
+        changes = [f"{key} {saved.get(key)!r} -> {now[key]!r}" for key in ("source", "images", *PREP_KEYS,
+                                                                             "class_names") if saved.get(key) != now[key]]
         what = "; ".join(changes) if changes else "files were added, removed or modified"
         message = f"the training data changed since this run started ({what})"
         if not allow_changed:
@@ -222,7 +228,7 @@ class ImageScan:
     scan: dict[str, Any]  # what :meth:`CacheFolder.scan` returns
     labels: str
     accelerator: Any = None
-    builder: tuple[bool, str] = (True, "")
+    builder: Builder = Builder(True, "")
 
     @property
     def sizes(self) -> list[tuple[int, int]]:
@@ -262,12 +268,16 @@ class ImageScan:
         if acc is not None:
             data.num_processes, data.process_index = acc.num_processes, acc.process_index
         for line in (data.describe(), data.report.skipped_warning(str(data.skipped_list_path))):
-            if line:  # the summary, and the one warning line when files were skipped
-                say(line)
+            if line:  # the summary, and the one warning line when files were skipped (names escaped)
+                say(printable(line))
         return data
 
     def _check(self, chosen: Selection, batch_size: int | None) -> None:
         report, where = chosen.report, self.source.description
+        if report.count == 0 and all(s.reason.startswith(DAMAGED_ZIP) for s in report.skipped):
+            raise DataError(f"{where} is a damaged ZIP archive: none of the {len(self.entries):,} files its central "
+                            f"directory lists is where it says ({report.skipped[0].reason}): re-create the archive, "
+                            "or repair it (zip -FF)")
         if report.count == 0:
             examples = ", ".join(f"{s.name} ({s.reason})" for s in report.skipped[:3])
             raise DataError(f"{where} holds no readable image among its {len(self.entries):,} files (e.g. "
@@ -309,6 +319,22 @@ class ImageScan:
         cache.write_json(record, {"cached": True, "note": "", "rows": n - len(failed), "failed": failed, **sums})
 
 
+def check_outside_data(data: str | os.PathLike, inner: str | os.PathLike, what: str, fix: str) -> None:
+    """Refuse ``inner`` (the run folder, the cache) inside the data folder ``data``: its files would be read
+    as training images, and change the data at every run. A hidden folder there is left out of the data."""
+    text = os.fspath(data)
+    folder = Path(text[3:] if text.startswith("hf:") else text).expanduser()
+    if not folder.is_dir():
+        return
+    try:
+        parts = Path(inner).expanduser().resolve().relative_to(folder.resolve()).parts
+    except ValueError:
+        return
+    if not any(part.startswith(".") for part in parts):
+        raise DataError(f"{what} {inner} is inside the data folder {data}: its files would be read as training "
+                        f"images; {fix}")
+
+
 def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,
                 image_column: str | None = None, label_column: str | None = None,
                 cache_dir: str | os.PathLike | None = None, accelerator: Any = None) -> ImageScan:
@@ -316,6 +342,12 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
     :func:`open_image_data`'s. Raises :class:`DataError` for a missing or empty source."""
     if labels not in LABEL_MODES:
         raise DataError(f"labels {labels!r} is unknown: choose {', '.join(LABEL_MODES)}")
+    if isinstance(source, (str, os.PathLike)):
+        if not os.fspath(source).strip():
+            raise DataError("the data path is empty: pass a folder of images, a .zip of them or hf:NAME ('.' for "
+                            "the current folder)")
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+        check_outside_data(source, root, "the image cache", "pass --cache-dir (or set GAN_ACCEL_CACHE) outside it")
     src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
                          use_labels=labels != "none", accelerator=accelerator)
     entries = src.entries()

@@ -8,18 +8,21 @@ DataLoader workers) skips and counts whatever else is broken.
 
 from __future__ import annotations
 
+import zipfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
+from ..ending import printable
 from .image_decode import TooManyPixels, mode_family, read_header
-from .image_sources import Entry, HFSource, ImageSource, RefusedFile, folder_classes
+from .image_sources import Entry, HFSource, ImageSource, RefusedFile, ZipSource, folder_classes
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
+DAMAGED_ZIP = "damaged ZIP entry"  # a member the archive's central directory lists, not where it says
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,10 @@ def skip_reason(error: BaseException) -> str:
         return "missing"
     if isinstance(error, PermissionError):
         return "unreadable: permission denied"
+    if isinstance(error, zipfile.BadZipFile):
+        return f"{DAMAGED_ZIP}: {error}"
+    if isinstance(error, Image.DecompressionBombError):
+        return "too large: more pixels than Pillow's decompression-bomb limit"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"truncated or corrupt: {text}"
 
@@ -107,7 +114,15 @@ def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int
             skipped.append(SkippedFile(entry.name, "not an image: empty file"))
             continue
         try:
-            (width, height, mode), grey = read_header(cell if cell is not None else source.open(entry.name))
+            opened = cell if cell is not None else source.open(entry.name)
+        except MemoryError:
+            raise
+        except Exception as error:  # in a ZIP, a member that cannot be reached: the archive is damaged there
+            zipped = isinstance(error, (OSError, EOFError)) and isinstance(source, ZipSource)
+            skipped.append(SkippedFile(entry.name, f"{DAMAGED_ZIP}: {error}" if zipped else skip_reason(error)))
+            continue
+        try:
+            (width, height, mode), grey = read_header(opened)
         except MemoryError:
             raise
         except Exception as error:  # Pillow raises many types for broken files; each means "skip this file"
@@ -128,8 +143,9 @@ def size_summary(items: list[tuple[int, int, int, str, bool]]) -> dict[str, Any]
 
 
 def skipped_text(skipped: Sequence[SkippedFile]) -> str:
-    """The full list of skipped files: one "name<TAB>reason" line each."""
-    return "".join(f"{s.name}\t{s.reason}\n" for s in skipped)
+    """The full list of skipped files: one "name<TAB>reason" line each, escaped (a tab or newline in a name
+    cannot forge a line or a column)."""
+    return "".join(f"{printable(s.name)}\t{printable(s.reason)}\n" for s in skipped)
 
 
 @dataclass

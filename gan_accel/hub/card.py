@@ -7,8 +7,9 @@ and a usage snippet that runs as written (tests/test_export.py runs it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from ..ending import printable
 from ..state.layout import EXPORT_SAMPLES
 
 TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), ("grad_accum_steps", "grad accum"),
@@ -68,14 +69,15 @@ def _data_section(config: dict[str, Any]) -> list[str]:
     data = config.get("data")
     if not data:
         extra = config["training"].get("extra", {})
-        return ["## Data", "", f"Trained on {extra.get('dataset', 'data the run did not describe')}.", ""]
+        return ["## Data", "", f"Trained on {printable(str(extra.get('dataset', 'data the run did not describe')))}.",
+                ""]
     lines = ["## Data", "",
-             f"{data['images']:,} images from `{data['source']}` at {data['resolution']} px ({data['channels']} "
+             f"{data['images']:,} images from `{printable(str(data['source']))}` at {data['resolution']} px ({data['channels']} "
              f"channel{'s' if data['channels'] > 1 else ''}, {data['crop']} crop)"
              + (f"; {data['skipped']:,} unreadable files were skipped" if data.get("skipped") else "") + "."]
     classes = data.get("classes") or {}
     if classes:
-        shown = ", ".join(f"{name} ({count:,})" for name, count in list(classes.items())[:SHOWN_CLASSES])
+        shown = ", ".join(f"{printable(str(name))} ({count:,})" for name, count in list(classes.items())[:SHOWN_CLASSES])
         more = f", and {len(classes) - SHOWN_CLASSES} more" if len(classes) > SHOWN_CLASSES else ""
         lines += ["", f"{len(classes)} classes: {shown}{more}."]
     return lines + [""]
@@ -112,17 +114,26 @@ def _training_section(config: dict[str, Any]) -> list[str]:
             "`config.json` holds the whole training configuration under `training`.", ""]
 
 
+def _section(title: str, build: Callable[..., list[str]], *args: Any) -> list[str]:
+    """A section of the card, or a line saying its record is unreadable: a ``config.json`` edited by hand (a
+    string where a number was, a missing entry) gives a card that says so, not a traceback."""
+    try:
+        return build(*args)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return [f"## {title}", "", f"The run's `config.json` holds no readable {title.lower()} record.", ""]
+
+
 def model_card(config: dict[str, Any], where: str, parameters: int, license: str | None = None) -> str:
     """The ``README.md`` of an export (see the module docstring); ``where`` is what the snippet loads."""
     spec = config["model"]
     title = f"# {spec['family'].upper() if spec['family'] == 'dcgan' else spec['family'].capitalize()} generator, " \
             f"{spec['image_size']} px" + (", class-conditional" if spec.get("num_classes") else "")
     lines = [front_matter(config, license), title, "",
-             f"A GAN generator trained with gan_accel {config['gan_accel_version']} and exported with "
-             "`gan-accel export`.", "",
+             f"A GAN generator trained with gan_accel {printable(str(config.get('gan_accel_version', '')))} and "
+             "exported with `gan-accel export`.", "",
              f"![samples]({EXPORT_SAMPLES})", "",
-             *_model_section(config, parameters), *_data_section(config), *_scores_section(config),
-             *_training_section(config),
+             *_section("Model", _model_section, config, parameters), *_section("Data", _data_section, config),
+             *_section("Scores", _scores_section, config), *_section("Training", _training_section, config),
              "## Usage", "", "```python", usage(where, config), "```", "",
              "`pip install gan_accel` (and `huggingface_hub` to load it from the Hub by its repo id). Loading reads "
              "`config.json` and the safetensors weights only: no code from this repository runs.", ""]

@@ -29,12 +29,35 @@ def is_point_batch(samples: torch.Tensor) -> bool:
 
 
 def to_grid(images: torch.Tensor, nrow: int | None = None) -> torch.Tensor:
-    """Arrange a batch of images in [-1, 1] as one [0, 1] grid image (C, H, W), on CPU."""
+    """Arrange a batch of images in [-1, 1] as one [0, 1] grid image (C, H, W), on CPU: rows of ``nrow`` (default:
+    a square). Rows far more numerous than wide (a row per class of many classes) are wrapped into blocks side by
+    side, so the grid stays about square: its sides grow as the square root of the count, never as the count."""
     from torchvision.utils import make_grid  # torchvision loads its datasets on import: only when drawing
 
     images = images.detach().float().cpu().clamp(-1.0, 1.0)
     nrow = nrow or max(1, int(round(images.shape[0] ** 0.5)))
+    rows = -(-images.shape[0] // nrow)
+    blocks = max(1, int(round((rows / nrow) ** 0.5))) if rows > max(STRIP_ROWS, 4 * nrow) else 1
+    if blocks > 1:
+        images, nrow = _wrap_rows(images, nrow, blocks), nrow * blocks
     return make_grid(images, nrow=nrow, normalize=True, value_range=(-1.0, 1.0), padding=2)
+
+
+STRIP_ROWS = 32  # more rows than this, and more than 4x the columns: wrapped (to_grid)
+
+
+def _wrap_rows(images: torch.Tensor, nrow: int, blocks: int) -> torch.Tensor:
+    """The images reordered so that rows of ``nrow`` read down ``blocks`` side-by-side blocks (blank where none)."""
+    rows = -(-images.shape[0] // nrow)
+    height = -(-rows // blocks)
+    blank = torch.full_like(images[0], -1.0)
+    order = []
+    for r in range(height):
+        for b in range(blocks):
+            start = (b * height + r) * nrow
+            order += [images[i] if i < images.shape[0] and b * height + r < rows else blank
+                      for i in range(start, start + nrow)]
+    return torch.stack(order)
 
 
 def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None) -> Path:

@@ -103,7 +103,7 @@ def is_write_failure(error: BaseException) -> bool:
         or "unexpected pos" in text or "inline_container" in text
 
 
-def cannot_write(out: Path, error: OSError, flag: str) -> ConfigError:
+def cannot_write(out: Path, error: BaseException, flag: str) -> ConfigError:
     """The one line for an output a command cannot write."""
     return ConfigError(f"{flag} {out}: cannot write it: {write_failure_reason(error)}; choose another path (a folder "
                        "you can write to, with free space)")
@@ -124,7 +124,9 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
             tmp.mkdir()
             fill(tmp)
             os.rename(tmp, out)  # replaces only the empty folder claimed above
-        except OSError as error:
+        except Exception as error:  # safetensors' writer reports a full disk as its own error, not an OSError
+            if not is_write_failure(error):
+                raise
             raise cannot_write(out, error, flag) from error
     except BaseException:
         if tmp.is_dir():
