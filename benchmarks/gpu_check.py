@@ -817,7 +817,7 @@ def _cuda_rng_not_restored(run: Run, s: Section, width: int) -> None:
     s.finding("a failed CUDA RNG restore goes unnoticed",
               "with torch.cuda.set_rng_state[_all] made no-ops during the resume (Accelerate only logs a failed RNG "
               "restore, at INFO), fit(resume_from='latest') continued with a CUDA generator state other than the "
-              "checkpoint's, hence other noise: gan_accel.state.checkpoint.check_rng_restored compares the CPU "
+              "checkpoint's, hence other noise: gan_accel.storage.checkpoint.check_rng_restored compares the CPU "
               "generator only (DESIGN.md fact 15: 'With CUDA, the noise comes from the CUDA generator: check that "
               "one too').")
 

@@ -88,7 +88,7 @@ def score(folder: Path, data_dir: str) -> dict:
     from gan_accel.eval.mnist import evaluate_generator
     from gan_accel.models import DCGANGenerator
     from gan_accel import load_generator
-    from gan_accel.state.weights import load_weights
+    from gan_accel.storage.weights import load_weights
 
     config_file = folder / "config.json"
     if config_file.exists():  # a gan_accel run: G rebuilt from its recorded spec

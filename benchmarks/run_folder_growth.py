@@ -55,11 +55,11 @@ def measure(tree: Path, out: Path, steps: int, every: int, extra: list[str]) -> 
 GIF_PHASE = """
 import os, sys, threading, time
 from pathlib import Path
-from gan_accel.pictures.samples import save_gif
+from gan_accel.pictures.grids import save_gif
 grids, count, frames, out = sorted(Path(sys.argv[1]).glob("samples_0*.png")), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 listed = [grids[i % len(grids)] for i in range(count)]  # a run of `count` sample steps
 if frames < count:  # what this checkout's sample saver gives the writer: gif_frames of them, evenly spaced
-    from gan_accel.callbacks.samples import gif_steps
+    from gan_accel.callbacks.sample_saver import gif_steps
     listed = [listed[i - 1] for i in gif_steps(range(1, count + 1), frames)]
 def rss():
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

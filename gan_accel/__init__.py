@@ -3,7 +3,7 @@
 The public API, by job: the trainer and its config; phases and phase losses (the step as data);
 callbacks (side concerns); regularisers; errors. Data, models, evaluation and checkpoint helpers
 live in their sub-packages (``gan_accel.data``, ``gan_accel.models``, ``gan_accel.eval``,
-``gan_accel.state``); sampling a trained run in ``gan_accel.sampling``; sharing it in ``gan_accel.hub``,
+``gan_accel.storage``); sampling a trained run in ``gan_accel.sampling``; sharing it in ``gan_accel.hub``,
 whose :func:`load_generator` is here too (G from an exported folder, a Hub repo id, a run or a checkpoint).
 """
 
@@ -16,7 +16,7 @@ from .errors import (CallbackError, CheckpointError, ConfigError, DivergenceErro
 from .objectives import (LOSSES, GANLoss, discriminator_loss, generator_loss, get_loss, gradient_penalty, r1_penalty,
                          sum_losses)
 from .hub import load_generator
-from .state.checkpoint import latest_checkpoint, list_checkpoints
+from .storage.checkpoint import latest_checkpoint, list_checkpoints
 
 __all__ = [
     "GANTrainer", "TrainConfig",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gan_accel.ending as signals
 import gan_accel.engine.trainer as engine
-import gan_accel.state.checkpoint as checkpoint
+import gan_accel.storage.checkpoint as checkpoint
 
 mode, step = sys.argv[1], int(sys.argv[2])
 example_args = sys.argv[sys.argv.index("--") + 1 :]

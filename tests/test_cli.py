@@ -32,8 +32,8 @@ from gan_accel.eval import compute_features
 from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
 from gan_accel import load_generator
 from gan_accel.sampling import sample_images
-from gan_accel.state.checkpoint import list_checkpoints
-from gan_accel.state.lock import RunLock
+from gan_accel.storage.checkpoint import list_checkpoints
+from gan_accel.storage.lock import RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 Z = 8

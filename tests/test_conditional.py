@@ -18,7 +18,7 @@ from conftest import NUM_CLASSES, Z_DIM, make_images, make_labels, make_loader, 
 from gan_accel import GANTrainer, PreflightError, TrainConfig
 from gan_accel.config import compare_configs
 from gan_accel.models import ConditionalDCGANGenerator, ProjectionDiscriminator
-from gan_accel.state.run_folder import read_fixed_latents
+from gan_accel.storage.run_folder import read_fixed_latents
 
 
 def config(tmp_path, **overrides) -> TrainConfig:

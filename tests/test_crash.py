@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.state.layout import read_json_lines
+from gan_accel.storage.layout import read_json_lines
 
 pytestmark = pytest.mark.slow
 

@@ -89,7 +89,7 @@ def check_callbacks(runs: Path, namespace: dict) -> None:
 def check_conditional(runs: Path, namespace: dict) -> None:
     # one grid row per class, samples of the class asked for
     assert namespace["threes"].shape == (8, 1, 28, 28)
-    from gan_accel.state.run_folder import read_fixed_latents
+    from gan_accel.storage.run_folder import read_fixed_latents
 
     fixed_labels = read_fixed_latents(runs / "conditional")[1]
     assert torch.equal(fixed_labels, torch.arange(10).repeat_interleave(10))

@@ -13,7 +13,7 @@ from gan_accel import Callback, GANTrainer, TrainConfig, list_checkpoints
 from gan_accel.callbacks import Evaluator
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.eval import frechet_distance_from_features
-from gan_accel.state.checkpoint import read_engine_state
+from gan_accel.storage.checkpoint import read_engine_state
 
 
 def flatten(images: torch.Tensor) -> torch.Tensor:

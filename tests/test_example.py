@@ -14,7 +14,7 @@ from PIL import Image
 
 from conftest import mnist_dir, free_port
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.state.run_folder import read_fixed_latents
+from gan_accel.storage.run_folder import read_fixed_latents
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def run(cmd: list[str], timeout: int = 300, **env_extra) -> subprocess.Completed
 
 def check_run_folder(out: Path, steps: int, dataset: str) -> None:
     """Every output file is valid: images open, the weights load back and sample."""
-    from gan_accel.state.weights import load_weights
+    from gan_accel.storage.weights import load_weights
     from gan_accel.models import build_generator
 
     grids = sorted(out.glob("samples_0*.png"))

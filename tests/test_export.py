@@ -281,7 +281,7 @@ def test_without_huggingface_hub_the_hub_is_one_line_and_the_export_stays(runs, 
 def test_a_full_disk_during_export_is_one_line_and_leaves_no_folder(runs, tmp_path, monkeypatch, capsys):
     from safetensors import SafetensorError
 
-    import gan_accel.state.weights as weights
+    import gan_accel.storage.weights as weights
 
     def full(*args, **kwargs):  # what safetensors raises when the disk fills up under it
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")

@@ -10,7 +10,7 @@ import torch
 from conftest import TableLatents, assert_close_dicts, make_images, make_loader, make_models, params
 from gan_accel import Callback, DivergenceError, GANTrainer, TrainConfig, list_checkpoints
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.state.checkpoint import read_engine_state
+from gan_accel.storage.checkpoint import read_engine_state
 
 
 def trainer_on(images, tmp_path, **overrides) -> GANTrainer:

@@ -18,24 +18,22 @@ ALLOWED = {
     "errors": set(),
     "batch": set(),
     "ending": {"errors"},  # how a run ends: agreed errors, signals, bounded waits, the scripts' exit line
-    "state": {"errors", "ending", "state"},
+    "storage": {"errors", "ending", "storage"},
     "objectives": {"errors", "objectives"},
     "models": {"errors", "models"},
-    "data": {"errors", "ending", "data", "state", "batch"},  # ending: one process builds the image cache
+    "data": {"errors", "ending", "data", "storage", "batch"},  # ending: one process builds the image cache
     "augment": {"augment"},
     "tracking": set(),
     "config": {"errors", "objectives", "tracking", "augment"},
-    "pictures": {"errors", "state", "pictures"},
-    "visuals": {"pictures"},  # the pictures' old name, kept
-    "plots": {"pictures"},  # likewise
-    "eval": {"errors", "ending", "batch", "data", "state", "models", "eval"},
-    "callbacks": {"errors", "ending", "state", "pictures", "eval", "tracking", "callbacks"},
-    "engine": {"errors", "ending", "batch", "config", "objectives", "state", "tracking", "augment", "callbacks",
+    "pictures": {"errors", "storage", "pictures"},
+    "eval": {"errors", "ending", "batch", "data", "storage", "models", "eval"},
+    "callbacks": {"errors", "ending", "storage", "pictures", "eval", "tracking", "callbacks"},
+    "engine": {"errors", "ending", "batch", "config", "objectives", "storage", "tracking", "augment", "callbacks",
                "engine"},
-    "sampling": {"errors", "config", "models", "state"},
-    "hub": {"errors", "models", "pictures", "sampling", "state", "hub"},  # exported generators, the Hugging Face Hub
+    "sampling": {"errors", "config", "models", "storage"},
+    "hub": {"errors", "ending", "models", "pictures", "sampling", "storage", "hub"},  # exported generators, the Hugging Face Hub
     # the command line is the top: `gan-accel train` composes the engine, the callbacks and the data
-    "cli": {"errors", "ending", "config", "state", "pictures", "sampling", "data", "eval", "models",
+    "cli": {"errors", "ending", "config", "storage", "pictures", "sampling", "data", "eval", "models",
             "augment", "engine", "callbacks", "hub", "cli"},
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.
@@ -104,11 +102,11 @@ def test_imports_only_point_downwards():
 def test_the_layering_check_sees_an_upward_import(tmp_path, monkeypatch):
     """The check above is real: a module that imports upwards is reported."""
     fake = tmp_path / "gan_accel"
-    (fake / "state").mkdir(parents=True)
-    (fake / "state" / "bad.py").write_text("from ..engine.trainer import GANTrainer\n")
+    (fake / "storage").mkdir(parents=True)
+    (fake / "storage" / "bad.py").write_text("from ..engine.trainer import GANTrainer\n")
     (fake / "config.py").write_text("from .callbacks import Callback\nfrom .errors import ConfigError\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
-    assert upward_imports() == ["gan_accel/config.py -> callbacks", "gan_accel/state/bad.py -> engine"]
+    assert upward_imports() == ["gan_accel/config.py -> callbacks", "gan_accel/storage/bad.py -> engine"]
 
 
 def test_no_class_is_longer_than_250_lines_and_no_function_than_60():
@@ -128,9 +126,9 @@ def test_importing_gan_accel_loads_nothing_mnist_specific():
 
 
 def test_the_run_folder_names_are_written_in_one_module():
-    """Every name of a file in a run folder lives in gan_accel/state/layout.py: no other module of the
+    """Every name of a file in a run folder lives in gan_accel/storage/layout.py: no other module of the
     package spells one out in code (docstrings and messages may name them)."""
-    from gan_accel.state import layout
+    from gan_accel.storage import layout
 
     names = {value for key, value in vars(layout).items() if key.isupper() and isinstance(value, str) and "." in value}
     assert {"metrics.jsonl", "model.safetensors", "config.json", "best.json", "history.jsonl"} <= names
@@ -145,7 +143,7 @@ def test_the_run_folder_names_are_written_in_one_module():
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings:
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}")
-    assert found == [], "take these names from gan_accel.state.layout"
+    assert found == [], "take these names from gan_accel.storage.layout"
 
 
 def test_the_version_is_written_once():

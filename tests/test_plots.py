@@ -16,7 +16,7 @@ from conftest import Z_DIM, make_images, make_loader, make_models
 from gan_accel import Callback, GANTrainer, TrainConfig
 from gan_accel.errors import GanAccelError, RunFolderError
 from gan_accel.pictures.training_plot import COLUMNS, PANEL_SIZE, PANELS, plot_metrics, plot_run, plot_size
-from gan_accel.state.layout import RUN_FILES
+from gan_accel.storage.layout import RUN_FILES
 
 
 def rows_of(steps=20, loss_g=lambda i: 0.8 + 0.05 * i, lr=2e-4):

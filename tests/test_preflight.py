@@ -15,7 +15,7 @@ from gan_accel import GANTrainer as _GANTrainer
 def GANTrainer(G, D, loader, cfg):
     """The fixtures are float64: feed them float64 latents."""
     return _GANTrainer(G, D, loader, cfg, latent_sampler=TableLatents(4096))
-from gan_accel.state.checkpoint import ENGINE_STATE
+from gan_accel.storage.checkpoint import ENGINE_STATE
 
 
 def config(tmp_path, **overrides) -> TrainConfig:
@@ -188,7 +188,7 @@ def test_partial_checkpoint_folder_is_never_picked(tmp_path):
     partial.mkdir()
     assert latest_checkpoint(tmp_path / "run") == checkpoint
     with pytest.raises(CheckpointError, match="not a complete gan_accel checkpoint"):
-        from gan_accel.state.checkpoint import resolve_resume
+        from gan_accel.storage.checkpoint import resolve_resume
 
         resolve_resume(partial, tmp_path / "run")
 

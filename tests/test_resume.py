@@ -152,9 +152,9 @@ def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, condition
     rng_files = sorted(p.name for p in final.iterdir())
     assert "random_states_0.pkl" in rng_files and "random_states_1.pkl" in rng_files
     # One copy of the EMA per checkpoint: process 1's file points at process 0's (and resuming above used it).
-    from gan_accel.state.checkpoint import SHARED_STATE
+    from gan_accel.storage.checkpoint import SHARED_STATE
 
-    from gan_accel.state.safe_tree import load_tree
+    from gan_accel.storage.safe_tree import load_tree
 
     main, other = (load_tree(final / f"gan_accel_state_{rank}.safetensors") for rank in (0, 1))
     assert other["callbacks"]["generator_ema"] == SHARED_STATE
@@ -186,7 +186,7 @@ def test_the_cuda_rng_state_is_checked_like_the_cpu_one(tmp_path, monkeypatch, l
     from accelerate import Accelerator
 
     from gan_accel import CheckpointError
-    from gan_accel.state.checkpoint import check_rng_restored
+    from gan_accel.storage.checkpoint import check_rng_restored
 
     saved_cuda = [torch.arange(16, dtype=torch.uint8), torch.arange(16, dtype=torch.uint8) * 2]
     live = [s.clone() for s in saved_cuda]

@@ -22,15 +22,15 @@ from PIL import Image
 from conftest import Z_DIM, TableLatents, make_images, make_loader, make_models, params, reset_accelerate_state
 from gan_accel import CheckpointError, GANTrainer, TrainConfig, list_checkpoints
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.callbacks.samples import gif_steps, scheduled_gif_steps, stamped_samples
+from gan_accel.callbacks.sample_saver import gif_steps, scheduled_gif_steps, stamped_samples
 from gan_accel.cli import main as cli_main
 from gan_accel.cli.common import CommandError, check_new_output
 from gan_accel.config import compare_configs
 from gan_accel.errors import ConfigError, RunFolderError
-from gan_accel.state.checkpoint import read_marker
-from gan_accel.state.layout import read_metrics_tolerant
-from gan_accel.state.lock import RunLock
-from gan_accel.state.run_folder import managing_run, output_dir_refusal, read_history
+from gan_accel.storage.checkpoint import read_marker
+from gan_accel.storage.layout import read_metrics_tolerant
+from gan_accel.storage.lock import RunLock
+from gan_accel.storage.run_folder import managing_run, output_dir_refusal, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 CK = "checkpoints/checkpoint_{:08d}"
@@ -508,7 +508,7 @@ import os, sys, threading, time
 from pathlib import Path
 import numpy as np
 from PIL import Image
-from gan_accel.pictures.samples import save_gif
+from gan_accel.pictures.grids import save_gif
 folder, count = Path(sys.argv[1]), int(sys.argv[2])
 colours = np.random.default_rng(0).integers(0, 255, (16, 3), dtype=np.uint8)
 for i in range(8):  # 120x120 pictures of 16 colours in blocks, each listed count / 8 times

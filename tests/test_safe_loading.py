@@ -21,8 +21,8 @@ import torch
 
 from conftest import reset_accelerate_state
 from gan_accel.errors import CheckpointError, GanAccelError, UnsafeFileError
-from gan_accel.state.layout import ENGINE_STATE, FIXED_LABELS, FIXED_NOISE, RNG_STATE
-from gan_accel.state.safe_tree import TREE_KEY, load_tree, save_tree
+from gan_accel.storage.layout import ENGINE_STATE, FIXED_LABELS, FIXED_NOISE, RNG_STATE
+from gan_accel.storage.safe_tree import TREE_KEY, load_tree, save_tree
 from test_cli import CK2, cli, error_line, train
 
 STATE_0 = ENGINE_STATE.format(rank=0)
@@ -104,7 +104,7 @@ def test_a_payload_in_any_checkpoint_file_is_refused_by_resume(run, tmp_path, ca
 
 
 def test_a_payload_in_the_fixed_noise_or_labels_is_refused(run, tmp_path):
-    from gan_accel.state.run_folder import read_fixed_latents
+    from gan_accel.storage.run_folder import read_fixed_latents
 
     marker = tmp_path / "PAYLOAD_RAN"
     for name in (FIXED_NOISE, FIXED_LABELS):
@@ -121,7 +121,7 @@ def test_the_rng_check_never_unpickles_more_than_accelerate_allows(run, tmp_path
     """check_rng_restored used weights_only=False: a payload ran after Accelerate had refused the file."""
     from accelerate import Accelerator
 
-    from gan_accel.state.checkpoint import check_rng_restored
+    from gan_accel.storage.checkpoint import check_rng_restored
 
     checkpoint = run / "checkpoints" / CK2
     plant(checkpoint / RNG_STATE.format(rank=0), tmp_path / "PAYLOAD_RAN")
@@ -253,7 +253,7 @@ def test_an_odd_generator_config_is_one_line(run, tmp_path, capsys):
 
 def test_a_garbage_complete_marker_is_an_old_empty_one(run):
     """COMPLETE is JSON written by gan_accel; garbage or a non-object there counts as an old marker (no keys)."""
-    from gan_accel.state.checkpoint import read_marker
+    from gan_accel.storage.checkpoint import read_marker
 
     checkpoint = run / "checkpoints" / CK2
     for text in ("[1]", "{oops", '"text"', "null"):

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from conftest import assert_close_dicts, params, reset_accelerate_state
 from gan_accel import GANTrainer, PreflightError, PreflightWarning, TrainConfig
 from gan_accel.models import DCGANDiscriminator, DCGANGenerator, MLPDiscriminator, MLPGenerator
-from gan_accel.state.run_folder import read_fixed_latents
+from gan_accel.storage.run_folder import read_fixed_latents
 
 
 def config(tmp_path, **overrides) -> TrainConfig:

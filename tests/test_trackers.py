@@ -21,7 +21,7 @@ from gan_accel import ConfigError, GANTrainer, TrainConfig
 from gan_accel import tracking as trackers_module
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.callbacks.trackers import flat_hyperparameters, metric_key
-from gan_accel.state.layout import TRACKERS
+from gan_accel.storage.layout import TRACKERS
 from gan_accel.tracking import BUILTIN_TRACKERS
 from gan_accel.config import compare_configs
 

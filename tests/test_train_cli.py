@@ -152,7 +152,7 @@ def test_conditional_run_keeps_its_class_names_and_samples_a_class_by_name_or_in
     config = json.loads((out / "config.json").read_text())
     assert config["num_classes"] == 3 and config["model"]["num_classes"] == 3 and config["extra"]["classes"] == 3
     assert json.loads((out / "data.json").read_text())["classes"] == {name: 8 for name in CLASSES}
-    from gan_accel.state.run_folder import read_fixed_latents
+    from gan_accel.storage.run_folder import read_fixed_latents
 
     assert torch.equal(read_fixed_latents(out)[1], torch.arange(3).repeat_interleave(8))
     by_name, by_index = tmp_path / "dogs.npz", tmp_path / "one.npz"

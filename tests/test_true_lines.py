@@ -180,7 +180,7 @@ def test_resume_of_the_checkpoints_folder_names_its_checkpoints(example_run, cap
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_last_checkpoint_stays(tmp_path, monkeypatch):
     """torch's zip writer on a full disk says only "[enforce fail at inline_container.cc:672] . unexpected pos":
     the line says no space is left (the free space, read where the checkpoint is written)."""
-    import gan_accel.state.files as files
+    import gan_accel.storage.files as files
 
     t = trainer(tmp_path, DataLoader(TensorDataset(make_images(16)), batch_size=4), checkpoint_every=2, max_steps=4)
     save = torch.save

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import reset_accelerate_state
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.state.run_folder import read_history
+from gan_accel.storage.run_folder import read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "dcgan_mnist.py"

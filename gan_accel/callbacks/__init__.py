@@ -14,7 +14,7 @@ from .export import WeightsExporter
 from .health import HealthMonitor
 from .metrics_log import MetricsLogger, read_metrics
 from .progress import ProgressBar
-from .samples import SampleSaver
+from .sample_saver import SampleSaver
 from .trackers import TrackerLogger
 from .training_plot import TrainingPlot
 

@@ -12,8 +12,8 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ..errors import CallbackError, GanAccelError, RunFolderError
-from ..state.checkpoint import SHARED_STATE
-from ..state.files import is_write_failure, write_failure_reason
+from ..storage.checkpoint import SHARED_STATE
+from ..storage.files import is_write_failure, write_failure_reason
 
 if TYPE_CHECKING:
     from ..engine.phases import Phase

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import DivergenceError, RunFolderError
-from ..state.checkpoint import non_finite_parts, parameters_finite, save_checkpoint
+from ..storage.checkpoint import non_finite_parts, parameters_finite, save_checkpoint
 from .base import Callback
 
 if TYPE_CHECKING:

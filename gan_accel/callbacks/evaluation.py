@@ -14,7 +14,7 @@ from ..ending import run_together
 from ..eval.distributed import generated_features
 from ..eval.features import FeatureExtractor
 from ..eval.scores import score_features
-from ..state.layout import BEST, checkpoint_name, write_json
+from ..storage.layout import BEST, checkpoint_name, write_json
 from .base import Callback
 
 if TYPE_CHECKING:

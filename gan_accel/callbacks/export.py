@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..state.layout import GENERATOR
-from ..state.weights import generator_config, save_generator
+from ..storage.layout import GENERATOR
+from ..storage.weights import generator_config, save_generator
 from .base import Callback
 
 if TYPE_CHECKING:

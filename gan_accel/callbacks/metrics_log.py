@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..state.layout import METRICS, append_metrics, read_metrics
+from ..storage.layout import METRICS, append_metrics, read_metrics
 from .base import Callback
 
 if TYPE_CHECKING:

@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..state.layout import TRACKER_IDS, TRACKERS
+from ..storage.layout import TRACKER_IDS, TRACKERS
 from ..tracking import missing_tracker_warning, resolve_trackers, tracker_name
 from .base import Callback
-from .samples import draw_samples
+from .sample_saver import draw_samples
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer

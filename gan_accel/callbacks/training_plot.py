@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..pictures.training_plot import plot_metrics, run_rows
-from ..state.layout import METRICS, TRAINING_PLOT
+from ..storage.layout import METRICS, TRAINING_PLOT
 from .base import Callback
 
 if TYPE_CHECKING:

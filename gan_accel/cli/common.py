@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from ..errors import GanAccelError
-from ..state.checkpoint import is_complete, list_checkpoints
-from ..state.files import cannot_write, temporary_name
-from ..state.run_folder import managing_run
-from ..state.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
+from ..storage.checkpoint import is_complete, list_checkpoints
+from ..storage.files import cannot_write, temporary_name
+from ..storage.run_folder import managing_run
+from ..storage.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
                             TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
 
 PASS_A_RUN = "pass a run folder (the --output-dir of a training run) or one of its checkpoints/checkpoint_<step> folders"
@@ -85,7 +85,7 @@ def resolve_run(argument: str | os.PathLike, command: str) -> Path:
 # -- new outputs -----------------------------------------------------------------------------------
 def check_new_output(out: Path, flag: str = "--out") -> None:
     """``out`` can be created: it does not exist, its folder exists and is writable, and it is not in a folder
-    a run manages (its ``checkpoints/`` or ``trackers/``, see :mod:`gan_accel.state.run_folder`). Nothing is made."""
+    a run manages (its ``checkpoints/`` or ``trackers/``, see :mod:`gan_accel.storage.run_folder`). Nothing is made."""
     if os.path.lexists(out):
         kind = "folder" if out.is_dir() else "file"
         raise CommandError(f"{flag} {out}: that {kind} exists, and gan-accel never replaces anything; choose a new "

@@ -18,8 +18,8 @@ from typing import Any
 
 from ..errors import GanAccelError
 from ..ending import printable
-from ..state.checkpoint import list_checkpoints, read_marker
-from ..state.layout import (BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_step, read_json,
+from ..storage.checkpoint import list_checkpoints, read_marker
+from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_step, read_json,
                             read_json_lines, read_metrics_tolerant)
 from .common import resolve_run
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..pictures.training_plot import plot_run
-from ..state.files import atomic_path
-from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
+from ..storage.files import atomic_path
+from ..storage.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .common import CommandError, check_new_output, resolve_run, write_new_file
 
 

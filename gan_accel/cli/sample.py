@@ -29,10 +29,10 @@ import torch
 from ..ending import printable
 from ..hub import load_generator
 from ..hub.export import png_grid
-from ..pictures.samples import write_gif
+from ..pictures.grids import write_gif
 from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, classes_of, interpolate, iter_samples,
                         sample_count, sample_labels, walk_count)
-from ..state.files import write_new_folder
+from ..storage.files import write_new_folder
 from .arguments import bounded_int, seed_int
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with
 from .labels import label_argument, label_name, resolve_label

@@ -108,23 +108,7 @@ def train(args: argparse.Namespace) -> int:
     from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
 
-    if not args.data.strip():
-        raise DataError("--data is empty: pass a folder of images, a .zip of them or hf:NAME (--data . for the "
-                        "current folder)")
-    from ..data.image_data import check_outside_data
-
-    args.output_dir = args.output_dir or default_output_dir(args.data)
-    check_outside_data(args.data, args.output_dir, "the run folder", "pass --output-dir outside it")
-    recorded_spec, recorded_data = check_run_folder(args)
-    check_same_run(args, recorded_spec or {}, recorded_data or {})
-    args.crop = args.crop or (recorded_data or {}).get("crop") or "center"
-    args.background = args.background or (recorded_data or {}).get("background") or "white"
-    if recorded_spec is not None:  # resuming: --model, --resolution and --channels left out are the run's own
-        args.model = args.model or recorded_spec["family"]
-        args.resolution = args.resolution or recorded_spec.get("image_size")
-        args.channels = args.channels or recorded_spec.get("channels")
-    family = args.model or ("resnet" if args.resolution and args.resolution > DCGAN_LARGEST else "dcgan")
-    overrides = check_model(args, family)
+    recorded_data, family, overrides = settle_run(args)
     # The processes of the launch, before the data (one process per machine builds its cache); the trainer
     # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
     # torch's collective timeout bounds the data build's waits too (gan_accel.ending).
@@ -162,6 +146,28 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
+    """Before any data is read: the run folder looked at once, the flags a resume leaves out filled in from the
+    run's records; returns the data record, the model family and the spec's overrides."""
+    from ..data.image_data import check_outside_data
+
+    if not args.data.strip():
+        raise DataError("--data is empty: pass a folder of images, a .zip of them or hf:NAME (--data . for the "
+                        "current folder)")
+    args.output_dir = args.output_dir or default_output_dir(args.data)
+    check_outside_data(args.data, args.output_dir, "the run folder", "pass --output-dir outside it")
+    recorded_spec, recorded_data = check_run_folder(args)
+    check_same_run(args, recorded_spec or {}, recorded_data or {})
+    args.crop = args.crop or (recorded_data or {}).get("crop") or "center"
+    args.background = args.background or (recorded_data or {}).get("background") or "white"
+    if recorded_spec is not None:  # resuming: --model, --resolution and --channels left out are the run's own
+        args.model = args.model or recorded_spec["family"]
+        args.resolution = args.resolution or recorded_spec.get("image_size")
+        args.channels = args.channels or recorded_spec.get("channels")
+    family = args.model or ("resnet" if args.resolution and args.resolution > DCGAN_LARGEST else "dcgan")
+    return recorded_data, family, check_model(args, family)
+
+
 def default_output_dir(data: str) -> str:
     """``runs/<name>``: the data folder's or ZIP's name, or the Hugging Face dataset's (``hf:user/pets:train`` -> pets)."""
     text = str(data).rstrip("/\\")
@@ -188,8 +194,8 @@ def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, d
     """The one look at ``--output-dir``, read-only and before the data: a new run does not land on another; a
     resume names a checkpoint, and gives the networks' spec and the data record (``data.json``) the run kept."""
     from ..engine.run_open import resume_target
-    from ..state.layout import CONFIG, DATA_RECORD, read_json
-    from ..state.run_folder import check_new_run
+    from ..storage.layout import CONFIG, DATA_RECORD, read_json
+    from ..storage.run_folder import check_new_run
 
     if args.resume is None:
         check_new_run(args.output_dir)

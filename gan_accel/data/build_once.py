@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import GanAccelError
-from ..state.files import write_bytes_synced
+from ..storage.files import write_bytes_synced
 from .image_cache import cache_error
 
 

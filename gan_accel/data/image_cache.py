@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError
-from ..state.files import atomic_path, temporary_name, write_bytes_synced
+from ..storage.files import atomic_path, temporary_name, write_bytes_synced
 from . import image_decode
 from .image_decode import Preprocessing
 from .image_scan import scan, skip_reason

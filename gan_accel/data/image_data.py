@@ -38,8 +38,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..ending import printable
 from ..errors import DataError
-from ..state.files import free_space, write_bytes_synced
-from ..state.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
+from ..storage.files import free_space, write_bytes_synced
+from ..storage.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
 from . import image_cache, image_decode
 from .build_once import Builder, build_once, builder_of
 from .image_cache import CacheFolder, default_cache_root, within_budget

@@ -15,7 +15,7 @@ from accelerate.utils import (DataLoaderConfiguration, DistributedDataParallelKw
 
 from ..config import TrainConfig
 from ..errors import ConfigError, LaunchError
-from ..state.layout import TRACKERS
+from ..storage.layout import TRACKERS
 from ..tracking import resolve_trackers, tracker_name
 
 

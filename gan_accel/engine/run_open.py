@@ -1,6 +1,6 @@
 """Opening the run folder at the start of ``fit``: a new run, the run continued, or a fork.
 
-One run per folder, only forward (:mod:`gan_accel.state.run_folder`): ``resume_from=None`` starts a new run
+One run per folder, only forward (:mod:`gan_accel.storage.run_folder`): ``resume_from=None`` starts a new run
 in an absent or empty folder; ``"latest"`` continues in place; any other checkpoint forks a new run into an
 absent or empty folder (an older checkpoint of ``output_dir`` itself is refused). A config change on resume
 is refused or applied for real, and dated in the history. :func:`open_run` is what ``fit`` calls; checks
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ..config import TrainConfig, compare_configs
 from ..ending import run_together
 from ..errors import CheckpointError, RunFolderError
-from ..state.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
-from ..state.layout import checkpoint_root
-from ..state.run_folder import check_new_run, log_event, output_dir_refusal, write_description
+from ..storage.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
+from ..storage.layout import checkpoint_root
+from ..storage.run_folder import check_new_run, log_event, output_dir_refusal, write_description
 from .phases import PhasePlan
 from .schedules import scheduler_ticks_per_optimizer_step, warmup_then_decay
 from .snapshot import restore_checked

@@ -38,7 +38,7 @@ from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
 from ..ending import remember, run_together, stop_here
 from ..config import TrainConfig
-from ..state.lock import RunLock
+from ..storage.lock import RunLock
 from .augmentation import RunAugmentation
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .conditioning import conditioning_for

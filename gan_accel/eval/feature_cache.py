@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..state.files import atomic_path
+from ..storage.files import atomic_path
 
 KEY = "features"
 

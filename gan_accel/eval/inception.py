@@ -65,7 +65,7 @@ def _torch_fidelity_backend(weights: str, features_list: list[str]) -> nn.Module
     """torch-fidelity's Inception-v3 from a local file; checked first with ``weights_only=True``, since
     torch-fidelity's plain ``torch.load`` unpickles anything before torch 2.6."""
     from ..errors import UnsafeFileError
-    from ..state.pickles import load_pickle
+    from ..storage.pickles import load_pickle
 
     try:
         load_pickle(weights, mmap=True)
@@ -106,7 +106,7 @@ def fetch_weights(dest: PathLike, url: str | None = None, sha256_prefix: str | N
     process only (``progress=None``). Any failure raises :class:`InceptionUnavailable` in one line naming the file,
     where to put it by hand and :data:`WEIGHTS_ENV`.
     """
-    from ..state.files import atomic_path, first_line
+    from ..storage.files import atomic_path, first_line
 
     dest = Path(dest)
     url = url or WEIGHTS_URL

@@ -16,8 +16,8 @@ from torch import Tensor, nn
 from ..data.loader import uint8_to_float
 from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
 from ..errors import ConfigError, GanAccelError
-from ..state.files import atomic_path
-from ..state.safe_tree import check_regular_file
+from ..storage.files import atomic_path
+from ..storage.safe_tree import check_regular_file
 from .feature_cache import cache_dir
 from .features import compute_features
 

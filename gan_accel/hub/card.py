@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..ending import printable
-from ..state.layout import EXPORT_SAMPLES
+from ..storage.layout import EXPORT_SAMPLES
 
 TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), ("grad_accum_steps", "grad accum"),
                    ("n_critic", "D steps per G step"), ("loss", "loss"), ("lr_G", "lr G"), ("lr_D", "lr D"),

@@ -1,4 +1,4 @@
-"""``export_generator``: a run's generator folder (:mod:`gan_accel.state.weights`) with its model card
+"""``export_generator``: a run's generator folder (:mod:`gan_accel.storage.weights`) with its model card
 (``README.md``) and ``samples.png`` (a conditional G: one row per class, at most 16), as a new folder the
 Hugging Face Hub shows. It is written beside its final name and renamed into place; nothing is replaced.
 """
@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from ..errors import GanAccelError
-from ..state.checkpoint import is_complete
-from ..state.files import write_new_folder
-from ..state.layout import EXPORT_CARD, EXPORT_SAMPLES, checkpoint_run_folder
-from ..state.weights import save_generator, scores_of
+from ..storage.checkpoint import is_complete
+from ..storage.files import write_new_folder
+from ..storage.layout import EXPORT_CARD, EXPORT_SAMPLES, checkpoint_run_folder
+from ..storage.weights import save_generator, scores_of
 from .card import model_card
 
 GRID_ROWS = 16  # classes shown in a conditional G's sample grid
@@ -32,7 +32,7 @@ def png_grid(images: torch.Tensor, columns: int | None) -> bytes:
     """A PNG grid as :func:`gan_accel.pictures.save_grid` draws it (``columns`` per row; None: square)."""
     from torchvision.utils import save_image
 
-    from ..pictures.samples import to_grid
+    from ..pictures.grids import to_grid
 
     buffer = io.BytesIO()
     save_image(to_grid(images, columns), buffer, format="png")

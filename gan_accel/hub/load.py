@@ -22,12 +22,12 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models import build_generator, normalize_spec
-from ..state.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
-from ..state.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
+from ..storage.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
+from ..storage.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
                             GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
-from ..state.files import first_line
-from ..state.safe_tree import check_regular_file
-from ..state.weights import FORMAT, FORMAT_VERSION, generator_config
+from ..storage.files import first_line
+from ..storage.safe_tree import check_regular_file
+from ..storage.weights import FORMAT, FORMAT_VERSION, generator_config
 from .export import ExportError
 
 HUB_HINT = "pip install 'gan_accel[hub]'"
@@ -171,7 +171,7 @@ def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None =
     shapes = _file_shapes(source) if weights is None else {k: tuple(v.shape) for k, v in weights.items()}
     if not isinstance(spec, dict):
         raise CheckpointError(f"{source} records no model spec (config.model): load the weights with "
-                              "gan_accel.state.load_weights into your own generator class")
+                              "gan_accel.storage.load_weights into your own generator class")
     for key, bound in SPEC_BOUNDS.items():
         value = spec.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound:
@@ -182,7 +182,7 @@ def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None =
             shell = build_generator(spec)
     except (ConfigError, TypeError, ValueError) as error:
         raise CheckpointError(f"{source} records a model spec gan_accel cannot rebuild ({error}): load the weights "
-                              "with gan_accel.state.load_weights into your own generator class") from None
+                              "with gan_accel.storage.load_weights into your own generator class") from None
     expected = {key: tuple(t.shape) for key, t in shell.state_dict().items()}
     differ = [k for k in sorted(set(expected) | set(shapes)) if expected.get(k) != shapes.get(k)]
     if differ:

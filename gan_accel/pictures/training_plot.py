@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import RunFolderError
-from ..state.files import atomic_path
-from ..state.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
+from ..storage.files import atomic_path
+from ..storage.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .charts import PlotArea
 
 PANEL_SIZE = (560, 300)  # one panel, pixels; the picture is 2 panels wide and 3 high

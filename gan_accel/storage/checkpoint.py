@@ -7,7 +7,7 @@ process as a safe tree (``gan_accel_state_<rank>.safetensors``) and ``COMPLETE``
 Everything is written to ``.tmp-checkpoint_<step>`` first; once every rank is done, the main process writes
 ``COMPLETE`` and renames the folder (atomic on one filesystem): a crash leaves at most a ``.tmp-`` folder,
 which resume never picks. Before ``load_state`` every file is checked to hold tensors and plain data only
-(:func:`gan_accel.state.pickles.check_checkpoint_files`). Pruning removes only this run's checkpoints (their
+(:func:`gan_accel.storage.pickles.check_checkpoint_files`). Pruning removes only this run's checkpoints (their
 ``COMPLETE`` names the run id), and of each only the files its ``COMPLETE`` lists.
 """
 

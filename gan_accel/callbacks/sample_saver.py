@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
-from ..pictures.samples import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
-from ..state.layout import PROGRESS_GIF, samples_stem
+from ..pictures.grids import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
+from ..storage.layout import PROGRESS_GIF, samples_stem
 from .base import Callback
 
 if TYPE_CHECKING:

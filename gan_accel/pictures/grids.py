@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 import torch
 
-from ..state.files import atomic_path
+from ..storage.files import atomic_path
 from .charts import PlotArea
 
 if TYPE_CHECKING:
