@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
     parser.add_argument("--r1-gamma", type=nonnegative_float, default=0.1, help="R1 penalty on real data; 0 disables it")
     parser.add_argument("--r1-every", type=positive_int, default=4, help="lazy R1: every N-th D step, gain N")
-    parser.add_argument("--ema-decay", type=fraction, default=0.0, help="EMA of G for samples and eval; 0 disables")
+    parser.add_argument("--ema-decay", type=fraction, default=0.999, help="EMA of G for samples and eval; 0 disables")
     parser.add_argument("--sample-every", type=positive_int, default=1000)
     parser.add_argument("--log-every", type=positive_int, default=200)
     parser.add_argument("--num-eval", type=positive_int, default=2500, help="samples scored at the end")
