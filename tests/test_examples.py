@@ -47,11 +47,12 @@ def test_custom_modules_example_trains_its_own_networks_loss_phase_and_callback(
 def test_toy_2d_example_writes_scatter_plots_and_its_evaluation(tmp_path, capsys):
     out = tmp_path / "run"
     result = run(["examples/toy_2d.py", "--output-dir", str(out), "--steps", "40", "--sample-every", "20",
-                  "--log-every", "20", "--num-eval", "500", "--seed", "3", "--no-progress"], capsys)
+                  "--log-every", "20", "--num-eval", "500", "--seed", "3", "--data", "grid", "--no-progress"], capsys)
     evaluation = json.loads((out / "eval.json").read_text())
-    assert evaluation["num_samples"] == 500 and evaluation["num_modes"] == 8 and evaluation["seed"] == 3
-    assert 0 <= evaluation["modes"] <= 8 and 0.0 <= evaluation["high_quality"] <= 1.0
-    assert f"{evaluation['modes']}/8 modes" in result
+    assert evaluation["num_samples"] == 500 and evaluation["num_modes"] == 25 and evaluation["seed"] == 3
+    assert 0 <= evaluation["modes"] <= 25 and 0.0 <= evaluation["high_quality"] <= 1.0
+    assert evaluation["data"] == "grid" and evaluation["reverse_kl"] >= 0
+    assert f"{evaluation['modes']}/25 modes" in result
     with Image.open(out / "samples_000040.png") as plot:
         assert plot.size == (480, 480)
     with Image.open(out / "progress.gif") as gif:

@@ -1,10 +1,10 @@
 """Data for GAN training: your own images (folder, ZIP, Hugging Face dataset), a fast in-memory uint8
-loader, MNIST, offline digits, toy 2-D rings.
+loader, MNIST, offline digits, toy 2-D rings and grids.
 
 Nothing here is imported by the engine: any ``DataLoader`` works with :class:`~gan_accel.GANTrainer`.
 """
 
-from .digits import ring_centres, ring_of_gaussians, synthetic_digits
+from .digits import TOY_MIXTURES, gaussian_mixture, grid_centres, ring_centres, synthetic_digits
 from .image_cache import default_cache_root
 from .image_data import ImageData, ImageScan, open_image_data, scan_images
 from .image_decode import Preprocessing
@@ -28,8 +28,10 @@ __all__ = [
     "make_dataloader",
     "resolve_dataset",
     "open_image_data",
+    "TOY_MIXTURES",
+    "gaussian_mixture",
+    "grid_centres",
     "ring_centres",
-    "ring_of_gaussians",
     "scan_images",
     "synthetic_digits",
     "uint8_to_float",

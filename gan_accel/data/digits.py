@@ -1,5 +1,5 @@
 """Synthetic data, no network: MNIST-like digits rendered from Pillow's bundled font, and Gaussian modes on a
-ring (the classic mode-collapse benchmark of GAN papers)."""
+ring or a grid (the classic mode-collapse benchmarks of GAN papers)."""
 
 from __future__ import annotations
 
@@ -159,17 +159,26 @@ def synthetic_digits(n: int, seed: int = 0, size: int = 28) -> tuple[Tensor, Ten
     return out, labels
 
 
-def ring_centres(modes: int = 8, radius: float = 2.0) -> Tensor:
+def ring_centres(modes: int = 8, radius: float = 1.0) -> Tensor:
     """The ``modes`` centres, evenly spaced on a circle of ``radius``, as (modes, 2) float32."""
     angles = torch.arange(modes, dtype=torch.float64) * (2 * math.pi / modes)
     return (torch.stack([angles.cos(), angles.sin()], 1) * radius).float()
 
 
-def ring_of_gaussians(n: int, modes: int = 8, radius: float = 2.0, std: float = 0.02,
-                      seed: int = 0) -> tuple[Tensor, Tensor]:
-    """``n`` points (n, 2) float32 drawn evenly from isotropic Gaussians at :func:`ring_centres`, and
-    each point's mode index (n,) int64. Deterministic for a seed."""
+def grid_centres(side: int = 5, spacing: float = 2.0) -> Tensor:
+    """``side**2`` centres on a square grid centred at 0 (5 x 5 at spacing 2: {-4, -2, 0, 2, 4}^2), (side**2, 2)."""
+    axis = (torch.arange(side, dtype=torch.float64) - (side - 1) / 2) * spacing
+    return torch.cartesian_prod(axis, axis).float()
+
+
+# PacGAN's (and VEEGAN's) 2-D benchmarks: (centres, std) of the ring of 8 and the grid of 25.
+TOY_MIXTURES = {"ring": (ring_centres(), 0.01), "grid": (grid_centres(), 0.05)}
+
+
+def gaussian_mixture(n: int, centres: Tensor, std: float, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """``n`` points (n, 2) float32 drawn evenly from isotropic Gaussians of ``std`` at ``centres``, and each
+    point's mode index (n,) int64. Deterministic for a seed."""
     generator = torch.Generator().manual_seed(seed)
-    mode = torch.randint(0, modes, (n,), generator=generator)
-    points = ring_centres(modes, radius)[mode] + std * torch.randn(n, 2, generator=generator)
+    mode = torch.randint(0, len(centres), (n,), generator=generator)
+    points = centres[mode] + std * torch.randn(n, centres.shape[1], generator=generator)
     return points, mode
