@@ -565,13 +565,23 @@ def test_plot_writes_the_runs_picture_and_never_replaces_an_out(ema_run, tmp_pat
 
 # -- the installed command -------------------------------------------------------------------------
 def test_the_command_runs_as_a_module(ema_run):
+    """``python -m gan_accel.cli``: a run's summary (exit 0), a mistake in one line (exit 2), and into a pipe whose
+    reader has gone (``gan-accel info RUN | head -1`` when head stops early) SIGPIPE's 141 without an error line.
+    The three processes run at once: each mostly imports torch."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "gan_accel.cli", "info", str(ema_run[0])], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith(f"run {ema_run[0]}: finished"), done.stderr
-    done = subprocess.run([sys.executable, "-m", "gan_accel.cli", "info", str(ema_run[0] / "nowhere")],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1
+
+    def info(path, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "gan_accel.cli", "info", str(path)], stderr=subprocess.PIPE,
+                                text=True, env=env, cwd=ROOT, **kwargs)
+
+    ok, wrong, reader_gone = (info(ema_run[0], stdout=subprocess.PIPE),
+                              info(ema_run[0] / "nowhere", stdout=subprocess.PIPE), info(ema_run[0], stdout=subprocess.PIPE))
+    reader_gone.stdout.close()  # before its first byte
+    out, err = ok.communicate(timeout=120)
+    assert ok.returncode == 0 and out.startswith(f"run {ema_run[0]}: finished"), err
+    out, err = wrong.communicate(timeout=120)
+    assert wrong.returncode == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert reader_gone.wait(timeout=120) == 141 and reader_gone.stderr.read() == ""
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

@@ -22,16 +22,34 @@ FLAGS = ["--dataset", "digits", "--steps", "12", "--batch-size", "8", "--width",
          "--sample-every", "4", "--checkpoint-every", "4", "--keep-checkpoints", "3", "--no-progress"]
 
 
-def run(cmd, out: Path) -> subprocess.CompletedProcess:
+def start(mode: str, step: int, out: Path) -> subprocess.Popen:
+    """``crash_driver.py MODE STEP`` on the example in a process of its own."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    args = [*cmd, "--data-dir", str(out.parent / "nodata"), "--output-dir", str(out), *FLAGS]
-    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    args = [sys.executable, DRIVER, mode, str(step), "--", "--data-dir", str(out.parent / "nodata"),
+            "--output-dir", str(out), *FLAGS]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
-def resume(out: Path, capsys) -> tuple[int, str, str]:
-    """``python examples/dcgan_mnist.py --resume latest`` with the crashed run's flags, in this process (only the
-    crash needs a process of its own): (exit code, stdout, stderr)."""
+FAULTS = {"kill-train": 6, "kill-save": 8}
+
+
+@pytest.fixture(scope="module")
+def faulty_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Both killed runs at once (each mostly waits on its imports: on two cores together they take about the time
+    of one); per mode, its run folder and its finished process."""
+    base = tmp_path_factory.mktemp("faults")
+    procs = {mode: start(mode, step, base / mode / "run") for mode, step in FAULTS.items()}
+    done = {}
+    for mode, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        done[mode] = (base / mode / "run", subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return done
+
+
+def example_main(out: Path, capsys, *flags: str) -> tuple[int, str, str]:
+    """``python examples/dcgan_mnist.py FLAGS`` with the faulty runs' flags, in this process (only a SIGKILL needs a
+    process of its own): (exit code, stdout, stderr)."""
     import importlib.util
 
     from conftest import reset_accelerate_state
@@ -42,12 +60,15 @@ def resume(out: Path, capsys) -> tuple[int, str, str]:
     capsys.readouterr()
     reset_accelerate_state()
     try:
-        code = example.main(["--resume", "latest", "--data-dir", str(out.parent / "nodata"), "--output-dir", str(out),
-                             *FLAGS])
+        code = example.main([*flags, "--data-dir", str(out.parent / "nodata"), "--output-dir", str(out), *FLAGS])
     finally:
         reset_accelerate_state()
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def resume(out: Path, capsys) -> tuple[int, str, str]:
+    return example_main(out, capsys, "--resume", "latest")
 
 
 def checkpoints(out: Path) -> list[str]:
@@ -62,9 +83,9 @@ def logged_steps(out: Path) -> list[int]:
     ("kill-train", 6, ["checkpoint_00000004"]),  # killed between checkpoints 4 and 8
     ("kill-save", 8, [".tmp-checkpoint_00000008", "checkpoint_00000004"]),  # killed while writing 8
 ])
-def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, capsys, mode, step, survivors):
-    out = tmp_path / "run"
-    crashed = run([sys.executable, DRIVER, mode, str(step), "--"], out)
+def test_sigkill_then_resume_finishes_with_a_clean_log(faulty_runs, capsys, mode, step, survivors):
+    assert FAULTS[mode] == step
+    out, crashed = faulty_runs[mode]
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     assert checkpoints(out) == survivors
     code, stdout, stderr = resume(out, capsys)
@@ -83,11 +104,28 @@ def test_sigkill_then_resume_finishes_with_a_clean_log(tmp_path, capsys, mode, s
     assert (out / "generator" / "model.safetensors").is_file() and (out / "progress.gif").is_file()
 
 
-def test_sigterm_checkpoints_and_exits_nonzero_with_resume_instructions(tmp_path, capsys):
+def test_sigterm_checkpoints_and_exits_nonzero_with_resume_instructions(tmp_path, capsys, monkeypatch):
+    """SIGTERM arrives during step 6 (sent by the process to itself, as crash_driver.py's sigterm mode does)."""
+    from gan_accel.ending import SignalHandler
+
+    original_check = SignalHandler.on_step_end
+
+    def signal_then_check(self, trainer):
+        if trainer.step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)  # noticed at the end of the step
+        original_check(self, trainer)
+
+    monkeypatch.setattr(SignalHandler, "on_step_end", signal_then_check)
     out = tmp_path / "run"
-    stopped = run([sys.executable, DRIVER, "sigterm", "6", "--"], out)
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
-    assert "stopped by SIGTERM at step 6" in stopped.stderr and "--resume latest" in stopped.stderr
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code, _, stderr = example_main(out, capsys)
+    finally:  # the script's stop leaves handlers that end the process on a late signal: not this one's
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    assert code == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "stopped by SIGTERM at step 6" in stderr and "--resume latest" in stderr
+    monkeypatch.undo()
     assert checkpoints(out) == ["checkpoint_00000004", "checkpoint_00000006"]
     code, _, stderr = resume(out, capsys)
     assert code == 0, stderr[-3000:]

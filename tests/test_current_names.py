@@ -8,8 +8,6 @@ old field. The quickstart's first line used to print Accelerate's raw enum ("NO 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,8 +16,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, KwargsHandler
 
-from conftest import launch_two_processes, make_images, make_loader, make_models
-from gan_accel import GANTrainer, TrainConfig, build_accelerator
+from gan_accel import TrainConfig, build_accelerator
 from gan_accel.engine import launch
 from gan_accel.engine.launch import ddp_kwargs, ddp_takes, describe_launch
 
@@ -100,33 +97,8 @@ def test_the_launch_in_words(kind, n, backend, device, says):
     assert describe_launch(accelerator) == says
 
 
-# -- launches: no warning of ours, and the first line in words ----------------------------------------------
-def _record_a_launch(out_dir: str) -> None:
-    """In each of 2 processes: build and train 2 steps recording every warning, then write what was seen."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        G, D = make_models(dtype=torch.float32)
-        config = TrainConfig(max_steps=2, batch_size=4, z_dim=4, log_every=1, sample_every=100, checkpoint_every=100,
-                             output_dir=os.path.join(out_dir, "run"), progress_bar=False)
-        trainer = GANTrainer(G, D, make_loader(make_images(32).float(), 4), config)
-        trainer.fit()
-    rank = trainer.accelerator.process_index
-    seen = [{"category": w.category.__name__, "message": str(w.message), "file": w.filename} for w in caught]
-    Path(out_dir, f"warnings_{rank}.json").write_text(json.dumps({"warnings": seen,
-                                                                  "launch": describe_launch(trainer.accelerator)}))
-
-
-@pytest.mark.slow
-def test_a_two_process_launch_warns_nothing_of_ours(tmp_path):
-    launch_two_processes(_record_a_launch, args=(str(tmp_path),), num_processes=2)
-    for rank in (0, 1):
-        seen = json.loads((tmp_path / f"warnings_{rank}.json").read_text())
-        assert seen["launch"] == "2 processes (DDP, gloo) on cpu"
-        ours = [w for w in seen["warnings"] if any(name in w["message"] for name in DEPRECATED)
-                or w["category"] in ("FutureWarning", "DeprecationWarning")]
-        assert not ours, ours
-
-
+# -- launches: no warning of ours, and the first line in words (the 2-process launch: test_example.py's
+# conditional example, whose processes show every FutureWarning and DeprecationWarning) ---------------------
 def test_the_quickstart_says_its_launch_in_words_and_refuses_a_poisoned_resume(digits_run, tmp_path, monkeypatch,
                                                                               capsys):
     """examples/dcgan_mnist.py: the first line names the launch for people; --resume latest of a checkpoint with

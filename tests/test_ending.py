@@ -129,19 +129,22 @@ class Launch:
                 proc.wait(30)
 
 
-@pytest.fixture
-def launch(tmp_path):
-    launches: list[Launch] = []
-    yield lambda *flags: launches.append(Launch(tmp_path / f"launch{len(launches)}", list(flags))) or launches[-1]
-    for one in launches:
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """The module's three launches, started at once (each process mostly waits: on imports, then on its pace)."""
+    out = tmp_path_factory.mktemp("launches")
+    started = {"SIGSTOP": Launch(out / "stop", ["--timeout", "5"]), "SIGKILL": Launch(out / "kill", ["--timeout", "5"]),
+               "Ctrl-C": Launch(out / "ctrl-c", ["--checkpoint-every", "5"])}
+    yield started
+    for one in started.values():
         one.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how, why", [(signal.SIGSTOP, "has not answered for 5 s (stopped, hung or dead"),
                                       (signal.SIGKILL, "ended or lost its connection")])
-def test_a_stopped_or_dead_process_is_named_within_the_timeout(launch, how, why):
-    run = launch("--timeout", "5")
+def test_a_stopped_or_dead_process_is_named_within_the_timeout(launches, how, why):
+    run = launches[how.name]
     run.wait_for_step(7)  # past the checkpoint at step 5
     # The run's collective_timeout is torch's own: the timeout that ends a wait for a stopped process.
     assert [(run.out / f"pg_timeout.rank{r}").read_text() for r in (0, 1)] == ["0:00:05", "0:00:05"]
@@ -153,16 +156,18 @@ def test_a_stopped_or_dead_process_is_named_within_the_timeout(launch, how, why)
     lines = [line for line in out.splitlines() if line.startswith("gan_accel: error: ")]
     assert len(lines) == 1 and lines[0].startswith(f"gan_accel: error: process 1 {why}"), out[-3000:]
     assert "; stopping at step " in lines[0] and "The last complete checkpoint is " in lines[0]
-    assert "checkpoint_0000000" in lines[0] and "--resume latest" in lines[0]
+    named = lines[0].split("The last complete checkpoint is ", 1)[1].split(";", 1)[0]
+    assert Path(named).parent == run.out / "run" / "checkpoints" and (Path(named) / "COMPLETE").is_file(), lines[0]
+    assert "--resume latest" in lines[0]
     assert "Traceback" not in out
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_one_process_stops_both_at_the_same_step_with_a_checkpoint_and_exit_130(launch):
+def test_ctrl_c_on_one_process_stops_both_at_the_same_step_with_a_checkpoint_and_exit_130(launches):
     """Process 1 alone gets Ctrl-C, delivered twice within milliseconds (as a launcher forwards it); as
     torchrun does, the test SIGTERMs the other process the moment the first exits. Both stop by SIGINT at
     the same step (the agreement carries the signal), checkpoint there, exit 130, and one line is printed."""
-    run = launch("--checkpoint-every", "5")
+    run = launches["Ctrl-C"]
     run.wait_for_step(7)
     os.kill(run.procs[1].pid, signal.SIGINT)
     time.sleep(0.01)

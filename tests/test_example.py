@@ -107,8 +107,15 @@ def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
     result = run(["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
                   example, "--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
-                  "--r1-gamma", "0.1", *TINY], ACCELERATE_USE_CPU="1")  # R1: a double backward through DDP
+                  "--r1-gamma", "0.1", *TINY], ACCELERATE_USE_CPU="1",  # R1: a double backward through DDP
+                 PYTHONWARNINGS="always::DeprecationWarning,always::FutureWarning")  # shown, not hidden or once
     assert result.returncode == 0, result.stderr[-3000:]
+    # No warning of ours in a 2-process launch, and its first line names the launch in words (test_current_names.py)
+    from test_current_names import DEPRECATED
+
+    assert "FutureWarning" not in result.stderr and "DeprecationWarning" not in result.stderr, result.stderr[-3000:]
+    assert not any(name in result.stderr + result.stdout for name in DEPRECATED), result.stderr[-3000:]
+    assert "; 2 processes (DDP, gloo) on cpu; " in result.stdout.splitlines()[0], result.stdout[:500]
     for rank in (0, 1):  # 4 steps x 8 images each
         assert f"process {rank}/2: 4 steps, 32 images in batches of 8" in result.stdout
     assert result.stdout.count("gan_accel: offline-digits") == 1, "banner only from the main process"
@@ -117,7 +124,7 @@ def test_conditional_example_on_two_gloo_processes(tmp_path, capsys):
     check_run_folder(out, 4, "offline-digits")  # one set of outputs
     config = json.loads((out / "config.json").read_text())
     assert config["extra"]["num_processes"] == 2
-    assert config["num_classes"] == 10 and config["model"]["conditional"] is True
+    assert config["num_classes"] == 10 and config["model"]["num_classes"] == 10  # a conditional G and D
     assert torch.equal(read_fixed_latents(out)[1], torch.arange(10).repeat_interleave(10))
     with Image.open(out / "samples_final.png") as grid:
         assert grid.size == (10 * 30 + 2, 10 * 30 + 2)  # 10 digits x 10 samples

@@ -127,26 +127,43 @@ def test_resume_mid_epoch_is_bitwise_identical_one_process(tmp_path, overrides):
     check_runs(tmp_path, ranks=[0])
 
 
-def _from_scratch(out_dir: str, conditional: bool) -> None:
-    """The straight run, then the interrupted one, in one launch: both start from scratch (the resumed run,
-    which must find everything in the checkpoint, gets processes of its own)."""
-    _straight(out_dir, conditional=conditional)
-    reset_accelerate_state()
-    _interrupted(out_dir, conditional=conditional)
+CASES = {"unconditional": False, "conditional": True}
 
 
-def _resumed_conditional(out_dir: str) -> None:
-    _resumed(out_dir, conditional=True)
+def _from_scratch(out_dir: str) -> None:
+    """Each case's straight run, then its interrupted one, in one launch: all start from scratch (the resumed
+    runs, which must find everything in the checkpoint, get processes of their own)."""
+    for case, conditional in CASES.items():
+        os.makedirs(os.path.join(out_dir, case), exist_ok=True)
+        _straight(os.path.join(out_dir, case), conditional=conditional)
+        reset_accelerate_state()
+        _interrupted(os.path.join(out_dir, case), conditional=conditional)
+        reset_accelerate_state()
+
+
+def _resumed_all(out_dir: str) -> None:
+    for case, conditional in CASES.items():
+        _resumed(os.path.join(out_dir, case), conditional=conditional)
+        reset_accelerate_state()
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    """Two launches for both cases (each launch costs a spawn, imports and a gloo rendezvous)."""
+    out = tmp_path_factory.mktemp("two_processes")
+    launch_two_processes(_from_scratch, args=(str(out),), num_processes=2)
+    from gan_accel import list_checkpoints
+
+    for case in CASES:
+        assert [p.name for p in list_checkpoints(out / case / "resumed")] == ["checkpoint_00000003"]
+    launch_two_processes(_resumed_all, args=(str(out),), num_processes=2)
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("conditional", [False, True], ids=["unconditional", "conditional"])
-def test_resume_mid_epoch_is_bitwise_identical_two_processes(tmp_path, conditional):
-    launch_two_processes(_from_scratch, args=(str(tmp_path), conditional), num_processes=2)
-    from gan_accel import list_checkpoints
-
-    assert [p.name for p in list_checkpoints(tmp_path / "resumed")] == ["checkpoint_00000003"]
-    launch_two_processes(_resumed_conditional if conditional else _resumed, args=(str(tmp_path),), num_processes=2)
+@pytest.mark.parametrize("case", list(CASES))
+def test_resume_mid_epoch_is_bitwise_identical_two_processes(two_process_runs, case):
+    tmp_path = two_process_runs / case
     check_runs(tmp_path, ranks=[0, 1])
     final = tmp_path / "resumed" / "checkpoints" / "checkpoint_00000008"
     rng_files = sorted(p.name for p in final.iterdir())
