@@ -484,7 +484,7 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert f"best: fd {best['value']:.4g} at step {best['step']}, {best_name}" in lines
     assert f"{best_name} (best)" in next(line for line in lines if line.startswith("checkpoints: "))
     assert "    Frechet distance: 12.500" in lines and "weights: generator/ (the EMA of G, step 4)" in lines
-    assert "model: DCGAN width 4, 28x28x1, data test-noise" in lines
+    assert "model: dcgan, width 4, 28x28x1, data test-noise" in lines
 
 
 def test_info_shows_the_history(resumed_run, capsys):
@@ -592,3 +592,11 @@ def test_debug_before_or_after_the_command_shows_the_traceback(where, tmp_path):
 
     with pytest.raises(CommandError, match="nowhere does not exist"):
         main(argv)
+
+
+def test_info_names_the_model_family_and_a_conditional_runs_classes():
+    from gan_accel.cli.info import _config_line
+
+    model = {"family": "resnet", "width": 8, "image_size": 32, "channels": 3, "num_classes": 5}
+    lines = _config_line({"model": model}, {"dataset": "pets"})
+    assert lines[-1] == "model: resnet, conditional on 5 classes, width 8, 32x32x3, data pets"

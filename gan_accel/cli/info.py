@@ -195,8 +195,9 @@ def _config_line(config: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     model = config.get("model")
     what = []
     if isinstance(model, dict):
-        kind = "conditional DCGAN" if model.get("conditional") else "DCGAN"
-        what.append(f"{kind} width {model.get('width')}, {model.get('image_size')}x{model.get('image_size')}x"
+        classes = model.get("num_classes")
+        kind = f"{model.get('family', 'dcgan')}" + (f", conditional on {classes} classes" if classes else "")
+        what.append(f"{kind}, width {model.get('width')}, {model.get('image_size')}x{model.get('image_size')}x"
                     f"{model.get('channels')}")
     if "dataset" in extra:
         what.append(f"data {extra['dataset']}")
