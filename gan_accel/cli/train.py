@@ -75,8 +75,9 @@ def add_parser(commands: Any) -> None:
     run = add_run_flags(parser, None, DEFAULT_STEPS,
                         output_help="run folder for samples, logs and weights (default runs/<name of the data>)")
     run.add_argument("--eval-features", choices=FEATURES, default="auto",
-                     help="--eval-every's feature space: inception (needs torch-fidelity and its weights here), "
-                          "random (a fixed random network: no download), auto: inception if it loads, else random")
+                     help="--eval-every's feature space: inception (needs torch-fidelity; its weights are downloaded once), "
+                          "random (a fixed random network: no download), auto: inception if it can be had, else "
+                          "random (said in one line)")
     model = add_model_flags(parser, width=None, z_dim=None, r1_gamma=None,
                             width_help="channel width (default: the family's, 64; resnet at 28 px: 32)",
                             z_help="latent size (default: the family's, dcgan 100, resnet 128)",
