@@ -1,0 +1,75 @@
+"""Hostile or careless inputs found by a red team on the own-images surface, each pinned to its one line or
+its right result: a ZIP that stores a name twice, ``--data hf:``, a run folder given as data, float images."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gan_accel.data import scan_images
+from gan_accel.data.image_decode import to_working_mode
+from gan_accel.data.image_sources import ZipSource
+from gan_accel.errors import DataError
+from test_train_cli import error_line, write_images
+
+
+def _png(value: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (value, 0, 0)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_zip_that_stores_a_name_twice_gives_its_last_copy_once(tmp_path: Path) -> None:
+    archive = tmp_path / "appended.zip"
+    with zipfile.ZipFile(archive, "w") as zipped, pytest.warns(UserWarning, match="Duplicate name"):
+        zipped.writestr("a.png", _png(10))
+        zipped.writestr("b.png", _png(20))
+        zipped.writestr("a.png", _png(30))  # appended later: what unzip extracts
+    source = ZipSource(archive)
+    assert [entry.name for entry in source.entries()] == ["a.png", "b.png"]
+    assert np.asarray(Image.open(source.open("a.png")))[0, 0, 0] == 30
+
+
+def test_hf_without_a_name_is_refused_as_such_not_as_the_current_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    line = error_line(["train", "--data", "hf:", "--output-dir", tmp_path / "run"], capsys)
+    assert line == "error: 'hf:' names no dataset: write hf:NAME[:SPLIT] (a Hub dataset) or hf:FOLDER[:SPLIT]"
+
+
+def _run_folder(root: Path) -> Path:
+    write_images(root, 6)  # the run's grids and plots, as far as a scan can tell
+    (root / "history.jsonl").write_text('{"event": "start"}\n')
+    (root / "data.json").write_text(json.dumps({"source": "photos\x1b[31m"}))
+    return root
+
+
+def test_a_run_folder_or_its_checkpoint_is_refused_as_data(tmp_path: Path) -> None:
+    run = _run_folder(tmp_path / "run")
+    checkpoint = run / "checkpoints" / "checkpoint_00000002"
+    write_images(checkpoint, 4)
+    with pytest.raises(DataError) as error:
+        scan_images(run, cache_dir=tmp_path / "cache")
+    assert str(error.value) == (f"{run} is a gan_accel run folder, not a folder of training images (its images are "
+                                "the run's sample grids and plots): pass the images the run trained on (data.json "
+                                "names photos\\x1b[31m)")
+    with pytest.raises(DataError, match="is a gan_accel run folder"):
+        scan_images(checkpoint, cache_dir=tmp_path / "cache")
+
+
+def test_images_in_folders_named_like_a_runs_are_still_data(tmp_path: Path) -> None:
+    write_images(tmp_path / "photos" / "generator", 4)  # a class of pictures of generators, say
+    write_images(tmp_path / "photos" / "checkpoints", 4)
+    assert len(scan_images(tmp_path / "photos", cache_dir=tmp_path / "cache").entries) == 8
+
+
+def test_float_grey_in_0_to_1_reads_like_its_8_bit_image() -> None:
+    grey = np.random.default_rng(0).integers(0, 256, (6, 5), dtype=np.uint8)
+    for scale in (255.0, 1.0):  # 0..255 floats and 0..1 floats
+        floats = Image.fromarray((grey / 255.0 * scale).astype(np.float32), mode="F")
+        assert np.array_equal(np.asarray(to_working_mode(floats, 3, 255)), grey), scale
