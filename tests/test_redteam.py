@@ -73,3 +73,28 @@ def test_float_grey_in_0_to_1_reads_like_its_8_bit_image() -> None:
     for scale in (255.0, 1.0):  # 0..255 floats and 0..1 floats
         floats = Image.fromarray((grey / 255.0 * scale).astype(np.float32), mode="F")
         assert np.array_equal(np.asarray(to_working_mode(floats, 3, 255)), grey), scale
+
+
+def test_a_link_loop_is_skipped_as_unreadable_not_as_a_corrupt_image(tmp_path: Path) -> None:
+    from gan_accel.data.image_scan import skip_reason
+    from gan_accel.data.image_sources import FolderSource
+
+    (tmp_path / "self.png").symlink_to("self.png")
+    with pytest.raises(OSError) as error:
+        FolderSource(tmp_path).open("self.png")
+    assert skip_reason(error.value) == "unreadable: Too many levels of symbolic links"
+    write_images(tmp_path / "whole", 1)
+    whole = (tmp_path / "whole" / "0000.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(OSError) as error:
+        Image.open(tmp_path / "cut.png").load()
+    assert skip_reason(error.value).startswith("truncated or corrupt: ")  # Pillow's, not the system's
+
+
+def test_a_cache_folder_that_is_a_file_is_one_error_without_a_warning_before_it(tmp_path: Path) -> None:
+    from gan_accel.data.image_cache import CacheFolder
+
+    (tmp_path / "afile").write_text("")
+    said: list[str] = []
+    assert CacheFolder(tmp_path / "afile", "0" * 64).read_json(tmp_path / "afile" / "x" / "scan.json", said.append) is None
+    assert said == []

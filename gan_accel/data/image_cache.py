@@ -155,7 +155,7 @@ class CacheFolder:
         (with one line to ``say``) when it is damaged, foreign or changed: then it is rebuilt."""
         try:
             text = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # not there (a cache folder that is a file: said on writing)
             return None
         except OSError as error:
             return self._distrust(path, os.strerror(error.errno) if error.errno else str(error), say)
