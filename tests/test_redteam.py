@@ -98,3 +98,13 @@ def test_a_cache_folder_that_is_a_file_is_one_error_without_a_warning_before_it(
     said: list[str] = []
     assert CacheFolder(tmp_path / "afile", "0" * 64).read_json(tmp_path / "afile" / "x" / "scan.json", said.append) is None
     assert said == []
+
+
+def test_file_names_that_are_not_utf_8_are_scanned_not_a_traceback(tmp_path: Path) -> None:
+    import os
+
+    photos = tmp_path / "photos"
+    write_images(photos, 3)
+    os.rename(photos / "0000.png", os.fsencode(photos) + b"/latin-1 \xe9t\xe9.png")  # as old archives unpack
+    scan = scan_images(photos, cache_dir=tmp_path / "cache")
+    assert sorted(entry.name for entry in scan.entries) == ["0001.png", "0002.png", "latin-1 \udce9t\udce9.png"]

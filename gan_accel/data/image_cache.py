@@ -60,7 +60,7 @@ def scan_key(identity: dict[str, Any], entries: Sequence[Any]) -> str:
     """A hex digest of the source and its listing (names, sizes, change stamps)."""
     digest = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "source": identity}, sort_keys=True).encode())
     for entry in entries:
-        digest.update(f"{entry.name}\0{entry.size}\0{entry.stamp}\n".encode())
+        digest.update(f"{entry.name}\0{entry.size}\0{entry.stamp}\n".encode("utf-8", "surrogateescape"))  # names the OS gave as bytes
     return digest.hexdigest()
 
 
