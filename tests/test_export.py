@@ -323,3 +323,28 @@ def test_names_from_the_data_are_escaped_in_the_card(tmp_path, capsys):
     card = model_card(config, "out", 10)
     assert "\x1b" not in card and "\n# forged" not in card and "\n# v" not in card
     assert "from `a\\n# forged\\x1b[31m` at 32 px" in card and "a\\n# forged\\x1b[31m (2)" in card  # escaped
+
+
+def test_sample_and_eval_take_an_export_folder_and_name_its_damage(runs, tmp_path, capsys):
+    exported = tmp_path / "exported"
+    assert gan_accel(["export", runs / "plain", exported], capsys)[0] == 0
+    code, out, _ = gan_accel(["sample", exported, "--num", "4", "--out", tmp_path / "grid.png"], capsys)
+    assert code == 0 and (tmp_path / "grid.png").is_file(), out
+    # --no-ema on an export (the EMA only) is refused, never answered with the EMA
+    assert error_line(["sample", exported, "--no-ema", "--out", tmp_path / "raw.png"], capsys) == (
+        f"error: {exported} holds the EMA of G only, not the raw G that ema=False (--no-ema) asks for: pass the run "
+        "folder or a checkpoint of it, or export it with --no-ema")
+    # a damaged config.json is named, not taken for a run folder without generator/
+    (exported / "config.json").write_text("{")
+    line = error_line(["sample", exported, "--out", tmp_path / "damaged.png"], capsys)
+    assert line.startswith(f"error: {exported / 'config.json'} is not valid JSON (")
+    with pytest.raises(ExportError, match="is not valid JSON"):
+        load_generator(exported)
+
+
+def test_a_bad_spec_in_config_json_names_config_json(runs, tmp_path):
+    folder = edited_export(runs, tmp_path, model={"width": float("nan")})
+    with pytest.raises(CheckpointError) as error:
+        load_generator(folder)
+    assert str(error.value).startswith(f"{folder / 'config.json'} records a model spec gan_accel cannot rebuild "
+                                       "(width=nan")

@@ -18,8 +18,8 @@ from ..errors import GanAccelError
 from ..storage.checkpoint import is_complete, list_checkpoints
 from ..storage.files import cannot_write, temporary_name
 from ..storage.run_folder import managing_run
-from ..storage.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, GENERATOR, RUN_FILES, RUN_MARKS, RUN_PATTERNS,
-                            TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
+from ..storage.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EXPORT_WEIGHTS, GENERATOR, RUN_FILES, RUN_MARKS,
+                            RUN_PATTERNS, TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
 
 PASS_A_RUN = "pass a run folder (the --output-dir of a training run) or one of its checkpoints/checkpoint_<step> folders"
 
@@ -54,8 +54,8 @@ def resolve_source(argument: str | os.PathLike) -> Path:
     """RUN_OR_CHECKPOINT of ``sample``, ``eval`` and ``export``: a run folder or a checkpoint."""
     path = Path(argument)
     _common_mistakes(path, PASS_A_RUN)
-    if is_complete(path):
-        return path
+    if is_complete(path) or ((path / EXPORT_WEIGHTS).is_file() and not (path / GENERATOR).exists()):
+        return path  # a checkpoint, or an export (load_generator checks its config.json)
     if not is_run_folder(path):
         raise CommandError(f"{path} is not a gan_accel run folder (it has none of {', '.join(RUN_MARKS)}): {PASS_A_RUN}")
     if not (path / GENERATOR).is_dir():

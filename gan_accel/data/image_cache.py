@@ -60,7 +60,7 @@ def scan_key(identity: dict[str, Any], entries: Sequence[Any]) -> str:
     """A hex digest of the source and its listing (names, sizes, change stamps)."""
     digest = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "source": identity}, sort_keys=True).encode())
     for entry in entries:
-        digest.update(f"{entry.name}\0{entry.size}\0{entry.stamp}\n".encode())
+        digest.update(f"{entry.name}\0{entry.size}\0{entry.stamp}\n".encode("utf-8", "surrogateescape"))  # names the OS gave as bytes
     return digest.hexdigest()
 
 
@@ -155,7 +155,7 @@ class CacheFolder:
         (with one line to ``say``) when it is damaged, foreign or changed: then it is rebuilt."""
         try:
             text = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # not there (a cache folder that is a file: said on writing)
             return None
         except OSError as error:
             return self._distrust(path, os.strerror(error.errno) if error.errno else str(error), say)

@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader, Dataset
 from ..ending import printable
 from ..errors import DataError
 from ..storage.files import free_space, write_bytes_synced
-from ..storage.layout import CLASS_NAMES, DATA_RECORD, SKIPPED_FILES
+from ..storage.layout import (CHECKPOINTS, CLASS_NAMES, DATA_RECORD, EXPORT_WEIGHTS, GENERATOR, HISTORY, SKIPPED_FILES,
+                              read_json)
 from . import image_cache, image_decode
 from .build_once import Builder, build_once, builder_of
 from .image_cache import CacheFolder, default_cache_root, within_budget
@@ -323,8 +324,9 @@ def check_outside_data(data: str | os.PathLike, inner: str | os.PathLike, what: 
     """Refuse ``inner`` (the run folder, the cache) inside the data folder ``data``: its files would be read
     as training images, and change the data at every run. A hidden folder there is left out of the data."""
     text = os.fspath(data)
-    folder = Path(text[3:] if text.startswith("hf:") else text).expanduser()
-    if not folder.is_dir():
+    text = text[3:] if text.startswith("hf:") else text
+    folder = Path(text).expanduser()
+    if not text.strip() or not folder.is_dir():  # "hf:" names no folder (not the current one): refused when loaded
         return
     try:
         parts = Path(inner).expanduser().resolve().relative_to(folder.resolve()).parts
@@ -333,6 +335,21 @@ def check_outside_data(data: str | os.PathLike, inner: str | os.PathLike, what: 
     if not any(part.startswith(".") for part in parts):
         raise DataError(f"{what} {inner} is inside the data folder {data}: its files would be read as training "
                         f"images; {fix}")
+
+
+def check_not_a_run(data: str | os.PathLike) -> None:
+    """Refuse a gan_accel run folder (or a checkpoint) as data: its images are the run's own grids and plots."""
+    folder = Path(data).expanduser()
+    marks = [folder / HISTORY, folder / GENERATOR / EXPORT_WEIGHTS,
+             *([folder.parent.parent / HISTORY] if folder.parent.name == CHECKPOINTS else [])]
+    if not folder.is_dir() or not any(mark.is_file() for mark in marks):
+        return
+    try:
+        trained_on = f" ({DATA_RECORD} names {printable(str(read_json(folder / DATA_RECORD)['source']))})"
+    except (OSError, ValueError, TypeError, KeyError):
+        trained_on = ""
+    raise DataError(f"{printable(str(data))} is a gan_accel run folder, not a folder of training images (its images "
+                    f"are the run's sample grids and plots): pass the images the run trained on{trained_on}")
 
 
 def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,
@@ -348,6 +365,7 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
                             "the current folder)")
         root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
         check_outside_data(source, root, "the image cache", "pass --cache-dir (or set GAN_ACCEL_CACHE) outside it")
+        check_not_a_run(source)
     src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
                          use_labels=labels != "none", accelerator=accelerator)
     entries = src.entries()

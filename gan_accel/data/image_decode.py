@@ -6,7 +6,8 @@ One policy for every source (folder, ZIP, Hugging Face dataset), all in Pillow (
   external programs (EPS runs Ghostscript), and nothing the project loads may execute code.
 * EXIF orientation is applied; transparency is flattened onto a background, white by default (the colour
   under fully transparent pixels is arbitrary, and transparent graphics are made for a light page).
-* 16- and 32-bit grey are scaled to 0..255; other modes go through Pillow's conversions.
+* 16- and 32-bit grey are scaled to 0..255 (float grey whose values all lie in 0..1 too); other modes go
+  through Pillow's conversions.
 * ``crop="center"``: the central square resized to R x R in one Lanczos resample (:func:`PIL.ImageOps.fit`'s
   maths); ``crop="random"``: short side R, long side kept up to ``RANDOM_CROP_MAX_ASPECT`` x R, the window
   chosen per draw (:mod:`gan_accel.data.loader`).
@@ -195,8 +196,9 @@ def _flatten(img: Image.Image, background: int) -> Image.Image:
 
 def _high_bit_depth_to_l(img: Image.Image) -> Image.Image:
     array = np.asarray(img)
-    if img.mode == "F":
-        array = np.clip(np.nan_to_num(array), 0, 255).round()
+    if img.mode == "F":  # float pixels in 0..1 (as scientific and HDR tools write them) or 0..255
+        array = np.nan_to_num(array)
+        array = np.clip(array * (255 if array.max(initial=0) <= 1 else 1), 0, 255).round()
     else:  # I;16* and I: 0..65535 -> 0..255, rounded
         array = (np.clip(array.astype(np.int64), 0, 65535) * 255 + 32767) // 65535
     return Image.fromarray(array.astype(np.uint8), mode="L")

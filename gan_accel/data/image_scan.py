@@ -99,6 +99,8 @@ def skip_reason(error: BaseException) -> str:
         return f"{DAMAGED_ZIP}: {error}"
     if isinstance(error, Image.DecompressionBombError):
         return "too large: more pixels than Pillow's decompression-bomb limit"
+    if isinstance(error, OSError) and error.errno is not None:  # the system's (a link loop, an I/O error), not Pillow's
+        return f"unreadable: {error.strerror}"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return f"truncated or corrupt: {text}"
 

@@ -169,7 +169,10 @@ class ZipSource(ImageSource):
         self._handle: tuple[int, zipfile.ZipFile] | None = None
         try:
             with open_regular(self.path, limit=1 << 62) as handle, zipfile.ZipFile(handle) as archive:
-                self._infos = [i for i in archive.infolist()
+                # A name stored twice (an archive appended to) is the last copy, as unzip extracts it: each
+                # name is one image, not several reads of one member.
+                latest = {i.filename: i for i in archive.infolist()}
+                self._infos = [i for i in latest.values()
                                if not i.is_dir() and not any(_ignored(p) for p in i.filename.split("/"))]
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as error:
             raise DataError(f"{self.path} is not a readable ZIP archive ({error}): pass a folder of images or "

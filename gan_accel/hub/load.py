@@ -56,10 +56,14 @@ def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str |
     path = Path(source)
     if is_complete(path):
         G = _from_checkpoint(path, ema)
-    elif path.is_dir() and not _is_generator_folder(path):
+    elif path.is_dir() and not _is_generator_folder(path) and not (path / EXPORT_WEIGHTS).exists():
+        # a run folder; a folder with its own weights is an export, whose damaged config.json is named as such
         G = _from_run(path, ema)
     elif path.exists():
         G = _from_folder(path)
+        if not ema and G.info["weights"].get("ema"):  # an export keeps one G: never the EMA in the raw G's stead
+            raise CheckpointError(f"{path} holds the EMA of G only, not the raw G that ema=False (--no-ema) asks for: "
+                                  "pass the run folder or a checkpoint of it, or export it with --no-ema")
     elif REPO_ID.match(str(source)) and not str(source).startswith("."):
         G = _from_folder(download(str(source), revision, token))
     else:
@@ -108,7 +112,7 @@ def _is_generator_folder(path: Path) -> bool:
 def _from_folder(folder: Path) -> nn.Module:
     """G of a generator folder (an export, or a run's ``generator/``)."""
     config = read_export_config(folder)
-    return _described(_build(config.get("model"), folder / EXPORT_WEIGHTS), config)
+    return _described(_build(config.get("model"), folder / EXPORT_WEIGHTS, spec_file=folder / EXPORT_CONFIG), config)
 
 
 def _from_run(run: Path, ema: bool) -> nn.Module:
@@ -164,24 +168,26 @@ def _described(G: nn.Module, info: dict[str, Any]) -> nn.Module:
     return G.eval()
 
 
-def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None = None,
+           spec_file: Path | None = None) -> nn.Module:
     """G from a recorded spec with ``weights`` (default: the safetensors file ``source``) loaded, once the spec is
     known to ask for sane sizes and to fit the weights' shapes (a file's are read from its header): a spec is data
     from a file, and a damaged or hostile one must not make this allocate gigabytes before any check."""
     shapes = _file_shapes(source) if weights is None else {k: tuple(v.shape) for k, v in weights.items()}
+    recorded = spec_file or source  # the file the spec was read from: the one to name when it is wrong
     if not isinstance(spec, dict):
-        raise CheckpointError(f"{source} records no model spec (config.model): load the weights with "
+        raise CheckpointError(f"{recorded} records no model spec (config.model): load the weights with "
                               "gan_accel.storage.load_weights into your own generator class")
     for key, bound in SPEC_BOUNDS.items():
         value = spec.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound:
-            raise CheckpointError(f"{source} records a model spec with {key}={value}, beyond what gan_accel builds "
+            raise CheckpointError(f"{recorded} records a model spec with {key}={value}, beyond what gan_accel builds "
                                   f"(at most {bound:,}): the file is damaged or was not written by gan_accel")
     try:
         with torch.device("meta"):  # sizes only: nothing is allocated
             shell = build_generator(spec)
     except (ConfigError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{source} records a model spec gan_accel cannot rebuild ({error}): load the weights "
+        raise CheckpointError(f"{recorded} records a model spec gan_accel cannot rebuild ({error}): load the weights "
                               "with gan_accel.storage.load_weights into your own generator class") from None
     expected = {key: tuple(t.shape) for key, t in shell.state_dict().items()}
     differ = [k for k in sorted(set(expected) | set(shapes)) if expected.get(k) != shapes.get(k)]

@@ -1,0 +1,110 @@
+"""Hostile or careless inputs found by a red team on the own-images surface, each pinned to its one line or
+its right result: a ZIP that stores a name twice, ``--data hf:``, a run folder given as data, float images."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gan_accel.data import scan_images
+from gan_accel.data.image_decode import to_working_mode
+from gan_accel.data.image_sources import ZipSource
+from gan_accel.errors import DataError
+from test_train_cli import error_line, write_images
+
+
+def _png(value: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (value, 0, 0)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_zip_that_stores_a_name_twice_gives_its_last_copy_once(tmp_path: Path) -> None:
+    archive = tmp_path / "appended.zip"
+    with zipfile.ZipFile(archive, "w") as zipped, pytest.warns(UserWarning, match="Duplicate name"):
+        zipped.writestr("a.png", _png(10))
+        zipped.writestr("b.png", _png(20))
+        zipped.writestr("a.png", _png(30))  # appended later: what unzip extracts
+    source = ZipSource(archive)
+    assert [entry.name for entry in source.entries()] == ["a.png", "b.png"]
+    assert np.asarray(Image.open(source.open("a.png")))[0, 0, 0] == 30
+
+
+def test_hf_without_a_name_is_refused_as_such_not_as_the_current_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    line = error_line(["train", "--data", "hf:", "--output-dir", tmp_path / "run"], capsys)
+    assert line == "error: 'hf:' names no dataset: write hf:NAME[:SPLIT] (a Hub dataset) or hf:FOLDER[:SPLIT]"
+
+
+def _run_folder(root: Path) -> Path:
+    write_images(root, 6)  # the run's grids and plots, as far as a scan can tell
+    (root / "history.jsonl").write_text('{"event": "start"}\n')
+    (root / "data.json").write_text(json.dumps({"source": "photos\x1b[31m"}))
+    return root
+
+
+def test_a_run_folder_or_its_checkpoint_is_refused_as_data(tmp_path: Path) -> None:
+    run = _run_folder(tmp_path / "run")
+    checkpoint = run / "checkpoints" / "checkpoint_00000002"
+    write_images(checkpoint, 4)
+    with pytest.raises(DataError) as error:
+        scan_images(run, cache_dir=tmp_path / "cache")
+    assert str(error.value) == (f"{run} is a gan_accel run folder, not a folder of training images (its images are "
+                                "the run's sample grids and plots): pass the images the run trained on (data.json "
+                                "names photos\\x1b[31m)")
+    with pytest.raises(DataError, match="is a gan_accel run folder"):
+        scan_images(checkpoint, cache_dir=tmp_path / "cache")
+
+
+def test_images_in_folders_named_like_a_runs_are_still_data(tmp_path: Path) -> None:
+    write_images(tmp_path / "photos" / "generator", 4)  # a class of pictures of generators, say
+    write_images(tmp_path / "photos" / "checkpoints", 4)
+    assert len(scan_images(tmp_path / "photos", cache_dir=tmp_path / "cache").entries) == 8
+
+
+def test_float_grey_in_0_to_1_reads_like_its_8_bit_image() -> None:
+    grey = np.random.default_rng(0).integers(0, 256, (6, 5), dtype=np.uint8)
+    for scale in (255.0, 1.0):  # 0..255 floats and 0..1 floats
+        floats = Image.fromarray((grey / 255.0 * scale).astype(np.float32), mode="F")
+        assert np.array_equal(np.asarray(to_working_mode(floats, 3, 255)), grey), scale
+
+
+def test_a_link_loop_is_skipped_as_unreadable_not_as_a_corrupt_image(tmp_path: Path) -> None:
+    from gan_accel.data.image_scan import skip_reason
+    from gan_accel.data.image_sources import FolderSource
+
+    (tmp_path / "self.png").symlink_to("self.png")
+    with pytest.raises(OSError) as error:
+        FolderSource(tmp_path).open("self.png")
+    assert skip_reason(error.value) == "unreadable: Too many levels of symbolic links"
+    write_images(tmp_path / "whole", 1)
+    whole = (tmp_path / "whole" / "0000.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(OSError) as error:
+        Image.open(tmp_path / "cut.png").load()
+    assert skip_reason(error.value).startswith("truncated or corrupt: ")  # Pillow's, not the system's
+
+
+def test_a_cache_folder_that_is_a_file_is_one_error_without_a_warning_before_it(tmp_path: Path) -> None:
+    from gan_accel.data.image_cache import CacheFolder
+
+    (tmp_path / "afile").write_text("")
+    said: list[str] = []
+    assert CacheFolder(tmp_path / "afile", "0" * 64).read_json(tmp_path / "afile" / "x" / "scan.json", said.append) is None
+    assert said == []
+
+
+def test_file_names_that_are_not_utf_8_are_scanned_not_a_traceback(tmp_path: Path) -> None:
+    import os
+
+    photos = tmp_path / "photos"
+    write_images(photos, 3)
+    os.rename(photos / "0000.png", os.fsencode(photos) + b"/latin-1 \xe9t\xe9.png")  # as old archives unpack
+    scan = scan_images(photos, cache_dir=tmp_path / "cache")
+    assert sorted(entry.name for entry in scan.entries) == ["0001.png", "0002.png", "latin-1 \udce9t\udce9.png"]
