@@ -108,3 +108,45 @@ def test_file_names_that_are_not_utf_8_are_scanned_not_a_traceback(tmp_path: Pat
     os.rename(photos / "0000.png", os.fsencode(photos) + b"/latin-1 \xe9t\xe9.png")  # as old archives unpack
     scan = scan_images(photos, cache_dir=tmp_path / "cache")
     assert sorted(entry.name for entry in scan.entries) == ["0001.png", "0002.png", "latin-1 \udce9t\udce9.png"]
+
+
+def test_export_weights_linked_out_of_their_folder_are_refused(tmp_path):
+    """A generator's model.safetensors that links to a file elsewhere is refused in one line, never followed."""
+    import shutil
+
+    from gan_accel import load_generator
+    from gan_accel.errors import GanAccelError
+    from gan_accel.models import build_generator
+    from gan_accel.storage.weights import generator_config, save_generator
+
+    spec = {"family": "dcgan", "z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "num_classes": None}
+    folder = tmp_path / "gen"
+    save_generator(folder, build_generator(spec), generator_config({"model": spec}, 1, False, False, tmp_path))
+    load_generator(folder)  # the folder as written loads
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    shutil.move(folder / "model.safetensors", elsewhere)
+    (folder / "model.safetensors").symlink_to(elsewhere)
+    with pytest.raises(GanAccelError, match="out of its folder"):
+        load_generator(folder)
+
+
+def test_zip_members_with_paths_out_of_the_archive_are_listed_as_skipped(tmp_path):
+    import io
+    import zipfile
+
+    from PIL import Image
+
+    from gan_accel.data import open_image_data
+
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 10, 10)).save(png, "PNG")
+    with zipfile.ZipFile(tmp_path / "a.zip", "w") as archive:
+        for i in range(8):
+            archive.writestr(f"img/{i}.png", png.getvalue())
+        archive.writestr("../../etc/x.png", png.getvalue())
+        archive.writestr("/abs/y.png", png.getvalue())
+    data = open_image_data(tmp_path / "a.zip", resolution=32, cache_dir=tmp_path / "cache", log=None)
+    assert len(data) == 8
+    reasons = {s.name: s.reason for s in data.report.skipped}
+    assert set(reasons) == {"../../etc/x.png", "/abs/y.png"}
+    assert all(r.startswith("a member path out of the archive") for r in reasons.values())

@@ -120,7 +120,8 @@ def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int
         except MemoryError:
             raise
         except Exception as error:  # in a ZIP, a member that cannot be reached: the archive is damaged there
-            zipped = isinstance(error, (OSError, EOFError)) and isinstance(source, ZipSource)
+            zipped = isinstance(error, (OSError, EOFError)) and not isinstance(error, RefusedFile) and \
+                isinstance(source, ZipSource)
             skipped.append(SkippedFile(entry.name, f"{DAMAGED_ZIP}: {error}" if zipped else skip_reason(error)))
             continue
         try:

@@ -172,8 +172,8 @@ class ZipSource(ImageSource):
                 # A name stored twice (an archive appended to) is the last copy, as unzip extracts it: each
                 # name is one image, not several reads of one member.
                 latest = {i.filename: i for i in archive.infolist()}
-                self._infos = [i for i in latest.values()
-                               if not i.is_dir() and not any(_ignored(p) for p in i.filename.split("/"))]
+                self._infos = [i for i in latest.values() if not i.is_dir() and
+                               not any(_ignored(p) for p in i.filename.split("/") if p != "..")]
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as error:
             raise DataError(f"{self.path} is not a readable ZIP archive ({error}): pass a folder of images or "
                             "a .zip of them") from None
@@ -204,6 +204,8 @@ class ZipSource(ImageSource):
     def open(self, name: str) -> IO[bytes]:
         # One member, read whole (a seekable file for Pillow) but never past its declared size, which the
         # constructor bounded; zipfile checks the CRC when the read reaches the end.
+        if name.startswith("/") or ".." in name.split("/"):  # listed and skipped, never a path to follow
+            raise RefusedFile("a member path out of the archive (absolute or '..'): unpack it yourself if you trust it")
         declared = self._sizes[name]
         with self._archive().open(name) as member:
             data = member.read(declared)

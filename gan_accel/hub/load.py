@@ -112,7 +112,11 @@ def _is_generator_folder(path: Path) -> bool:
 def _from_folder(folder: Path) -> nn.Module:
     """G of a generator folder (an export, or a run's ``generator/``)."""
     config = read_export_config(folder)
-    return _described(_build(config.get("model"), folder / EXPORT_WEIGHTS, spec_file=folder / EXPORT_CONFIG), config)
+    weights = folder / EXPORT_WEIGHTS
+    if weights.is_symlink() and weights.resolve().parent != folder.resolve():
+        raise ExportError(f"{weights} is a link to {weights.resolve()}, out of its folder: gan_accel reads a generator's "
+                          "weights only from its own folder; copy the file in, or export the run again")
+    return _described(_build(config.get("model"), weights, spec_file=folder / EXPORT_CONFIG), config)
 
 
 def _from_run(run: Path, ema: bool) -> nn.Module:
