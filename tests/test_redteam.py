@@ -150,3 +150,16 @@ def test_zip_members_with_paths_out_of_the_archive_are_listed_as_skipped(tmp_pat
     reasons = {s.name: s.reason for s in data.report.skipped}
     assert set(reasons) == {"../../etc/x.png", "/abs/y.png"}
     assert all(r.startswith("a member path out of the archive") for r in reasons.values())
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux's /proc: a folder no one can create files in")
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    """``--out`` is tried with a real write when the command starts (os.access says yes to root anywhere), so an
+    evaluation or a sampling run is not done for nothing; the probe leaves nothing behind."""
+    from gan_accel.cli.common import check_new_output
+    from gan_accel.errors import GanAccelError
+
+    with pytest.raises(GanAccelError, match=r"--out /proc/scores.json: cannot write it"):
+        check_new_output(Path("/proc/scores.json"))
+    check_new_output(tmp_path / "scores.json")
+    assert list(tmp_path.iterdir()) == []

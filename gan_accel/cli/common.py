@@ -105,6 +105,12 @@ def check_new_output(out: Path, flag: str = "--out") -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CommandError(f"{flag} {out}: cannot write in {parent}: Permission denied (EACCES); choose a folder "
                            "you can write to")
+    probe = temporary_name(out)  # a real write, now, not after the work: os.access says yes to root anywhere
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as error:
+        raise cannot_write(out, error, flag) from None
 
 
 def write_new_file(out: Path, data: bytes, flag: str = "--out") -> None:
