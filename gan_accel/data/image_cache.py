@@ -84,7 +84,7 @@ def cache_error(error: OSError, root: Path) -> DataError:
     """One line for a cache that cannot be written."""
     reason = f"{os.strerror(error.errno)}" if error.errno else (str(error) or type(error).__name__)
     return DataError(f"cannot write the image cache at {error.filename or root}: {reason}; choose another place "
-                     "with cache_dir (or $GAN_ACCEL_CACHE)")
+                     "with --cache-dir (cache_dir= in Python) or $GAN_ACCEL_CACHE")
 
 
 def file_sha256(path: str | os.PathLike) -> str:
