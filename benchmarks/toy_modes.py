@@ -1,6 +1,6 @@
 """PacGAN's 2-D benchmarks: examples/toy_2d.py's default recipe against a plain hand-written GAN loop.
 
-    python benchmarks/toy_modes.py                # ring and grid, seeds 0 and 1, the example's 6,000 steps
+    python benchmarks/toy_modes.py                # ring and grid, seeds 0 and 1, the example's 12,000 steps
     python benchmarks/toy_modes.py --quick        # 200 steps, seed 0: checks that it runs
 
 Both configurations train the same MLPs (the example's widths and z) for the same number of G steps on the

@@ -1,7 +1,7 @@
 """An MLP GAN on PacGAN's 2-D benchmarks: 8 Gaussians on a ring (radius 1, std 0.01) or 25 on a grid
 ({-4, -2, 0, 2, 4}^2, std 0.05), the classic mode-collapse tests.
 
-    python examples/toy_2d.py                          # about 2 minutes on 2 CPU cores
+    python examples/toy_2d.py                          # about 2 minutes on one CPU core
     python examples/toy_2d.py --data grid --seed 3 --output-dir runs/toy_grid_seed3
 
 Writes a scatter plot of G's samples over the real points every --sample-every steps
@@ -37,13 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", choices=sorted(TOY_MIXTURES), default="ring")
     parser.add_argument("--output-dir", default="runs/toy_2d")
     parser.add_argument("--seed", type=nonnegative_int, default=0)
-    parser.add_argument("--steps", type=positive_int, default=6000, help="generator steps")
+    parser.add_argument("--steps", type=positive_int, default=12000, help="generator steps")
     parser.add_argument("--batch-size", type=positive_int, default=256)
     parser.add_argument("--width", type=positive_int, default=128, help="hidden units per layer, G and D")
     parser.add_argument("--depth", type=positive_int, default=3, help="hidden layers, G and D")
     parser.add_argument("--z-dim", type=positive_int, default=2)
-    parser.add_argument("--lr-g", type=positive_float, default=1e-3)
-    parser.add_argument("--lr-d", type=positive_float, default=1e-3)
+    parser.add_argument("--lr-g", type=positive_float, default=None, help="default: 5e-4 on the ring, 1e-3 on the grid")
+    parser.add_argument("--lr-d", type=positive_float, default=None, help="default: 5e-4 on the ring, 1e-3 on the grid")
     parser.add_argument("--beta1", type=fraction, default=0.5)
     parser.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
     parser.add_argument("--r1-gamma", type=nonnegative_float, default=0.1, help="R1 penalty on real data; 0 disables it")
@@ -62,10 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     return run_script(lambda: train(args), debug=args.debug)
 
 
+# Measured: the ring's tight modes (std 0.01) need the smaller steps for PacGAN2's high-quality share; the
+# grid at 5e-4 loses it (88.6% against 94.6% at 1e-3, seed 0, 12,000 steps).
+DEFAULT_LR = {"ring": 5e-4, "grid": 1e-3}
+
+
 def train(args: argparse.Namespace) -> int:
+    lr_g, lr_d = (args.lr_g or DEFAULT_LR[args.data]), (args.lr_d or DEFAULT_LR[args.data])
     config = TrainConfig(
-        max_steps=args.steps, batch_size=args.batch_size, z_dim=args.z_dim, loss=args.loss, lr_G=args.lr_g,
-        lr_D=args.lr_d, betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule="constant",
+        max_steps=args.steps, batch_size=args.batch_size, z_dim=args.z_dim, loss=args.loss, lr_G=lr_g,
+        lr_D=lr_d, betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule="constant",
         warmup_ratio=0.0, r1_gamma=args.r1_gamma or None, r1_every=args.r1_every, ema_decay=args.ema_decay or None,
         sample_every=args.sample_every, log_every=args.log_every, num_samples=1000, output_dir=args.output_dir,
         seed=args.seed, progress_bar=not args.no_progress, checkpoint_every=args.steps,
