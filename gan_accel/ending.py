@@ -215,7 +215,7 @@ def stop_here(trainer: "GANTrainer") -> None:
 
 def describe_duration(seconds: float) -> str:
     """``45 s``, ``14 min``, ``2 h 5 min``: a duration as a person reads it."""
-    if seconds < 60:
+    if seconds < 59.5:  # rounds to a whole second below a minute; 59.7 s reads "1 min", not "60 s"
         return f"{seconds:.0f} s"
     minutes = round(seconds / 60)
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")

@@ -75,8 +75,8 @@ def test_a_duration_that_is_not_one_is_refused(text):
 
 
 def test_durations_are_described_as_people_read_them():
-    assert [describe_duration(s) for s in (4, 59, 60, 14 * 60 + 20, 7200, 7500)] == \
-        ["4 s", "59 s", "1 min", "14 min", "2 h", "2 h 5 min"]
+    assert [describe_duration(s) for s in (4, 59, 59.7, 60, 14 * 60 + 20, 7200, 7500)] == \
+        ["4 s", "59 s", "1 min", "1 min", "14 min", "2 h", "2 h 5 min"]
 
 
 def test_max_time_must_be_positive():
