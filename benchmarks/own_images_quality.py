@@ -1,29 +1,33 @@
-"""Quality of `gan-accel train` on a folder of RGB images with known classes, in a feature space stated here.
+"""Quality of `gan-accel train` on a folder of RGB images with known classes, against a plain DCGAN loop.
 
-    python benchmarks/own_images_quality.py --out runs/bench_own --size 32 --seeds 0 1 \
-        --config "dcgan=" --config "dcgan-cond=--conditional"
-    python benchmarks/own_images_quality.py --out runs/bench_own --size 32 --seconds 600 \
-        --config "dcgan=--model dcgan" --config "resnet=--model resnet"      # the same wall time each
-    python benchmarks/own_images_quality.py --out runs/bench_small --size 32 --train-images 500 \
-        --config "none=--augment none" --config "diffaugment=--augment diffaugment" --config "ada=--augment ada"
+    python benchmarks/own_images_quality.py --out runs/bench_own --seeds 0 1 --jobs 2 --reference \
+        --config "default=" --config "conditional=--conditional"
+    python benchmarks/own_images_quality.py --out runs/bench_own --seconds 300 --jobs 2 \
+        --config "ns=--loss nonsaturating" --config "rpgan=--loss rpgan --r2-gamma 0.1"   # the same wall time each
+    python benchmarks/own_images_quality.py --out runs/bench_few --train-images 100 --jobs 2 \
+        --config "default=" --config "none=--augment none"
 
 The data: ``benchmarks/make_rgb_digits.py`` draws MNIST digits in colour on coloured backgrounds, saved
-as PNG files in class folders ``0/``-``9/``; the training set (``--train-images``, seed 0) and the
-judge's set (10,000 other images, seed 1: other digits, inks and backgrounds) are built once.
+as PNG files in class folders ``0/``-``9/``; the training set (``--train-images``, seed 0: 100 images
+for a few-shot case) and the judge's set (10,000 other images, seed 1: other digits, inks and
+backgrounds) are built once.
 
-The feature space: a small CNN classifier (the "judge": three conv blocks of 32, 64 and 64 channels with
-batch norm, a 128-unit layer, 10 logits, used in eval mode) trained on the judge's set to tell the digit, whatever its colours. Its
-accuracy on held-out images is printed. Each run's generator (its EMA when kept) draws 5,000 samples
-(a conditional run: 500 of each class); they are scored against 5,000 held-out real images in the
-judge's 128-d features: the Frechet distance (FD, lower is better), KID, precision and recall (k = 3),
-and the class coverage read from the judge's predictions: the smallest class share and the number of
-classes holding at least 5 % of the samples (10 of 10: every class is drawn). A conditional run also
-reports how often a sample is read as the class it was asked for.
+The judge, independent of training: a small CNN classifier (three conv blocks of 32, 64 and 64 channels
+with batch norm, a 128-unit layer, 10 logits, in eval mode) trained on the judge's set to tell the digit,
+whatever its colours; its accuracy on held-out images is printed. Each run's generator (its EMA when
+kept) draws 5,000 samples (a conditional run: 500 of each class); they are scored against 5,000 held-out
+judge images in the judge's 128-d features: the Frechet distance (FD, lower is better), KID, precision
+and recall (k = 3), and the class coverage read from the judge's predictions: the smallest class share
+and the number of classes holding at least 5 % of the samples. A conditional run also reports how often
+a sample is read as the class it was asked for. A few-shot run is scored against the same full set.
 
-Each configuration (``--config NAME=FLAGS``, flags of ``gan-accel train``) trains once per seed in a
-process of its own; its wall time is the training command's, and images/s the median of its metrics
-rows. With ``--seconds`` each configuration first runs 40 steps to measure its speed and then trains for
-as many steps as fit in that many seconds, so different models are compared at the same wall time.
+Each configuration (``--config NAME=FLAGS``, flags of ``gan-accel train``; empty flags: the default
+command) trains once per seed in a process of its own, ``--jobs`` at a time, each with its share of the
+cores (``torch.set_num_threads``); its wall time is the training command's. ``--seconds S`` caps every
+run at S seconds (``--max-time``), so configurations are compared at the same wall time. ``--reference``
+adds the floor to beat: the classic DCGAN recipe (Radford et al. 2016: transposed convolutions, batch
+norm, Adam 2e-4 with beta1 0.5, batch 128, the non-saturating loss) as a plain PyTorch loop written in
+this file, trained for the wall time of the first configuration's run of the same seed (or ``--seconds``).
 Results: a Markdown table on stdout and ``<out>/results.json``.
 """
 
@@ -37,8 +41,10 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +56,7 @@ JUDGE_IMAGES, HELD_OUT, SAMPLES = 10_000, 5_000, 5_000
 class Judge(nn.Module):
     """A compact classifier of 3-channel images in [-1, 1]; ``features`` are its 128-d penultimate layer."""
 
-    def __init__(self, size: int, channels: int = 3, classes: int = 10) -> None:
+    def __init__(self, channels: int = 3, classes: int = 10) -> None:
         super().__init__()
         self.conv = nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
                                   nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
@@ -66,6 +72,87 @@ class Judge(nn.Module):
         return self.head(self.features(x))
 
 
+class ReferenceG(nn.Module):
+    """The classic DCGAN generator for 32 px (ngf = 64): z -> 4x4x256 -> 8 -> 16 -> 32, BN + ReLU, tanh."""
+
+    def __init__(self, z_dim: int = 100, ngf: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.ConvTranspose2d(z_dim, ngf * 4, 4, 1, 0, bias=False), nn.BatchNorm2d(ngf * 4), nn.ReLU(True),
+            nn.ConvTranspose2d(ngf * 4, ngf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf * 2), nn.ReLU(True),
+            nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf), nn.ReLU(True),
+            nn.ConvTranspose2d(ngf, 3, 4, 2, 1, bias=False), nn.Tanh())
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z[:, :, None, None])
+
+
+class ReferenceD(nn.Module):
+    """The classic DCGAN discriminator for 32 px (ndf = 64): strided convolutions, BN, LeakyReLU 0.2."""
+
+    def __init__(self, ndf: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True),
+            nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 2), nn.LeakyReLU(0.2, True),
+            nn.Conv2d(ndf * 2, ndf * 4, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 4), nn.LeakyReLU(0.2, True),
+            nn.Conv2d(ndf * 4, 1, 4, 1, 0, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).flatten()
+
+
+def init_dcgan(module: nn.Module) -> None:
+    """DCGAN's initialisation: conv weights N(0, 0.02), BN weights N(1, 0.02), biases 0."""
+    if isinstance(module, (nn.Conv2d, nn.ConvTranspose2d)):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+    elif isinstance(module, nn.BatchNorm2d):
+        nn.init.normal_(module.weight, 1.0, 0.02)
+        nn.init.zeros_(module.bias)
+
+
+def read_folder(folder: Path) -> torch.Tensor:
+    """Every PNG under ``folder`` as one float tensor in [-1, 1], read with Pillow (not gan_accel's data path)."""
+    from PIL import Image
+
+    arrays = [np.asarray(Image.open(path).convert("RGB")) for path in sorted(folder.rglob("*.png"))]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float().div(127.5).sub(1)
+
+
+def train_reference(data: Path, out: Path, seed: int, seconds: float) -> None:
+    """The plain loop: D then G on each batch of 128, until ``seconds`` have passed; saves 5,000 samples."""
+    torch.manual_seed(seed)
+    images = read_folder(data)
+    G, D = ReferenceG(), ReferenceD()
+    G.apply(init_dcgan)
+    D.apply(init_dcgan)
+    opt_G = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_D = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    start, steps, batch = time.perf_counter(), 0, min(128, len(images))
+    while time.perf_counter() - start < seconds:
+        for index in torch.randperm(len(images)).split(batch):
+            if len(index) < batch or time.perf_counter() - start >= seconds:
+                break
+            real, z = images[index], torch.randn(batch, 100)
+            fake = G(z)
+            loss_D = F.softplus(-D(real)).mean() + F.softplus(D(fake.detach())).mean()
+            opt_D.zero_grad()
+            loss_D.backward()
+            opt_D.step()
+            loss_G = F.softplus(-D(fake)).mean()
+            opt_G.zero_grad()
+            loss_G.backward()
+            opt_G.step()
+            steps += 1
+    G.eval()
+    with torch.no_grad():
+        samples = torch.cat([G(torch.randn(500, 100, generator=torch.Generator().manual_seed(12345 + i)))
+                             for i in range(SAMPLES // 500)])
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(samples, out / "samples.pt")
+    (out / "reference.json").write_text(json.dumps({"steps": steps, "images": steps * batch}) + "\n")
+
+
 def build_set(folder: Path, num: int, size: int, seed: int) -> None:
     if (folder / "9").is_dir():
         return
@@ -73,28 +160,20 @@ def build_set(folder: Path, num: int, size: int, seed: int) -> None:
                     "--num", str(num), "--size", str(size), "--seed", str(seed)], check=True)
 
 
-def load_set(folder: Path, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The images (N, 3, size, size) in [-1, 1] and labels, through gan_accel's own data path."""
-    from gan_accel.data import open_image_data
-
-    data = open_image_data(str(folder), resolution=size, labels="required", log=None)
-    images, labels = [], []
-    for x, y in data.dataloader(500, shuffle=False, drop_last=False):
-        images.append(x)
-        labels.append(y)
-    order = torch.randperm(len(data.labels), generator=torch.Generator().manual_seed(0))  # class folders are sorted
-    return torch.cat(images)[order], torch.cat(labels)[order]
-
-
-def train_judge(images: torch.Tensor, labels: torch.Tensor, size: int, epochs: int = 4) -> tuple[Judge, float]:
-    """The judge trained on all but the last 2,000 images; returns it and its accuracy on those."""
+def train_judge(folder: Path, epochs: int = 4) -> tuple[Judge, float, torch.Tensor]:
+    """The judge trained on all but the last 2,000 images of ``folder``; returns it, its accuracy on those,
+    and the held-out images (the last :data:`HELD_OUT`)."""
+    paths = sorted(folder.rglob("*.png"))
+    labels = torch.tensor([int(path.parent.name) for path in paths])
+    images = read_folder(folder)
+    order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))  # class folders are sorted
+    images, labels = images[order], labels[order]
     torch.manual_seed(0)
-    judge = Judge(size)
+    judge = Judge()
     train_x, train_y, test_x, test_y = images[:-2000], labels[:-2000], images[-2000:], labels[-2000:]
     optimizer = torch.optim.Adam(judge.parameters(), lr=2e-3)
     for _ in range(epochs):
-        order = torch.randperm(len(train_x))
-        for batch in order.split(128):
+        for batch in torch.randperm(len(train_x)).split(128):
             loss = F.cross_entropy(judge(train_x[batch]), train_y[batch])
             optimizer.zero_grad()
             loss.backward()
@@ -102,19 +181,14 @@ def train_judge(images: torch.Tensor, labels: torch.Tensor, size: int, epochs: i
     judge.eval()
     with torch.no_grad():
         accuracy = float((judge(test_x).argmax(1) == test_y).float().mean())
-    return judge, accuracy
+    return judge, accuracy, images[-HELD_OUT:]
 
 
 @torch.no_grad()
-def score_run(run: Path, judge: Judge, reference: torch.Tensor) -> dict:
-    """Scores of a finished run's generator (its EMA when kept) in the judge's features."""
+def score_samples(images: torch.Tensor, asked: torch.Tensor | None, judge: Judge, reference: torch.Tensor) -> dict:
+    """Scores of samples in [-1, 1] in the judge's features (asked: the classes a conditional G was given)."""
     from gan_accel.eval.scores import score_features
-    from gan_accel import load_generator
-    from gan_accel.sampling import sample_images
 
-    G = load_generator(run)
-    num = SAMPLES - SAMPLES % (getattr(G, "num_classes", None) or 1)
-    images, asked = sample_images(G, num, seed=12345)
     logits = torch.cat([judge(part) for part in images.split(500)])
     features = torch.cat([judge.features(part) for part in images.split(500)])
     scores = score_features(features, reference, seed=0, kid_subset_size=1000)
@@ -126,78 +200,119 @@ def score_run(run: Path, judge: Judge, reference: torch.Tensor) -> dict:
     return result
 
 
-def median_rate(run: Path) -> float:
+def score_run(run: Path, judge: Judge, reference: torch.Tensor) -> dict:
+    """A finished `gan-accel train` run (its generator, the EMA when kept), or a reference loop's samples."""
+    if (run / "samples.pt").exists():
+        return score_samples(torch.load(run / "samples.pt", weights_only=True), None, judge, reference)
+    from gan_accel import load_generator
+    from gan_accel.sampling import sample_images
+
+    G = load_generator(run)
+    num = SAMPLES - SAMPLES % (getattr(G, "num_classes", None) or 1)
+    images, asked = sample_images(G, num, seed=12345)
+    return score_samples(images, asked, judge, reference)
+
+
+def run_facts(run: Path) -> dict:
+    """Steps, images and the median images/s of a finished run (either kind)."""
+    if (run / "reference.json").exists():
+        facts = json.loads((run / "reference.json").read_text())
+        wall = float((run / "wall_seconds.txt").read_text())
+        return {**facts, "images_per_s": round(facts["images"] / wall, 1)}
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return statistics.median(row["images/s"] for row in rows[1:] or rows)
+    rows = {row["step"]: row for row in rows}  # a repeated step supersedes the earlier row
+    last = rows[max(rows)]
+    rates = [row["images/s"] for step, row in sorted(rows.items())][1:] or [last["images/s"]]
+    return {"steps": max(rows), "images_per_s": round(statistics.median(rates), 1),
+            "health_nan": any(not np.isfinite(v) for row in rows.values() for v in row.values()
+                              if isinstance(v, float))}
 
 
-def train(data: Path, run: Path, size: int, seed: int, flags: list[str], steps: int | None) -> float:
-    """One `gan-accel train` in a process of its own; returns its wall time in seconds."""
-    command = [sys.executable, "-m", "gan_accel.cli", "train", "--data", str(data), "--resolution", str(size),
-               "--output-dir", str(run), "--seed", str(seed), "--no-progress", *flags]
-    if steps is not None:
-        command += ["--steps", str(steps)]
+def train_run(data: Path, run: Path, seed: int, flags: list[str], seconds: float | None, threads: int,
+              reference: bool) -> float:
+    """One run in a process of its own with ``threads`` threads; returns its wall time in seconds."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if reference:
+        command = [sys.executable, __file__, "--reference-run", str(run), "--data", str(data), "--seed", str(seed),
+                   "--seconds", str(seconds)]
+    else:
+        command = [sys.executable, "-m", "gan_accel.cli", "train", "--data", str(data), "--output-dir", str(run),
+                   "--seed", str(seed), "--no-progress", *flags]
+        if seconds is not None:
+            command += ["--max-time", f"{seconds:.0f}s"]
+    run.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
-def steps_for(data: Path, scratch: Path, size: int, flags: list[str], seconds: float) -> int:
-    """How many steps of this configuration fit in ``seconds``, from a 40-step probe's median speed."""
-    probe = scratch / "probe"
-    train(data, probe, size, 0, [*flags, "--log-every", "5", "--checkpoint-every", "1000000"], 40)
-    steps_per_second = median_rate(probe) / batch_size(flags)
-    subprocess.run(["rm", "-rf", str(probe)], check=True)
-    return max(1, int(seconds * steps_per_second))
-
-
-def batch_size(flags: list[str]) -> int:
-    return int(flags[flags.index("--batch-size") + 1]) if "--batch-size" in flags else 64
+    with open(f"{run}.log", "w") as log:
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    wall = time.perf_counter() - start
+    (run / "wall_seconds.txt").write_text(f"{wall:.1f}\n")
+    return wall
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=False)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--train-images", type=int, default=10_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--config", action="append", required=True, metavar="NAME=FLAGS")
-    parser.add_argument("--seconds", type=float, default=None, help="train each run for this wall time")
+    parser.add_argument("--config", action="append", default=[], metavar="NAME=FLAGS")
+    parser.add_argument("--seconds", type=float, default=None, help="cap each run at this wall time")
+    parser.add_argument("--reference", action="store_true", help="add the plain DCGAN loop at equal wall time")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads")
+    parser.add_argument("--reference-run", default=None, help=argparse.SUPPRESS)  # the loop's own process
+    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reference_run:
+        return train_reference(Path(args.data), Path(args.reference_run), args.seed, args.seconds)
+    if not args.out or not (args.config or args.reference):
+        parser.error("--out and at least one --config (or --reference) are needed")
+    if args.reference and args.size != 32:
+        parser.error("the reference loop is written for 32 px")
     out = Path(args.out)
     data, judge_set = out / f"rgb_digits_{args.size}px_{args.train_images}", out / f"judge_set_{args.size}px"
     build_set(data, args.train_images, args.size, seed=0)
     build_set(judge_set, JUDGE_IMAGES, args.size, seed=1)
-    images, labels = load_set(judge_set, args.size)
-    judge, accuracy = train_judge(images, labels, args.size)
+    judge, accuracy, held_out = train_judge(judge_set)
     with torch.no_grad():
-        reference = torch.cat([judge.features(part) for part in images[-HELD_OUT:].split(500)])
-    print(f"judge: {accuracy:.1%} accuracy on 2,000 held-out judge images; reference: {HELD_OUT} held-out images")
-    results = {"judge_accuracy": accuracy, "threads": torch.get_num_threads(), "runs": []}
-    for spec in args.config:
-        name, _, flags = spec.partition("=")
-        flags = shlex.split(flags)
-        steps = steps_for(data, out, args.size, flags, args.seconds) if args.seconds else None
-        for seed in args.seeds:
-            run = out / "runs" / f"{name}_seed{seed}"
-            if not (run / "generator").exists():
-                subprocess.run(["rm", "-rf", str(run)], check=True)
-                wall = train(data, run, args.size, seed, flags, steps)
-                (run / "wall_seconds.txt").write_text(f"{wall:.1f}\n")
-            wall = float((run / "wall_seconds.txt").read_text())
-            row = {"config": name, "flags": " ".join(flags), "seed": seed, "wall_s": round(wall, 1),
-                   "images_per_s": round(median_rate(run), 1), **score_run(run, judge, reference)}
-            results["runs"].append(row)
-            print(json.dumps(row), flush=True)
+        reference = torch.cat([judge.features(part) for part in held_out.split(500)])
+    print(f"judge: {accuracy:.1%} accuracy on 2,000 held-out judge images; reference: {HELD_OUT} held-out images",
+          flush=True)
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    configs = [(name, shlex.split(flags)) for name, _, flags in (spec.partition("=") for spec in args.config)]
+
+    def run_one(name: str, flags: list[str], seed: int, seconds: float | None, is_reference: bool) -> Path:
+        run = out / "runs" / f"{name}_seed{seed}"
+        if not (run / "wall_seconds.txt").exists():
+            subprocess.run(["rm", "-rf", str(run)], check=True)
+            train_run(data, run, seed, flags, seconds, threads, is_reference)
+        return run
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        runs = list(pool.map(lambda job: (job, run_one(*job, args.seconds, False)),
+                             [(name, flags, seed) for name, flags in configs for seed in args.seeds]))
+        if args.reference:
+            def budget(seed: int) -> float:
+                if args.seconds or not configs:
+                    return args.seconds or 300.0
+                return float((out / "runs" / f"{configs[0][0]}_seed{seed}" / "wall_seconds.txt").read_text())
+            runs += list(pool.map(lambda seed: (("reference", [], seed), run_one("reference", [], seed,
+                                                                                 budget(seed), True)), args.seeds))
+    results = {"judge_accuracy": accuracy, "threads_per_run": threads, "jobs": args.jobs, "runs": []}
+    for (name, flags, seed), run in runs:
+        row = {"config": name, "flags": " ".join(flags), "seed": seed,
+               "wall_s": round(float((run / "wall_seconds.txt").read_text()), 1), **run_facts(run),
+               **score_run(run, judge, reference)}
+        results["runs"].append(row)
+        print(json.dumps(row), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     keys = ("fd", "kid", "precision", "recall", "min_class_share", "classes_covered", "asked_class_read")
-    print(f"\n| config | seed | wall | images/s | {' | '.join(keys)} |\n|" + " --- |" * (4 + len(keys)))
+    print(f"\n| config | seed | steps | wall | images/s | {' | '.join(keys)} |\n|" + " --- |" * (5 + len(keys)))
     for row in results["runs"]:
         values = [f"{row[k]:.3g}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for k in keys]
-        print(f"| {row['config']} | {row['seed']} | {row['wall_s']:.0f} s | {row['images_per_s']:.0f} | "
-              f"{' | '.join(values)} |")
+        print(f"| {row['config']} | {row['seed']} | {row['steps']} | {row['wall_s']:.0f} s | "
+              f"{row['images_per_s']:.0f} | {' | '.join(values)} |")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     main()

@@ -252,7 +252,7 @@ def mistakes(tmp_path: Path) -> dict[str, tuple[list, str]]:
         "class weight unconditional": (["--data", tmp_path / "classes", "--class-weight", "0.5"],
                                        "--class-weight is a setting of a class-conditional run: add --conditional"),
         "spectral norm on resnet": (["--data", tmp_path / "flat", "--model", "resnet", "--spectral-norm"],
-                                    "resnet family's D is always spectrally normalised"),
+                                    "--spectral-norm sets the dcgan family's D (resnet's is fixed)"),
         "missing data": (["--data", tmp_path / "nowhere"], "does not exist"),
         "empty data": (["--data", ""], "--data is empty: pass a folder of images"),
         "run folder in the data": (["--data", tmp_path / "flat", "--output-dir", tmp_path / "flat" / "run"],

@@ -27,7 +27,7 @@ from ..augment import AUGMENTS
 from ..callbacks import Callback
 from ..config import TrainConfig
 from ..errors import ConfigError, DataError
-from ..models import default_spec, supported_resolutions
+from ..models import FAMILIES, default_spec, supported_resolutions
 from .arguments import fraction, nonnegative_float, positive_int
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
@@ -83,7 +83,7 @@ def add_parser(commands: Any) -> None:
                             z_help="latent size (default: the family's, dcgan 100, resnet 128)",
                             r1_help="lazy R1 penalty on D's real images, every 16 D steps; 0 disables (default 0.1; "
                                     "0 with --conditional)")
-    model.add_argument("--model", choices=("dcgan", "resnet"), default=None,
+    model.add_argument("--model", choices=tuple(FAMILIES), default=None,
                        help="the network family (default: dcgan up to 64 px, resnet above)")
     add_conditional_flags(model, d_position=None, d_position_help="dcgan family: how the conditional D sees where "
                           "things are: coordinate channels (the default), spatial moments, or not at all",
@@ -234,9 +234,9 @@ def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
         if args.d_position is not None:
             overrides["d_position"] = args.d_position
     elif args.spectral_norm:
-        raise ConfigError("--spectral-norm: the resnet family's D is always spectrally normalised; leave the flag out")
+        raise ConfigError(f"--spectral-norm sets the dcgan family's D ({family}'s is fixed): leave the flag out")
     elif args.d_position is not None:
-        raise ConfigError("--d-position sets the dcgan family's conditional D: leave it out with --model resnet")
+        raise ConfigError(f"--d-position sets the dcgan family's conditional D: leave it out with --model {family}")
     if args.resolution is not None:
         default_spec(family, args.resolution, args.channels or 3, 2 if args.conditional else None, **overrides)
     return overrides

@@ -83,7 +83,8 @@ def add_model_flags(parser: argparse.ArgumentParser, width: int | None, z_dim: i
     model.add_argument("--lr-g", type=positive_float, default=1e-3)
     model.add_argument("--lr-d", type=positive_float, default=1e-3)
     model.add_argument("--beta1", type=fraction, default=0.5)
-    model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein or least_squares")
+    model.add_argument("--beta2", type=fraction, default=0.999)
+    model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein, least_squares or rpgan (relativistic pairing)")
     model.add_argument("--n-critic", type=positive_int, default=1, help="D updates per G update")
     model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples (decay per step); 0 disables")
     model.add_argument("--ema-half-life", type=positive_float, default=None,
@@ -93,6 +94,10 @@ def add_model_flags(parser: argparse.ArgumentParser, width: int | None, z_dim: i
     model.add_argument("--ema-batchnorm", choices=("copy", "recompute"), default="copy",
                        help="the EMA's BatchNorm statistics: G's, or measured for the EMA's weights")
     model.add_argument("--r1-gamma", type=nonnegative_float, default=r1_gamma, help=r1_help)
+    model.add_argument("--r2-gamma", type=nonnegative_float, default=None,
+                       help="R2 penalty on G's samples, taken with R1 (R3GAN's pair: the same gamma); 0 disables")
+    model.add_argument("--r1-every", type=positive_int, default=16,
+                       help="the penalties run every N-th D step, their loss times N (1: every step)")
     model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D (no BatchNorm)")
     model.add_argument("--warmup-ratio", type=fraction, default=0.05)
     model.add_argument("--lr-schedule", choices=("linear", "constant"), default="constant")
@@ -117,10 +122,11 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         max_steps=args.steps or 1, batch_size=args.batch_size, grad_accum_steps=args.grad_accum,
         n_critic=args.n_critic, loss=args.loss, z_dim=args.z_dim, lr_G=args.lr_g, lr_D=args.lr_d,
-        betas_G=(args.beta1, 0.999), betas_D=(args.beta1, 0.999), lr_schedule=args.lr_schedule,
+        betas_G=(args.beta1, args.beta2), betas_D=(args.beta1, args.beta2), lr_schedule=args.lr_schedule,
         warmup_ratio=args.warmup_ratio,
         ema_decay=None if args.ema_half_life else args.ema_decay or None, ema_half_life=args.ema_half_life,
         ema_rampup=args.ema_rampup, ema_batchnorm=args.ema_batchnorm, r1_gamma=args.r1_gamma or None,
+        r2_gamma=args.r2_gamma or None, r1_every=args.r1_every,
         mixed_precision=args.mixed_precision, channels_last=args.channels_last,
         keep_freed_memory=args.keep_freed_memory, sample_every=args.sample_every, log_every=args.log_every,
         output_dir=args.output_dir, seed=args.seed,
