@@ -184,6 +184,21 @@ def train_judge(folder: Path, epochs: int = 4) -> tuple[Judge, float, torch.Tens
     return judge, accuracy, images[-HELD_OUT:]
 
 
+def cached_judge(folder: Path, path: Path) -> tuple[Judge, float, torch.Tensor]:
+    """:func:`train_judge`, kept in ``path`` (safetensors) so later invocations score with the same judge."""
+    from safetensors.torch import load_file, save_file
+
+    if path.exists():
+        judge, state = Judge(), load_file(path)
+        accuracy = float(state.pop("accuracy"))
+        judge.load_state_dict(state)
+        return judge.eval(), accuracy, read_folder(folder)[torch.randperm(JUDGE_IMAGES, generator=torch.Generator()
+                                                                          .manual_seed(0))][-HELD_OUT:]
+    judge, accuracy, held_out = train_judge(folder)
+    save_file({**judge.state_dict(), "accuracy": torch.tensor(accuracy)}, str(path))
+    return judge, accuracy, held_out
+
+
 @torch.no_grad()
 def score_samples(images: torch.Tensor, asked: torch.Tensor | None, judge: Judge, reference: torch.Tensor) -> dict:
     """Scores of samples in [-1, 1] in the judge's features (asked: the classes a conditional G was given)."""
@@ -273,7 +288,7 @@ def main() -> None:
     data, judge_set = out / f"rgb_digits_{args.size}px_{args.train_images}", out / f"judge_set_{args.size}px"
     build_set(data, args.train_images, args.size, seed=0)
     build_set(judge_set, JUDGE_IMAGES, args.size, seed=1)
-    judge, accuracy, held_out = train_judge(judge_set)
+    judge, accuracy, held_out = cached_judge(judge_set, out / "judge.safetensors")
     with torch.no_grad():
         reference = torch.cat([judge.features(part) for part in held_out.split(500)])
     print(f"judge: {accuracy:.1%} accuracy on 2,000 held-out judge images; reference: {HELD_OUT} held-out images",
@@ -288,19 +303,23 @@ def main() -> None:
             train_run(data, run, seed, flags, seconds, threads, is_reference)
         return run
 
+    def budget(seed: int) -> float:  # the reference's wall time: --seconds, else the first config's run's
+        if args.seconds or not configs:
+            return args.seconds or 300.0
+        return float((runs[(configs[0][0], seed)].result() / "wall_seconds.txt").read_text())
+
+    # Submitted in order, so a reference job waits only on runs that have started before it.
     with ThreadPoolExecutor(args.jobs) as pool:
-        runs = list(pool.map(lambda job: (job, run_one(*job, args.seconds, False)),
-                             [(name, flags, seed) for name, flags in configs for seed in args.seeds]))
+        runs = {(name, seed): pool.submit(run_one, name, flags, seed, args.seconds, False)
+                for name, flags in configs for seed in args.seeds}
         if args.reference:
-            def budget(seed: int) -> float:
-                if args.seconds or not configs:
-                    return args.seconds or 300.0
-                return float((out / "runs" / f"{configs[0][0]}_seed{seed}" / "wall_seconds.txt").read_text())
-            runs += list(pool.map(lambda seed: (("reference", [], seed), run_one("reference", [], seed,
-                                                                                 budget(seed), True)), args.seeds))
+            runs.update({("reference", seed): pool.submit(lambda s: run_one("reference", [], s, budget(s), True), seed)
+                         for seed in args.seeds})
+    flags_of = dict(configs)
     results = {"judge_accuracy": accuracy, "threads_per_run": threads, "jobs": args.jobs, "runs": []}
-    for (name, flags, seed), run in runs:
-        row = {"config": name, "flags": " ".join(flags), "seed": seed,
+    for (name, seed), future in runs.items():
+        run = future.result()
+        row = {"config": name, "flags": " ".join(flags_of.get(name, [])), "seed": seed,
                "wall_s": round(float((run / "wall_seconds.txt").read_text()), 1), **run_facts(run),
                **score_run(run, judge, reference)}
         results["runs"].append(row)

@@ -141,7 +141,7 @@ def test_grayscale_images_train_a_one_channel_model_at_28_px(tmp_path, capsys):
     code, stdout, err = gan_accel(["train", "--data", tmp_path / "grey", "--output-dir", out, "--steps", "1", *TINY],
                                   capsys)
     assert code == 0, err[-3000:]
-    assert "28 px: the largest size the dcgan family makes for images whose median short side is 30 px" in stdout
+    assert "28 px: the largest size gan_accel's models make for images whose median short side is 30 px" in stdout
     config = json.loads((out / "config.json").read_text())
     assert config["model"] == default_spec("dcgan", 28, channels=1, width=4)
 

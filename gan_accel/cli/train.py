@@ -8,10 +8,11 @@
 
 ``--data`` takes a folder of images, a ZIP of them, ``hf:NAME[:SPLIT]`` (a Hugging Face dataset) or
 ``hf:FOLDER`` (the imagefolder builder). Images are decoded once into a cache; bad files are skipped and
-listed. Without --model, --resolution and --channels the command picks them from the images (dcgan up to
-64 px, resnet above; the largest size at most the median short side; 1 channel when all are grey), and a
-resume takes the run's own. Every mistake is one ``error:`` line, exit 2, before anything is written into
-the run folder. The training flags are those of examples/dcgan_mnist.py; defaults: docs/own-images.md.
+listed. Without --model, --resolution and --channels the command picks them from the images (the
+largest size at most the median short side; 1 channel when all are grey), and every training setting
+left out comes from the recipe table for that size and number of images (:mod:`gan_accel.recipes`); a
+resume takes the run's own. Every mistake is one ``error:`` line, exit 2, before anything is written
+into the run folder. The training flags are those of examples/dcgan_mnist.py; defaults: docs/own-images.md.
 """
 
 from __future__ import annotations
@@ -28,17 +29,15 @@ from ..callbacks import Callback
 from ..config import TrainConfig
 from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
+from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
 from .arguments import fraction, nonnegative_float, positive_int
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
 if TYPE_CHECKING:
     from ..data import ImageData
 
-# The MNIST examples' defaults (docs/benchmarks.md), until an ablation on other images says otherwise.
-DEFAULT_STEPS = 5000
-DEFAULT_R1_GAMMA = {False: 0.1, True: 0.0}
+DEFAULT_STEPS = 8000  # --help's figure; the run's own comes from its recipe (gan_accel.recipes)
 FEATURES = ("auto", "inception", "random")  # --eval-features
-DCGAN_LARGEST = max(supported_resolutions("dcgan"))
 
 
 def add_parser(commands: Any) -> None:
@@ -79,24 +78,28 @@ def add_parser(commands: Any) -> None:
                           "random (a fixed random network: no download), auto: inception if it can be had, else "
                           "random (said in one line)")
     model = add_model_flags(parser, width=None, z_dim=None, r1_gamma=None,
-                            width_help="channel width (default: the family's, 64; resnet at 28 px: 32)",
+                            width_help="channel width (default: the recipe's: dcgan 32 up to 32 px, else the family's, 64)",
                             z_help="latent size (default: the family's, dcgan 100, resnet 128)",
-                            r1_help="lazy R1 penalty on D's real images, every 16 D steps; 0 disables (default 0.1; "
-                                    "0 with --conditional)")
+                            r1_help="R1 penalty on D's real images (the recipe's every 16 D steps); 0 disables (default: the "
+                                    "recipe's gamma, 0.1 up to 32 px; 0 with --conditional)")
     model.add_argument("--model", choices=tuple(FAMILIES), default=None,
-                       help="the network family (default: dcgan up to 64 px, resnet above)")
+                       help="the network family (default: the recipe's: dcgan up to 32 px; above, r3gan on a GPU, "
+                            "else dcgan at 64 px and resnet above)")
     add_conditional_flags(model, d_position=None, d_position_help="dcgan family: how the conditional D sees where "
                           "things are: coordinate channels (the default), spatial moments, or not at all",
                           label_distribution=None, class_weight=None)
     augment = parser.add_argument_group("augmentation of what D sees")
-    augment.add_argument("--augment", choices=AUGMENTS, default="none",
+    augment.add_argument("--augment", choices=AUGMENTS, default=None,
                          help="diffaugment: colour, translation, cutout on every image D sees; ada: the same kind, "
-                              "with a probability steered by D's overfitting")
+                              "with a probability steered by D's overfitting (default: diffaugment for up to "
+                              f"{FEW_IMAGES:,} images, else none)")
     augment.add_argument("--augment-p", type=nonnegative_float, default=None,
                          help="diffaugment: each transform's probability (default 1); ada: the first p (default 0)")
     augment.add_argument("--ada-target", type=fraction, default=0.6,
                          help="ada: the E[sign(D(real))] that p steers towards")
-    parser.set_defaults(run=train)
+    # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
+    parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
+                        ema_decay=None, augment=None)
 
 
 def train(args: argparse.Namespace) -> int:
@@ -109,7 +112,7 @@ def train(args: argparse.Namespace) -> int:
     from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
 
-    recorded_data, family, overrides = settle_run(args)
+    recorded_data, family = settle_run(args)
     # The processes of the launch, before the data (one process per machine builds its cache); the trainer
     # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
     # torch's collective timeout bounds the data build's waits too (gan_accel.ending).
@@ -117,8 +120,13 @@ def train(args: argparse.Namespace) -> int:
                              timeout=timedelta(seconds=args.collective_timeout))
     check_launch(processes)
     log = processes.print
+    gpu = processes.device.type == "cuda"
     data = open_data(args, family, processes, log)
     data.check_resume(recorded_data, allow_changed=args.allow_data_change, log=log)
+    recipe = default_recipe(data.prep.resolution, len(data), gpu)
+    family = family or recipe.model
+    fill_from_recipe(args, recipe, family, log)
+    overrides = check_model(args, family)
     spec = default_spec(family, data.prep.resolution, data.prep.channels,
                         len(data.class_names) if args.conditional else None, **overrides)
     loader = data.dataloader(args.batch_size, random_flip=args.random_flip, seed=args.seed)
@@ -147,9 +155,10 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, dict[str, Any]]:
+def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | None]:
     """Before any data is read: the run folder looked at once, the flags a resume leaves out filled in from the
-    run's records; returns the data record, the model family and the spec's overrides."""
+    run's records, the model flags checked when the family is known; returns the data record and the model
+    family (None until the images give the resolution)."""
     from ..data.image_data import check_outside_data
 
     if not args.data.strip():
@@ -165,8 +174,29 @@ def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, di
         args.model = args.model or recorded_spec["family"]
         args.resolution = args.resolution or recorded_spec.get("image_size")
         args.channels = args.channels or recorded_spec.get("channels")
-    family = args.model or ("resnet" if args.resolution and args.resolution > DCGAN_LARGEST else "dcgan")
-    return recorded_data, family, check_model(args, family)
+    if args.model or args.resolution:  # the flags' mistakes before the data (checked again once it is read)
+        check_model(args, args.model or family_for(args.resolution, gpu=False))
+    return recorded_data, args.model
+
+
+def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log: Callable[[str], Any]) -> None:
+    """The settings left out, from the recipe's row (its width only for its own family), said in one line."""
+    filled = {"loss": recipe.loss, "lr_g": recipe.lr, "lr_d": recipe.lr, "beta1": recipe.beta1,
+              "beta2": recipe.beta2, "r1_every": recipe.r1_every, "ema_decay": recipe.ema_decay,
+              "augment": recipe.augment}
+    if args.r1_gamma is None:  # a conditional run's auxiliary class loss already regularises D (measured)
+        filled["r1_gamma"] = 0.0 if args.conditional else recipe.r1_gamma
+    if args.r2_gamma is None and args.loss in (None, "rpgan"):  # R2 is the relativistic loss's partner
+        filled["r2_gamma"] = 0.0 if args.conditional else recipe.r2_gamma
+    if args.width is None and family == recipe.model and recipe.width:
+        filled["width"] = recipe.width
+    left_out = {name: value for name, value in filled.items() if getattr(args, name) is None}
+    for name, value in left_out.items():
+        setattr(args, name, value)
+    if args.steps is None and args.epochs is None and args.images is None:
+        args.steps = recipe.steps
+    if left_out:
+        log(f"gan_accel: the recipe for {family} at this size and data: {recipe.describe()}; flags given win")
 
 
 def default_output_dir(data: str) -> str:
@@ -242,21 +272,22 @@ def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
     return overrides
 
 
-def default_resolution(family: str, sizes: list[tuple[int, int]]) -> tuple[int, str]:
+def default_resolution(family: str | None, sizes: list[tuple[int, int]]) -> tuple[int, str]:
     """The largest size ``family`` makes at or below the images' median short side (the lower middle one
     for an even count; the smallest size when they are all smaller), and one line saying why."""
-    made = supported_resolutions(family)
+    made = supported_resolutions(family or "resnet")  # no --model: every size the table has
     if not sizes:
         return made[0], ""
     side = sorted(min(w, h) for w, h in sizes)[(len(sizes) - 1) // 2]
     fitting = [size for size in made if size <= side]
     chosen = fitting[-1] if fitting else made[0]
     why = "the largest" if fitting else "the smallest (the images are upscaled)"
-    return chosen, (f"gan_accel: {chosen} px: {why} size the {family} family makes for images whose median short "
+    maker = f"the {family} family makes" if family else "gan_accel's models make"
+    return chosen, (f"gan_accel: {chosen} px: {why} size {maker} for images whose median short "
                     f"side is {side} px (choose with --resolution)")
 
 
-def open_data(args: argparse.Namespace, family: str, processes: Any, log: Callable[[str], Any]) -> ImageData:
+def open_data(args: argparse.Namespace, family: str | None, processes: Any, log: Callable[[str], Any]) -> ImageData:
     """List and scan the data once, choose the resolution when it is not given, and open it."""
     from ..data import Preprocessing, scan_images
 
@@ -288,8 +319,6 @@ def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, p
                  extra: dict[str, Any]) -> TrainConfig:
     """The run's config, once, from the flags and the data (the networks' spec, the batches per epoch)."""
     fields = config_fields(args)
-    if args.r1_gamma is None:
-        fields["r1_gamma"] = DEFAULT_R1_GAMMA[args.conditional] or None
     if args.conditional:
         classes = spec["num_classes"]
         fields.update(num_classes=classes, num_samples=classes * max(1, min(8, 256 // classes)),  # a row per class

@@ -1,0 +1,83 @@
+"""The defaults `gan-accel train` takes for every setting the user leaves out, chosen by the resolution, the
+number of images and whether the run is conditional.
+
+Up to 32 px the table was measured on 2 CPU cores (``benchmarks/own_images_quality.py``; the numbers are
+in docs/benchmarks.md): a DCGAN of width 32 with the relativistic pairing loss (RpGAN) and its two
+zero-centred penalties, R1 and R2, beats the MNIST recipe and the classic DCGAN loop at equal wall time.
+From 64 px, on a GPU, the recipe is R3GAN's published one (its network, loss, penalties and optimiser
+settings; ``benchmarks/gpu_check.py`` measures it first where a GPU is lent); on a CPU, where that
+network would take hours, the 32-px row carries over with the family that makes the size (dcgan at
+64 px, resnet above).
+
+The penalty's gamma follows the resolution: measured at 28-32 px, and at 64 px and above R3GAN's
+published values, 2 at 64 px and 150 at 256 px, between which it grows as ``2 * (side / 64) ** 3.1``
+(17 at 128 px).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+SMALL_SIDES = (28, 32)  # the measured rows; larger sides take the published recipe
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What `gan-accel train` uses for the flags left out (each field is the flag of the same name)."""
+
+    model: str
+    width: int | None  # None: the family's default width
+    loss: str
+    r1_gamma: float
+    r2_gamma: float
+    r1_every: int  # the penalties every N-th D step, their loss times N
+    lr: float  # G's and D's
+    beta1: float
+    beta2: float
+    ema_decay: float
+    augment: str
+    steps: int
+    source: str  # where the row comes from: "measured on 2 CPU cores" or the publication
+
+    def describe(self) -> str:
+        """One line for the run's log: what was chosen, and where it comes from."""
+        width = f" width {self.width}" if self.width else ""
+        return (f"{self.model}{width}, {self.loss} loss with R1/R2 gamma {self.r1_gamma:g}, lr {self.lr:g}, "
+                f"betas ({self.beta1:g}, {self.beta2:g}), augment {self.augment} ({self.source})")
+
+
+def penalty_gamma(side: int) -> float:
+    """The R1/R2 gamma for images of ``side`` pixels (see the module's docstring)."""
+    if side <= max(SMALL_SIDES):
+        return 0.1
+    return round(2.0 * (side / 64) ** 3.1, 2)
+
+
+def family_for(side: int, gpu: bool) -> str:
+    """The model family the table picks for ``side`` px (on a GPU or not)."""
+    if side <= max(SMALL_SIDES):
+        return "dcgan"
+    return "r3gan" if gpu else "dcgan" if side <= 64 else "resnet"
+
+
+def default_recipe(side: int, images: int, gpu: bool = False) -> Recipe:
+    """The table's row for ``side`` px images, ``images`` of them (augmentation pays on small sets)."""
+    if side < 1 or images < 1:
+        raise ConfigError(f"a recipe needs a positive side and image count, got {side} px and {images} images")
+    augment = "diffaugment" if images <= FEW_IMAGES else "none"
+    family = family_for(side, gpu)
+    if family != "r3gan":
+        gamma = penalty_gamma(min(side, max(SMALL_SIDES)))
+        return Recipe(model=family, width=32 if side <= max(SMALL_SIDES) else None, loss="rpgan", r1_gamma=gamma,
+                      r2_gamma=gamma, r1_every=16, lr=1e-3, beta1=0.5, beta2=0.999, ema_decay=0.99, augment=augment,
+                      steps=8000, source="measured on 2 CPU cores" if side <= max(SMALL_SIDES) else
+                      "the 32-px row's settings, not measured at this size")
+    gamma = penalty_gamma(side)
+    return Recipe(model="r3gan", width=None, loss="rpgan", r1_gamma=gamma, r2_gamma=gamma, r1_every=1, lr=2e-4,
+                  beta1=0.0, beta2=0.99, ema_decay=0.999, augment="diffaugment", steps=20000,
+                  source="R3GAN's published recipe, for a GPU")
+
+
+FEW_IMAGES = 1000  # at or below: the augmentation default is on (see docs/models-and-augmentation.md)
