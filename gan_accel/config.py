@@ -92,7 +92,7 @@ class TrainConfig:
     clip_grad_norm_G: float | None = None
     clip_grad_norm_D: float | None = None
     r1_gamma: float | Ramp | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
-    r2_gamma: float | Ramp | None = None  # R2 penalty gamma/2 * E|grad D(G(z))|^2 on G's samples, taken with R1 (r1_every)
+    r2_gamma: float | Ramp | None = None  # R2 penalty gamma/2 * E|grad D(G(z))|^2 on G's samples, with R1 (r1_every)
     r1_every: int = 16  # R1 runs every N-th D step, with its loss multiplied by N (StyleGAN2's lazy R1)
     gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
     num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
@@ -159,7 +159,8 @@ class TrainConfig:
             _require_positive_float("max_time", self.max_time, hint="seconds, or None for no limit")
         for name in ("betas_G", "betas_D"):
             betas = getattr(self, name)
-            if len(betas) != 2 or not all(_is_number(v) and 0.0 <= v < 1.0 for b in betas for _, v in _endpoints(name, b)):
+            values = [v for beta in betas for _, v in _endpoints(name, beta)]
+            if len(betas) != 2 or not all(_is_number(v) and 0.0 <= v < 1.0 for v in values):
                 raise ConfigError(f"{name}={betas!r} is invalid: expected two numbers in [0, 1) (or Ramps between "
                                   "such numbers), e.g. (0.5, 0.999)")
         for name in ("clip_grad_norm_G", "clip_grad_norm_D", "r1_gamma", "r2_gamma", "gp_weight"):

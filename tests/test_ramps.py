@@ -44,6 +44,18 @@ def test_bad_ramps_are_one_line_config_errors(bad, message):
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_a_rate_ramp_with_a_scheduler_of_yours_is_refused_in_one_line(tmp_path):
+    from gan_accel import GANTrainer, PreflightError
+    from conftest import make_loader
+
+    G, D = make_models(0)
+    optimizer = torch.optim.Adam(D.parameters())
+    config = TrainConfig(batch_size=4, z_dim=4, lr_D=LR, output_dir=str(tmp_path / "run"), progress_bar=False)
+    with pytest.raises(PreflightError, match=r"^lr_D is a Ramp, .*pass lr_multiplier_D instead of sched_D"):
+        GANTrainer(G, D, make_loader(make_images(16), 4), config, latent_sampler=TableLatents(4096),
+                   sched_D=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
+
+
 def test_config_json_round_trip(tmp_path):
     config = TrainConfig(lr_G=LR, betas_D=(0.5, BETA2), r1_gamma=GAMMA, r2_gamma=Ramp(1.0, 2.0, 5, "linear"),
                          ema_half_life=Ramp(10.0, 500.0, 1000), augment="diffaugment", augment_p=Ramp(0.0, 0.6, 99))

@@ -88,8 +88,8 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
         if optimizers[name] is None:
             lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
             if isinstance(lr, Ramp) and schedulers.get(name) is not None:
-                raise PreflightError(f"lr_{'D' if name == 'D' else 'G'} is a Ramp, which moves the base rate of "
-                                     f"gan_accel's scheduler: pass lr_multiplier_{name} instead of sched_{name}")
+                raise PreflightError(f"lr_{name} is a Ramp, which moves the base rate of gan_accel's scheduler: "
+                                     f"pass lr_multiplier_{name} instead of sched_{name}, or a number as lr_{name}")
             # fused: one kernel per step (about 4x faster than the default foreach Adam on CPU), and the
             # divergence guard can skip its update on the device (engine/guard.py)
             optimizers[name] = torch.optim.Adam(net.parameters(), lr=first_value(lr), fused=fused or None,
