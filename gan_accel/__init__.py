@@ -8,7 +8,7 @@ whose :func:`load_generator` is here too (G from an exported folder, a Hub repo 
 """
 
 from .callbacks import Callback
-from .config import TrainConfig
+from .config import Ramp, TrainConfig
 from .engine import GANTrainer, Phase, StepContext, build_accelerator, default_phases, extract_images, r1_phase
 from .engine.schedules import lambda_scheduler, warmup_then_decay
 from .errors import (CallbackError, CheckpointError, ConfigError, DivergenceError, GanAccelError, LaunchError,
@@ -19,7 +19,7 @@ from .hub import load_generator
 from .storage.checkpoint import latest_checkpoint, list_checkpoints
 
 __all__ = [
-    "GANTrainer", "TrainConfig",
+    "GANTrainer", "TrainConfig", "Ramp",
     "Phase", "StepContext", "default_phases", "r1_phase",
     "GANLoss", "LOSSES", "get_loss", "discriminator_loss", "generator_loss", "sum_losses",
     "r1_penalty", "gradient_penalty",

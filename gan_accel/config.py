@@ -22,6 +22,44 @@ MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 MAX_SEED = 2**31 - 1  # numpy's seed must be < 2**32, and Accelerate's set_seed adds the process index
 LR_SCHEDULE_CHOICES = ("linear", "constant")
 LABEL_DISTRIBUTIONS = ("uniform", "data")
+RAMP_SHAPES = ("cosine", "linear")
+RAMPED_FIELDS = ("lr_G", "lr_D", "r1_gamma", "r2_gamma", "ema_half_life", "augment_p")  # and each of the betas
+
+
+@dataclass(frozen=True)
+class Ramp:
+    """A setting that moves from ``start`` to ``end`` over the first ``images`` training images, then stays.
+
+    Its value after ``n`` images (:attr:`TrainConfig` counts them over all processes and micro-batches) is
+    ``start + (end - start) * f(min(n / images, 1))``, ``f(t) = (1 - cos(pi t)) / 2`` (``"cosine"``) or ``t``
+    (``"linear"``). ``config.json`` stores it as ``{"start": ..., "end": ..., "images": ..., "shape": ...}``.
+    """
+
+    start: float
+    end: float
+    images: float
+    shape: str = "cosine"
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end", "images"):
+            if not _is_number(getattr(self, name)):
+                raise ConfigError(f"Ramp {name}={getattr(self, name)!r} is invalid: expected a finite number")
+        if self.images <= 0:
+            raise ConfigError(f"Ramp images={self.images!r} is invalid: expected the number of training images "
+                              "over which the value moves, > 0")
+        if self.shape not in RAMP_SHAPES:
+            raise ConfigError(f"Ramp shape={self.shape!r} is invalid: choose {' or '.join(RAMP_SHAPES)}")
+
+    def __call__(self, images: float) -> float:
+        """The value after ``images`` training images."""
+        if images >= self.images:
+            return self.end  # exactly end, not start + (end - start) * 1.0
+        t = images / self.images
+        f = (1.0 - math.cos(math.pi * t)) / 2.0 if self.shape == "cosine" else t
+        return self.start + (self.end - self.start) * f
+
+    def __format__(self, spec: str) -> str:  # f"{gamma:g}" in phase names and messages
+        return f"Ramp({self.start:{spec}} -> {self.end:{spec}} over {self.images:g} images, {self.shape})"
 
 
 @dataclass
@@ -41,20 +79,20 @@ class TrainConfig:
     n_critic: int = 1  # discriminator updates per generator update
     loss: Union[str, GANLoss] = "nonsaturating"
     z_dim: int = 100
-    lr_G: float = 2e-4
-    lr_D: float = 2e-4
-    betas_G: tuple[float, float] = (0.5, 0.999)
-    betas_D: tuple[float, float] = (0.5, 0.999)
+    lr_G: float | Ramp = 2e-4
+    lr_D: float | Ramp = 2e-4
+    betas_G: tuple[float | Ramp, float | Ramp] = (0.5, 0.999)  # e.g. (0.5, Ramp(0.99, 0.999, 5e6)): R3GAN's beta2
+    betas_D: tuple[float | Ramp, float | Ramp] = (0.5, 0.999)
     lr_schedule: str = "linear"  # linear warmup then linear decay to 0, or warmup then constant
     warmup_ratio: float = 0.1  # share of each network's optimizer steps spent warming up
     ema_decay: float | None = None  # e.g. 0.999: sample and export an EMA of G's weights (decay per G step)
-    ema_half_life: float | None = None  # or: the EMA's half-life in training images (StyleGAN2), e.g. 10_000
+    ema_half_life: float | Ramp | None = None  # or: the EMA's half-life in training images (StyleGAN2), e.g. 10_000
     ema_rampup: float | None = None  # with ema_half_life: cap it at rampup x images seen (StyleGAN2: 0.05)
     ema_batchnorm: str = "copy"  # the EMA's BatchNorm statistics: "copy" G's, or "recompute" them for its weights
     clip_grad_norm_G: float | None = None
     clip_grad_norm_D: float | None = None
-    r1_gamma: float | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
-    r2_gamma: float | None = None  # R2 penalty gamma/2 * E|grad D(G(z))|^2 on G's samples, taken with R1 (r1_every)
+    r1_gamma: float | Ramp | None = None  # R1 penalty gamma/2 * E|grad_x D(x)|^2 on real data, as a lazy phase
+    r2_gamma: float | Ramp | None = None  # R2 penalty gamma/2 * E|grad D(G(z))|^2 on G's samples, with R1 (r1_every)
     r1_every: int = 16  # R1 runs every N-th D step, with its loss multiplied by N (StyleGAN2's lazy R1)
     gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
     num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
@@ -65,7 +103,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile G and D; phases with a double backward (R1, GP) run eagerly
     keep_freed_memory: bool = False  # Linux/glibc: freed memory stays in the process (no page faults per step)
     augment: str = "none"  # differentiable augmentation of every image D sees: "none", "diffaugment" or "ada"
-    augment_p: float | None = None  # diffaugment: each transform's probability (default 1); ada: the first p (0)
+    augment_p: float | Ramp | None = None  # diffaugment: each transform's probability (default 1); ada: the first p (0)
     ada_target: float = 0.6  # ada: the E[sign(D(real))] that p steers towards (higher: D overfits, p rises)
     ada_interval: int = 4  # ada: steps between updates of p
     ada_kimg: float = 100.0  # ada: thousands of real images over which p can move from 0 to 1
@@ -89,8 +127,10 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
 
     def __post_init__(self) -> None:
-        self.betas_G = tuple(self.betas_G)  # JSON round-trips give lists
-        self.betas_D = tuple(self.betas_D)
+        self.betas_G = tuple(_read_ramp(b) for b in self.betas_G)  # JSON round-trips give lists, and Ramps as dicts
+        self.betas_D = tuple(_read_ramp(b) for b in self.betas_D)
+        for name in RAMPED_FIELDS:
+            setattr(self, name, _read_ramp(getattr(self, name)))
         if isinstance(self.log_with, str):  # "tensorboard" or "tensorboard,mlflow"
             self.log_with = tuple(name.strip() for name in self.log_with.split(",") if name.strip())
         elif isinstance(self.log_with, list):  # JSON round-trips give lists
@@ -112,25 +152,30 @@ class TrainConfig:
             raise ConfigError(f"seed={self.seed!r} is invalid: expected an integer from 0 to {MAX_SEED} (2**31 - 1: "
                               "numpy takes seeds below 2**32, and each process seeds with seed + its index)")
         for name in ("lr_G", "lr_D"):
-            _require_positive_float(name, getattr(self, name))
+            for label, value in _endpoints(name, getattr(self, name)):
+                _require_positive_float(label, value)
         _require_positive_float("collective_timeout", self.collective_timeout, hint="seconds")
         if self.max_time is not None:
             _require_positive_float("max_time", self.max_time, hint="seconds, or None for no limit")
         for name in ("betas_G", "betas_D"):
             betas = getattr(self, name)
-            if len(betas) != 2 or not all(_is_number(b) and 0.0 <= b < 1.0 for b in betas):
-                raise ConfigError(f"{name}={betas!r} is invalid: expected two numbers in [0, 1), e.g. (0.5, 0.999)")
+            values = [v for beta in betas for _, v in _endpoints(name, beta)]
+            if len(betas) != 2 or not all(_is_number(v) and 0.0 <= v < 1.0 for v in values):
+                raise ConfigError(f"{name}={betas!r} is invalid: expected two numbers in [0, 1) (or Ramps between "
+                                  "such numbers), e.g. (0.5, 0.999)")
         for name in ("clip_grad_norm_G", "clip_grad_norm_D", "r1_gamma", "r2_gamma", "gp_weight"):
             if getattr(self, name) is not None:
                 what = "clipping" if name.startswith("clip") else "the penalty"
-                _require_positive_float(name, getattr(self, name), hint=f"or None to disable {what}")
+                for label, value in _endpoints(name, getattr(self, name)):
+                    _require_positive_float(label, value, hint=f"or None to disable {what}")
         if self.ema_decay is not None and not (_is_number(self.ema_decay) and 0.0 < self.ema_decay < 1.0):
             raise ConfigError(f"ema_decay={self.ema_decay!r} is invalid: expected a number in (0, 1), or None for no EMA")
         if self.ema_half_life is not None:
             if self.ema_decay is not None:
                 raise ConfigError("ema_decay and ema_half_life are both set: keep one (ema_half_life counts images, "
                                   "ema_decay counts G steps)")
-            _require_positive_float("ema_half_life", self.ema_half_life, hint="training images, or None")
+            for label, value in _endpoints("ema_half_life", self.ema_half_life):
+                _require_positive_float(label, value, hint="training images, or None")
         if self.ema_rampup is not None:
             _require_positive_float("ema_rampup", self.ema_rampup, hint="e.g. 0.05, or None")
             if self.ema_half_life is None:
@@ -152,10 +197,13 @@ class TrainConfig:
         """The named choices (augmentation, loss, labels, trackers) and the saved fields."""
         if self.augment not in AUGMENTS:
             raise ConfigError(f"augment={self.augment!r} is invalid: choose one of {', '.join(AUGMENTS)}")
-        if self.augment_p is not None and not (_is_number(self.augment_p) and 0.0 <= self.augment_p < 1.0 + (
-                self.augment == "diffaugment")):
-            raise ConfigError(f"augment_p={self.augment_p!r} is invalid: expected a probability in [0, 1] "
-                              "(ada: below 1), or None for the default")
+        for label, p in _endpoints("augment_p", self.augment_p) if self.augment_p is not None else ():
+            if not (_is_number(p) and 0.0 <= p and (p <= 1.0 if self.augment == "diffaugment" else p < 1.0)):
+                raise ConfigError(f"{label}={p!r} is invalid: expected a probability in [0, 1] (ada: below 1), "
+                                  "or None for the default")
+        if isinstance(self.augment_p, Ramp) and self.augment == "ada":
+            raise ConfigError("augment_p is a Ramp but augment='ada' steers p itself: give ada a number (its first "
+                              "p), or ramp p with augment='diffaugment'")
         if self.augment_p is not None and self.augment == "none":
             raise ConfigError("augment_p is set but augment='none': choose augment='diffaugment' or 'ada'")
         if not (_is_number(self.ada_target) and -1.0 < self.ada_target < 1.0):
@@ -230,6 +278,20 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown config field(s) {unknown}: known fields are {sorted(known)}")
         return cls(**data)
+
+
+def _read_ramp(value: Any) -> Any:
+    """A Ramp from its config.json form (a dict of exactly its fields); any other value as it is."""
+    if isinstance(value, dict) and set(value) == {"start", "end", "images", "shape"}:
+        return Ramp(**value)
+    return value
+
+
+def _endpoints(name: str, value: Any) -> list[tuple[str, Any]]:
+    """What a check of a field looks at: the value, or for a field that may ramp a Ramp's start and end (named)."""
+    if isinstance(value, Ramp) and (name in RAMPED_FIELDS or name.startswith("betas_")):
+        return [(f"{name}.start", value.start), (f"{name}.end", value.end)]
+    return [(name, value)]
 
 
 def _json_like(value: Any) -> bool:

@@ -76,6 +76,8 @@ def check_config(runs: Path, namespace: dict) -> None:
     assert messages[0] == "lr_G=0.0 is invalid: expected a finite number > 0"
     assert messages[1] == "mixed_precision='fp8' is invalid: choose one of no, bf16, fp16"
     assert len(messages) == 3 and "'tensorbord' is not a tracker" in messages[2]
+    config = namespace["config"]  # the Ramps' section
+    assert config.lr_G(namespace["halfway"]) == 1.25e-4 and config.augment_p(namespace["halfway"]) == 0.6
 
 
 def check_callbacks(runs: Path, namespace: dict) -> None:

@@ -27,7 +27,8 @@ class EMA:
     Args:
         model: the module to average (unwrapped).
         decay: per-update decay in (0, 1), at most ``(1 + n) / (10 + n)`` at update n; or ``half_life_images``.
-        half_life_images: half-life of an update's weight, in training images.
+        half_life_images: half-life of an update's weight, in training images; or a function of the images seen
+            before the update (a :class:`~gan_accel.config.Ramp`).
         rampup: with ``half_life_images``: cap the half-life at ``rampup * images seen``.
         batchnorm: ``"copy"`` G's BatchNorm buffers, or ``"recompute"`` them for the averaged weights.
     """
@@ -38,7 +39,7 @@ class EMA:
             raise ValueError("give the EMA either decay or half_life_images, not both or neither")
         if decay is not None and not 0.0 < decay < 1.0:
             raise ValueError(f"EMA decay must be in (0, 1), got {decay}")
-        if half_life_images is not None and not half_life_images > 0:
+        if half_life_images is not None and not callable(half_life_images) and not half_life_images > 0:
             raise ValueError(f"EMA half_life_images must be > 0, got {half_life_images}")
         if rampup is not None and not rampup > 0:
             raise ValueError(f"EMA rampup must be > 0 or None, got {rampup}")
@@ -56,6 +57,8 @@ class EMA:
         if self.decay is not None:  # with a short-run warmup
             return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
         half_life = self.half_life_images
+        if callable(half_life):
+            half_life = half_life(self.images_seen)
         if self.rampup is not None:
             half_life = min(half_life, self.images_seen * self.rampup)
         if half_life <= 0:  # nothing seen yet: the average starts as a copy of G

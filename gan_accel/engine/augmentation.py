@@ -15,7 +15,7 @@ from accelerate import Accelerator
 from torch import Tensor
 
 from ..augment import AdaptiveP, Augment, build_augment
-from ..config import TrainConfig
+from ..config import Ramp, TrainConfig
 
 
 class RunAugmentation:
@@ -25,9 +25,10 @@ class RunAugmentation:
         self.augment: Augment | None = None
         self.controller: AdaptiveP | None = None
         self.interval = config.ada_interval
+        self.ramp = config.augment_p if isinstance(config.augment_p, Ramp) else None  # diffaugment's p (ada refuses)
         if config.augment == "none":
             return
-        options = {} if config.augment_p is None else {"p": config.augment_p}
+        options = {} if config.augment_p is None else {"p": config.augment_p.start if self.ramp else config.augment_p}
         self.augment = build_augment(config.augment, **options)
         if config.augment == "ada":
             # ticks count steps (the controller updates every `interval` of them, on every process alike)
@@ -39,6 +40,11 @@ class RunAugmentation:
         """D's logits on real images (from D's adversarial loss): ADA's statistic."""
         if self.controller is not None:
             self.controller.observe(logits)
+
+    def start_step(self, images: int) -> None:
+        """Every step, before its phases: a Ramp of ``augment_p`` at the training images seen before it."""
+        if self.ramp is not None:
+            self.augment.p = self.ramp(images)
 
     def end_step(self) -> None:
         """Every step on every process: ADA updates p every ``ada_interval`` steps (a collective)."""

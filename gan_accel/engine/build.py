@@ -9,11 +9,12 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from ..config import TrainConfig
+from ..config import Ramp, TrainConfig
 from ..errors import PreflightError
 from ..ending import bound_waits
 from .phases import PhasePlan
-from .schedules import LRMultiplier, lambda_scheduler, scheduler_ticks_per_optimizer_step, warmup_then_decay
+from .schedules import (LRMultiplier, StepRamps, first_value, lambda_scheduler, scheduler_ticks_per_optimizer_step,
+                        warmup_then_decay)
 from .speed import apply_memory_format, check_speed_options, keep_freed_memory, training_views
 
 ExtraNetwork = nn.Module | tuple[nn.Module, torch.optim.Optimizer]
@@ -29,6 +30,7 @@ class Prepared:
     dataloader: Any
     built: frozenset[str] = frozenset()  # networks whose optimizer and scheduler gan_accel built from the config
     train_networks: dict[str, Any] | None = None  # what the phase runner trains through (compiled G, D with compile)
+    ramps: StepRamps | None = None  # the config's rate and betas Ramps, set at the start of each step
 
 
 def collect_networks(G: nn.Module, D: nn.Module, opt_G: Any, opt_D: Any,
@@ -78,16 +80,21 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
     keep_freed_memory(config, accelerator.print)
     apply_memory_format(nets, config)
     ticks = scheduler_ticks_per_optimizer_step(accelerator)
-    optimizers, built = dict(optimizers), {}
+    optimizers, built, ramped = dict(optimizers), {}, []
     fused = accelerator.device.type in ("cpu", "cuda")  # where torch has the fused Adam kernel
     from_config = {name for name in nets if optimizers[name] is None and schedulers.get(name) is None
                    and multipliers.get(name) is None}
     for name, net in nets.items():
         if optimizers[name] is None:
             lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
+            if isinstance(lr, Ramp) and schedulers.get(name) is not None:
+                raise PreflightError(f"lr_{name} is a Ramp, which moves the base rate of gan_accel's scheduler: "
+                                     f"pass lr_multiplier_{name} instead of sched_{name}, or a number as lr_{name}")
             # fused: one kernel per step (about 4x faster than the default foreach Adam on CPU), and the
             # divergence guard can skip its update on the device (engine/guard.py)
-            optimizers[name] = torch.optim.Adam(net.parameters(), lr=lr, betas=betas, fused=fused or None)
+            optimizers[name] = torch.optim.Adam(net.parameters(), lr=first_value(lr), fused=fused or None,
+                                                betas=tuple(first_value(beta) for beta in betas))
+            ramped.append(name)
         total = max(1, plan.scheduler_steps(name, config.max_steps))
         schedule = config.lr_schedule if name in ("G", "D") else "constant"
         built[name] = _scheduler(schedulers.get(name), multipliers.get(name), optimizers[name], total, ticks, name,
@@ -98,9 +105,9 @@ def prepare_run(accelerator: Accelerator, config: TrainConfig, plan: PhasePlan, 
     prepared = accelerator.prepare(*nets.values(), *(optimizers[n] for n in names), *(built[n] for n in names),
                                    dataloader)
     n = len(names)
-    networks = dict(zip(names, prepared[:n]))
-    return Prepared(networks, dict(zip(names, prepared[n:2 * n])), dict(zip(names, prepared[2 * n:3 * n])),
-                    prepared[-1], frozenset(from_config), training_views(networks, config))
+    networks, opts, scheds = (dict(zip(names, prepared[i * n:(i + 1) * n])) for i in range(3))
+    return Prepared(networks, opts, scheds, prepared[-1], frozenset(from_config), training_views(networks, config),
+                    StepRamps(config, accelerator.num_processes, opts, scheds, ramped))
 
 
 def _scheduler(sched: Any, multiplier: LRMultiplier | None, optimizer: Any, total_steps: int, ticks: int, name: str,

@@ -46,6 +46,7 @@ class StepContext:
             does not support a double backward.
         phase: the phase being run.
         step: steps completed before this one.
+        images: training images seen before this step, over all processes (what a Ramp's value is read at).
         augment: the run's augmentation of every image D sees (None: none; see engine/augmentation.py).
     """
 
@@ -65,6 +66,7 @@ class StepContext:
         self.phase: Phase | None = None
         self.micro: MicroBatch | None = None
         self.step = 0
+        self.images = 0
 
     # -- the micro-batch ------------------------------------------------------------------------
     @property

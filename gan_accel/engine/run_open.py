@@ -21,7 +21,7 @@ from ..storage.checkpoint import latest_checkpoint, load_checkpoint, read_marker
 from ..storage.layout import checkpoint_root
 from ..storage.run_folder import check_new_run, log_event, output_dir_refusal, write_description
 from .phases import PhasePlan
-from .schedules import scheduler_ticks_per_optimizer_step, warmup_then_decay
+from .schedules import first_value, scheduler_ticks_per_optimizer_step, warmup_then_decay
 from .snapshot import restore_checked
 
 if TYPE_CHECKING:
@@ -158,6 +158,7 @@ def apply_schedule_changes(config: TrainConfig, saved: dict[str, Any], changes: 
     notes = []
     for name in sorted(built_from_config):
         lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
+        lr, betas = first_value(lr), [first_value(beta) for beta in betas]  # Ramps: set anew before each step
         scheduler = schedulers[name].scheduler
         for index, group in enumerate(optimizers[name].param_groups):
             scheduler.base_lrs[index] = group["initial_lr"] = lr

@@ -33,7 +33,7 @@ from .guard import BufferRestore, DivergenceGuard, Fp16Skips, SkipStep, inner_op
 from .latents import LatentSampler
 from .phases import GENERATOR, Phase, PhasePlan
 from .running_means import RunningMeans
-from .schedules import scheduler_stepper
+from .schedules import StepRamps, scheduler_stepper
 
 
 class PhaseRunner:
@@ -42,7 +42,8 @@ class PhaseRunner:
     def __init__(self, accelerator: Accelerator, nets: Mapping[str, nn.Module], optimizers: Mapping[str, Any],
                  schedulers: Mapping[str, Any], plan: PhasePlan, sample_latents: LatentSampler,
                  means: RunningMeans, *, clip_norms: Mapping[str, float | None], guard: DivergenceGuard | None,
-                 conditioning: Conditioning = Conditioning(), augmentation: RunAugmentation | None = None) -> None:
+                 conditioning: Conditioning = Conditioning(), augmentation: RunAugmentation | None = None,
+                 ramps: StepRamps | None = None) -> None:
         self.accelerator = accelerator
         self.nets, self.optimizers, self.schedulers = dict(nets), dict(optimizers), dict(schedulers)
         self.plan = plan
@@ -71,6 +72,7 @@ class PhaseRunner:
         # frozen sub-module stays frozen when the network is unfrozen again.
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
         self.augmentation = augmentation  # of every image D sees (engine/augmentation.py)
+        self.ramps = ramps  # the config's Ramps, set before each step from the images seen (engine/schedules.py)
         self.ctx = StepContext(self.nets, conditional=conditioning.conditional, log=means.add,
                                scaler=accelerator.scaler, updates=self.updates,
                                augment=augmentation.augment if augmentation is not None else None,
@@ -82,6 +84,10 @@ class PhaseRunner:
     def run_step(self, on_phase_end: Callable[[Phase], None]) -> None:
         """Run every phase due in this step, in list order; ``on_phase_end(phase)`` after each."""
         due = self.plan.advance()
+        if self.ramps is not None:
+            self.ctx.images = self.ramps.apply(self.ctx.step)
+            if self.augmentation is not None:
+                self.augmentation.start_step(self.ctx.images)
         for index, phase in enumerate(due):
             keep_graph = phase.new_data and self.k == 1 and phase.net != GENERATOR and _G_follows(due, index)
             self._run_phase(phase, keep_graph)

@@ -1,4 +1,5 @@
-"""Learning-rate schedules counted in optimizer steps, whatever the number of processes.
+"""Learning-rate schedules counted in optimizer steps, whatever the number of processes, and the config's
+:class:`~gan_accel.config.Ramp` s counted in training images.
 
 Accelerate steps a prepared scheduler ``num_processes`` times per optimizer step, so a warmup would end
 twice as early on two processes: the ``LambdaLR`` counts *ticks* and divides them by Accelerate's ticks
@@ -8,11 +9,13 @@ per optimizer step.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from accelerate import Accelerator
 from torch.optim.lr_scheduler import LambdaLR
+
+from ..config import Ramp, TrainConfig
 
 LRMultiplier = Callable[[int], float]
 
@@ -77,3 +80,51 @@ def scheduler_stepper(accelerator: Accelerator, scheduler: Any) -> Callable[[], 
                 inner.step()
 
     return tick
+
+
+def first_value(value: Any) -> Any:
+    """A number as it is, a Ramp's start: what an optimizer is built with (:class:`StepRamps` moves it)."""
+    return value.start if isinstance(value, Ramp) else value
+
+
+class StepRamps:
+    """Sets the config's learning-rate and betas Ramps in the optimizers gan_accel built, at the start of each step,
+    from the training images seen before it: ``step x images_per_step`` (batch x accumulation x processes).
+
+    A learning-rate Ramp is the scheduler's base rate, so the warmup/decay multiplier still applies on top and
+    the rate is computed as ``LambdaLR`` computes it. Values are functions of the step alone: a resumed run
+    sets the same ones, and nothing is added to the checkpoint.
+    """
+
+    def __init__(self, config: TrainConfig, num_processes: int, optimizers: Mapping[str, Any],
+                 schedulers: Mapping[str, Any], built: Iterable[str]) -> None:
+        self.images_per_step = config.batch_size * config.grad_accum_steps * num_processes
+        self.setters: list[Callable[[int], None]] = []
+        for name in built:
+            lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
+            opt = optimizers[name]  # read its param_groups when setting: loading a checkpoint replaces the list
+            if isinstance(lr, Ramp):
+                self.setters.append(lambda n, lr=lr, s=getattr(schedulers[name], "scheduler", schedulers[name]),
+                                    opt=opt: _set_lr(lr(n), s, opt.param_groups))
+            if any(isinstance(beta, Ramp) for beta in betas):
+                self.setters.append(lambda n, betas=betas, opt=opt: _set_betas(betas, n, opt.param_groups))
+
+    def apply(self, step: int) -> int:
+        """Set this step's values; returns the training images seen before it (what every Ramp reads)."""
+        images = step * self.images_per_step
+        for setter in self.setters:
+            setter(images)
+        return images
+
+
+def _set_lr(base: float, scheduler: LambdaLR, groups: list[dict[str, Any]]) -> None:
+    for index, group in enumerate(groups):
+        scheduler.base_lrs[index] = base
+        group["lr"] = base * scheduler.lr_lambdas[index](scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]
+
+
+def _set_betas(betas: tuple[Any, ...], images: int, groups: list[dict[str, Any]]) -> None:
+    values = tuple(beta(images) if isinstance(beta, Ramp) else beta for beta in betas)
+    for group in groups:
+        group["betas"] = values

@@ -135,7 +135,7 @@ class GANTrainer:
         self.runner = PhaseRunner(accelerator, prepared.train_networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D},
-                                  augmentation=RunAugmentation(config, accelerator))
+                                  augmentation=RunAugmentation(config, accelerator), ramps=prepared.ramps)
         self.last_metrics: dict[str, float] = {}
         self._next_row: dict[str, Any] = {}  # values the callbacks logged for the next metrics row
         self.lock = RunLock(self.output_dir)  # held by the main process while fit runs

@@ -10,19 +10,20 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from .losses import GANLoss
-from .regularizers import PhaseLoss, zero_centred
+from .regularizers import Gamma, PhaseLoss, zero_centred
 
 if TYPE_CHECKING:  # the engine depends on objectives, never the other way round
     from ..engine.context import StepContext
 
 
-def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: float = 0.0,
-                       r2_gamma: float = 0.0) -> PhaseLoss:
+def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: Gamma = 0.0,
+                       r2_gamma: Gamma = 0.0) -> PhaseLoss:
     """D's adversarial loss on real images and G's (detached) images; logs the mean logits.
 
     ``class_weight > 0`` adds the cross-entropy of D's class logits on the *real* images (AC-GAN, trained on
-    real data only). ``r1_gamma`` / ``r2_gamma`` add the zero-centred penalties on the real / fake images,
-    from the same two forwards of D (R3GAN's D step), so every parameter of D gets its gradient (as DDP needs).
+    real data only). ``r1_gamma`` / ``r2_gamma`` (numbers or Ramps) add the zero-centred penalties on the real /
+    fake images, from the same two forwards of D (R3GAN's D step), so every parameter of D gets its gradient (as
+    DDP needs).
     """
 
     def adversarial_d(ctx: "StepContext") -> Tensor:

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 import torch
 from torch import Tensor
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 PhaseLoss = Callable[["StepContext"], Tensor]
 EpsilonSampler = Callable[[int, Tensor], Tensor]
+Gamma = Union[float, Callable[[int], float]]  # a number, or a function of the training images seen (a Ramp)
 
 
 # The largest scale a penalty's own gradient uses. The gradient of a scaled sum of fp16 logits reaches each
@@ -40,22 +41,25 @@ def scaled_input_gradients(output: Tensor, inputs: Tensor, scaler: Any | None = 
     return grad * scale.double().reciprocal().to(grad.dtype)
 
 
-def zero_centred(ctx: "StepContext", logits: Tensor, x: Tensor, gamma: float) -> Tensor:
-    """``gamma / 2 * E_i |grad_x D(x_i)|^2`` from D's ``logits`` on ``x`` (a leaf with ``requires_grad``)."""
+def zero_centred(ctx: "StepContext", logits: Tensor, x: Tensor, gamma: Gamma) -> Tensor:
+    """``gamma / 2 * E_i |grad_x D(x_i)|^2`` from D's ``logits`` on ``x`` (a leaf with ``requires_grad``); a
+    ``gamma`` that is a function (a :class:`~gan_accel.config.Ramp`) is read at ``ctx.images``."""
+    if callable(gamma):
+        gamma = gamma(ctx.images)
     return ctx.input_gradients(logits.sum(), x).square().flatten(1).sum(1).mean() * (gamma / 2)
 
 
-def r1_penalty(gamma: float) -> PhaseLoss:
+def r1_penalty(gamma: Gamma) -> PhaseLoss:
     """R1: ``gamma / 2 * E_x |grad_x D(x)|^2`` on real data (conditioned on the real labels, if any)."""
     return _penalty(gamma, on_fakes=False)
 
 
-def r2_penalty(gamma: float) -> PhaseLoss:
+def r2_penalty(gamma: Gamma) -> PhaseLoss:
     """R2: ``gamma / 2 * E_z |grad D(G(z))|^2`` at G's (detached) samples, judged with G's labels."""
     return _penalty(gamma, on_fakes=True)
 
 
-def _penalty(gamma: float, on_fakes: bool) -> PhaseLoss:
+def _penalty(gamma: Gamma, on_fakes: bool) -> PhaseLoss:
     def penalty(ctx: "StepContext") -> Tensor:
         x = (ctx.fake.to(ctx.real.dtype) if on_fakes else ctx.real).detach().requires_grad_(True)
         logits = ctx.discriminate(x, ctx.fake_labels if on_fakes else ctx.real_labels)
