@@ -10,14 +10,17 @@ network would take hours, the 32-px row carries over with the family that makes 
 64 px, resnet above).
 
 The penalty's gamma follows the resolution: measured at 28-32 px, and at 64 px and above R3GAN's
-published values, 2 at 64 px and 150 at 256 px, between which it grows as ``2 * (side / 64) ** 3.1``
-(17 at 128 px).
+published values, 2 at 64 px and 150 at 256 px, between which it grows as a power of the side,
+``2 * (side / 64) ** 3.11`` (17.3 at 128 px); on a GPU it ramps down tenfold over the run, as R3GAN's does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
+from dataclasses import dataclass, field
+
+from .config import Ramp
 from .errors import ConfigError
 
 SMALL_SIDES = (28, 32)  # the measured rows; larger sides take the published recipe
@@ -40,19 +43,33 @@ class Recipe:
     augment: str
     steps: int
     source: str  # where the row comes from: "measured on 2 CPU cores" or the publication
+    # Settings that ramp (cosine) from the value above to this one over the run's images, as R3GAN's do:
+    # "lr", "beta2", "gamma" (R1 and R2), "augment_p" (from 0).
+    ramp_to: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line for the run's log: what was chosen, and where it comes from."""
         width = f" width {self.width}" if self.width else ""
-        return (f"{self.model}{width}, {self.loss} loss with R1/R2 gamma {self.r1_gamma:g}, lr {self.lr:g}, "
-                f"betas ({self.beta1:g}, {self.beta2:g}), augment {self.augment} ({self.source})")
+        ends = {name: f" -> {value:g}" for name, value in self.ramp_to.items()}
+        return (f"{self.model}{width}, {self.loss} loss with R1/R2 gamma {self.r1_gamma:g}{ends.get('gamma', '')}, "
+                f"lr {self.lr:g}{ends.get('lr', '')}, betas ({self.beta1:g}, {self.beta2:g}{ends.get('beta2', '')}), "
+                f"augment {self.augment} ({self.source})")
+
+    def ramps(self, total_images: float, given: set[str]) -> dict[str, Ramp]:
+        """The config fields that ramp over ``total_images`` (the run's), leaving out the flags in ``given``."""
+        # config field: (the ramp_to key, the start, the flags that set it by hand)
+        fields = {"lr_G": ("lr", self.lr, {"lr_g"}), "lr_D": ("lr", self.lr, {"lr_d"}),
+                  "r1_gamma": ("gamma", self.r1_gamma, {"r1_gamma"}), "r2_gamma": ("gamma", self.r2_gamma, {"r2_gamma"}),
+                  "beta2": ("beta2", self.beta2, {"beta2"}), "augment_p": ("augment_p", 0.0, {"augment_p", "augment"})}
+        return {name: Ramp(start, self.ramp_to[key], total_images) for name, (key, start, flags) in fields.items()
+                if key in self.ramp_to and not flags & given}
 
 
 def penalty_gamma(side: int) -> float:
     """The R1/R2 gamma for images of ``side`` pixels (see the module's docstring)."""
     if side <= max(SMALL_SIDES):
         return 0.1
-    return round(2.0 * (side / 64) ** 3.1, 2)
+    return round(2.0 * (side / 64) ** math.log(75, 4), 2)  # through R3GAN's 2 at 64 px and 150 at 256 px
 
 
 def family_for(side: int, gpu: bool) -> str:
@@ -71,13 +88,14 @@ def default_recipe(side: int, images: int, gpu: bool = False) -> Recipe:
     if family != "r3gan":
         gamma = penalty_gamma(min(side, max(SMALL_SIDES)))
         return Recipe(model=family, width=32 if side <= max(SMALL_SIDES) else None, loss="rpgan", r1_gamma=gamma,
-                      r2_gamma=gamma, r1_every=16, lr=1e-3, beta1=0.5, beta2=0.999, ema_decay=0.99, augment=augment,
-                      steps=8000, source="measured on 2 CPU cores" if side <= max(SMALL_SIDES) else
+                      r2_gamma=gamma, r1_every=16, lr=3e-3, beta1=0.5, beta2=0.99, ema_decay=0.99, augment=augment,
+                      steps=6000, source="measured on 2 CPU cores" if side <= max(SMALL_SIDES) else
                       "the 32-px row's settings, not measured at this size")
     gamma = penalty_gamma(side)
     return Recipe(model="r3gan", width=None, loss="rpgan", r1_gamma=gamma, r2_gamma=gamma, r1_every=1, lr=2e-4,
-                  beta1=0.0, beta2=0.99, ema_decay=0.999, augment="diffaugment", steps=20000,
-                  source="R3GAN's published recipe, for a GPU")
+                  beta1=0.0, beta2=0.9, ema_decay=0.999, augment="diffaugment", steps=20000,
+                  source="R3GAN's published recipe, for a GPU",
+                  ramp_to={"lr": 5e-5, "beta2": 0.99, "gamma": gamma / 10, "augment_p": 0.3})
 
 
 FEW_IMAGES = 1000  # at or below: the augmentation default is on (see docs/models-and-augmentation.md)

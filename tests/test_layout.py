@@ -31,7 +31,7 @@ ALLOWED = {
     "engine": {"errors", "ending", "batch", "config", "objectives", "storage", "tracking", "augment", "callbacks",
                "engine"},
     "sampling": {"errors", "config", "models", "storage"},
-    "recipes": {"errors"},  # the table of defaults by resolution and data size
+    "recipes": {"errors", "config"},  # the table of defaults by resolution and data size
     "hub": {"errors", "ending", "models", "pictures", "sampling", "storage", "hub"},  # exported generators, the Hugging Face Hub
     # the command line is the top: `gan-accel train` composes the engine, the callbacks and the data
     "cli": {"errors", "ending", "config", "storage", "pictures", "sampling", "data", "eval", "models",

@@ -36,7 +36,7 @@ from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, 
 if TYPE_CHECKING:
     from ..data import ImageData
 
-DEFAULT_STEPS = 8000  # --help's figure; the run's own comes from its recipe (gan_accel.recipes)
+DEFAULT_STEPS = 6000  # --help's figure; the run's own comes from its recipe (gan_accel.recipes)
 FEATURES = ("auto", "inception", "random")  # --eval-features
 
 
@@ -135,7 +135,8 @@ def train(args: argparse.Namespace) -> int:
     if args.eval_every:
         evaluator, extra["eval_features"] = build_evaluator(args, data, processes.device, log)
         callbacks.append(evaluator)
-    config = build_config(args, spec, len(loader) // processes.num_processes, processes.num_processes, extra)
+    config = build_config(args, spec, len(loader) // processes.num_processes, processes.num_processes, extra,
+                          recipe)
 
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
     G, D = build_models(spec)
@@ -191,6 +192,8 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
     if args.width is None and family == recipe.model and recipe.width:
         filled["width"] = recipe.width
     left_out = {name: value for name, value in filled.items() if getattr(args, name) is None}
+    args.given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p") if getattr(args, name) is not None
+                  and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
     for name, value in left_out.items():
         setattr(args, name, value)
     if args.steps is None and args.epochs is None and args.images is None:
@@ -316,8 +319,9 @@ def data_extra(data: ImageData) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, processes: int,
-                 extra: dict[str, Any]) -> TrainConfig:
-    """The run's config, once, from the flags and the data (the networks' spec, the batches per epoch)."""
+                 extra: dict[str, Any], recipe: Recipe) -> TrainConfig:
+    """The run's config, once, from the flags, the data (the networks' spec, the batches per epoch) and the
+    recipe's ramps over the run's images."""
     fields = config_fields(args)
     if args.conditional:
         classes = spec["num_classes"]
@@ -326,6 +330,12 @@ def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, p
                       class_loss_weight=1.0 if args.class_weight is None else args.class_weight)
     fields.update(z_dim=spec["z_dim"], max_steps=steps_for(args, batches, DEFAULT_STEPS, processes), model=spec,
                   extra=extra, augment=args.augment, augment_p=args.augment_p, ada_target=args.ada_target)
+    images = fields["max_steps"] * args.batch_size * args.grad_accum * processes
+    for name, ramp in recipe.ramps(images, args.given).items():
+        if name == "beta2":
+            fields.update(betas_G=(args.beta1, ramp), betas_D=(args.beta1, ramp))
+        elif name != "augment_p" or args.augment == "diffaugment":
+            fields[name] = ramp
     return TrainConfig(**fields)
 
 

@@ -1,0 +1,82 @@
+"""The recipe table: what `gan-accel train` takes for the settings left out, by resolution and data size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from gan_accel import Ramp
+from gan_accel.cli.train import build_config
+from gan_accel.errors import ConfigError
+from gan_accel.models import default_spec
+from gan_accel.recipes import FEW_IMAGES, default_recipe, family_for, penalty_gamma
+from test_train_cli import TINY, gan_accel, write_images
+
+
+def test_the_rows_by_side_and_device():
+    small = default_recipe(32, 10_000)
+    assert (small.model, small.width, small.loss, small.r1_gamma, small.r2_gamma) == ("dcgan", 32, "rpgan", 0.1, 0.1)
+    assert default_recipe(28, 10_000) == small
+    assert [family_for(side, gpu=False) for side in (28, 32, 64, 128, 256)] == ["dcgan"] * 3 + ["resnet"] * 2
+    assert [family_for(side, gpu=True) for side in (28, 32, 64, 128, 256)] == ["dcgan"] * 2 + ["r3gan"] * 3
+    big = default_recipe(64, 10_000, gpu=True)
+    assert (big.model, big.loss, big.r1_every, big.beta1) == ("r3gan", "rpgan", 1, 0.0)
+    assert default_recipe(64, 10_000, gpu=False).ramp_to == {}  # a CPU row keeps the measured constants
+
+
+def test_gamma_goes_through_the_published_values_and_grows_with_the_side():
+    assert penalty_gamma(64) == 2.0 and penalty_gamma(256) == 150.0  # R3GAN's FFHQ-64 and FFHQ-256
+    assert penalty_gamma(128) == pytest.approx(math.sqrt(2.0 * 150.0), abs=0.01)  # the power law's midpoint
+    assert penalty_gamma(28) == penalty_gamma(32) == 0.1
+    sides = [28, 32, 64, 128, 256]
+    assert all(penalty_gamma(a) <= penalty_gamma(b) for a, b in zip(sides, sides[1:]))
+
+
+def test_augmentation_is_on_for_small_sets_only():
+    assert default_recipe(32, FEW_IMAGES).augment == "diffaugment"
+    assert default_recipe(32, FEW_IMAGES + 1).augment == "none"
+    with pytest.raises(ConfigError, match="positive side and image count"):
+        default_recipe(32, 0)
+
+
+def test_the_published_row_ramps_over_the_runs_images_and_leaves_given_flags_alone():
+    recipe = default_recipe(256, 5_000, gpu=True)
+    ramps = recipe.ramps(1_000_000, given=set())
+    assert ramps["lr_G"] == Ramp(2e-4, 5e-5, 1_000_000) == ramps["lr_D"]
+    assert ramps["r1_gamma"] == Ramp(150.0, 15.0, 1_000_000) == ramps["r2_gamma"]
+    assert ramps["beta2"] == Ramp(0.9, 0.99, 1_000_000) and ramps["augment_p"] == Ramp(0.0, 0.3, 1_000_000)
+    assert set(recipe.ramps(1_000_000, given={"lr_g", "beta2"})) == {"lr_D", "r1_gamma", "r2_gamma", "augment_p"}
+    args = argparse.Namespace(
+        steps=10, epochs=None, images=None, batch_size=8, grad_accum=2, n_critic=1, loss="rpgan", z_dim=64,
+        lr_g=2e-4, lr_d=2e-4, beta1=0.0, beta2=0.9, lr_schedule="constant", warmup_ratio=0.0, ema_decay=0.999,
+        ema_half_life=None, ema_rampup=None, ema_batchnorm="copy", r1_gamma=150.0, r2_gamma=150.0, r1_every=1,
+        mixed_precision="no", channels_last=False, keep_freed_memory=False, sample_every=5, log_every=5,
+        output_dir="unused", seed=0, log_with=[], tracker_project=None, no_progress=True, checkpoint_every=5,
+        keep_checkpoints=1, keep_samples=None, gif_frames=2, max_bad_updates=3, collective_timeout=60.0,
+        max_time=None, conditional=False, augment="diffaugment", augment_p=None, ada_target=0.6, given={"lr_g"})
+    config = build_config(args, default_spec("r3gan", 256, width=4), 5, 2, {}, recipe)
+    images = 10 * 8 * 2 * 2  # steps x batch x accumulation x processes
+    assert config.lr_G == 2e-4 and config.lr_D == Ramp(2e-4, 5e-5, images)  # --lr-g given: constant
+    assert config.betas_G == (0.0, Ramp(0.9, 0.99, images)) and config.augment_p == Ramp(0.0, 0.3, images)
+
+
+def test_left_out_settings_come_from_the_recipe_and_given_flags_win(tmp_path, capsys):
+    write_images(tmp_path / "pics", 12, size=(32, 32))
+    tiny = [a for a in TINY if a not in ("--width", "4")]
+    code, out, err = gan_accel(["train", "--data", tmp_path / "pics", "--output-dir", tmp_path / "a", "--steps", "1",
+                                *tiny], capsys)
+    assert code == 0, err[-3000:]
+    assert "the recipe for dcgan at this size and data: dcgan width 32, rpgan loss" in out
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert (config["loss"], config["r1_gamma"], config["r2_gamma"], config["lr_G"]) == ("rpgan", 0.1, 0.1, 3e-3)
+    assert config["model"]["width"] == 32 and config["augment"] == "diffaugment"  # 12 images: a few-shot set
+    code, out, err = gan_accel(["train", "--data", tmp_path / "pics", "--output-dir", tmp_path / "b", "--steps", "1",
+                                "--loss", "hinge", "--lr-g", "5e-4", "--augment", "none", "--width", "8",
+                                *tiny], capsys)
+    assert code == 0, err[-3000:]
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert (config["loss"], config["lr_G"], config["lr_D"], config["augment"]) == ("hinge", 5e-4, 3e-3, "none")
+    assert config["r2_gamma"] is None and config["model"]["width"] == 8  # R2 partners only the relativistic loss
