@@ -1,12 +1,12 @@
 """The first-contact check on a GPU: everything only a GPU executes, proven or measured in one run.
 
-    python benchmarks/gpu_check.py --out gpu_check_report                 # one CUDA GPU, about 5-8 min
+    python benchmarks/gpu_check.py --out gpu_check_report                 # one CUDA GPU, about 8-9.5 min
     python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gc     # the same sections on CPU, tiny (tests)
     python benchmarks/gpu_check.py --sections fp16,guard,syncs --out gc   # some sections only
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out`` after every section, so a run that is
 killed still leaves a report. Sections run in order, each under a time budget, all under a global
-deadline (``--deadline``, 8 min on CUDA): a section that would not fit in the time left is reported
+deadline (``--deadline``, 9.5 min on CUDA): a section that would not fit in the time left is reported
 "not run: out of time"; one that fails (an exception, or a check that does not hold) is reported with
 the error's first line and never stops the others.
 
@@ -25,6 +25,12 @@ compared bit for bit; the resume section also says whether it is still bitwise w
 Sections (``--sections``; all by default, in this order):
 
 * ``env``: torch, accelerate, CUDA, device name, capability, bf16 support, the settings the proofs use.
+* ``recipe``: first, the published 64-px recipe's first minutes: ``gan-accel train --data D --resolution 64
+  --max-time 150`` with nothing else (the recipe table picks the rest: R3GAN's recipe on a GPU) on 2,000
+  coloured digits (``make_rgb_digits.py``, MNIST from ``--data-dir``): the recipe and model lines it
+  printed, steps, images/s, whether every logged loss is finite, skipped updates (fails above 10% of
+  steps); its last grid, loss curves and metrics come back as ``recipe_64px.png``, ``recipe_64px_plot.png``
+  and ``recipe_64px_metrics.jsonl``. CPU ``--quick``: 40 images, 4 steps at width 4 (the CPU row, dcgan).
 * ``accumulation``: k micro-batches of b with accumulation k = one batch of k*b (float64, tolerance 1e-10).
 * ``twin``: N engine steps = N steps of a hand-written loop on the device (float64, warmup, clipping).
 * ``resume``: k steps + checkpoint + resume + N-k = N straight, bitwise (BatchNorm DCGAN, accumulation 2,
@@ -100,6 +106,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import engine_overhead  # noqa: E402  (benchmarks/: the benchmarks' quiet trainer and in-memory loader)
+from make_rgb_digits import make_rgb_digits  # noqa: E402  (benchmarks/: the coloured digits, offline)
 
 REPORT_JSON, REPORT_MD = "gpu_check.json", "gpu_check.md"
 QUIET = ("sample_saver", "training_plot", "checkpointer", "weights_exporter", "progress_bar", "signal_handler")  # no files, as the benchmarks run
@@ -1664,6 +1671,68 @@ def sec_memory(run: Run, s: Section, report: Report) -> None:
     s.number("summary", f"engine {engine_peak:,.0f} MiB, plain {plain_peak:,.0f} MiB")
 
 
+# -- the recipe ---------------------------------------------------------------------------------------------
+def sec_recipe(run: Run, s: Section, report: Report) -> None:
+    """``gan-accel train`` at its defaults on coloured digits at 64 px: the recipe table's row for a GPU."""
+    num, max_time = run.size(2000, 500, cuda_quick=500, cpu_quick=40), run.size(150, 60, cuda_quick=30, cpu_quick=60)
+    made = make_rgb_digits(run.folder("recipe_data"), num, 64, 0, mnist_dir=run.data_dir)
+    s.number("data", f"{num:,} coloured digits at 64 px ({made['source']})")
+    out = run.folder("recipe_run")
+    argv = ["--data", made["out"], "--resolution", "64", "--output-dir", str(out), "--max-time", str(max_time)]
+    if not run.cuda and run.quick:  # a few seconds: the CPU row (dcgan at 64 px), tiny
+        argv += ["--steps", "4", "--width", "4", "--batch-size", "8", "--log-every", "2", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if CUBLAS_SET_HERE:  # the proofs' setting, not the user's: the run is the default command as shipped
+        env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gan_accel.cli", "train", *argv], env=env, capture_output=True,
+                          text=True, timeout=max_time + 40)  # under the section's budget: the log still comes back
+    wall = time.perf_counter() - start
+    (report.out / "recipe_64px.log").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+    s.note("The run's log: recipe_64px.log next to this report; `gan-accel train " + " ".join(argv[:8]) + " ...`")
+    failure = f"exit {done.returncode}: " + _last_line(done.stderr or done.stdout)
+    if not s.check("the default command ran", done.returncode == 0, failure if done.returncode else f"{wall:.0f} s"):
+        return
+    _recipe_numbers(s, out, done.stdout + done.stderr, report)
+
+
+def _recipe_numbers(s: Section, out: Path, log: str, report: Report) -> None:
+    """What the recipe's run printed and logged: its choice, speed, losses, skipped updates and last grid."""
+    import shutil
+
+    from gan_accel.callbacks.metrics_log import read_metrics
+
+    for key, pattern in (("recipe", r"the recipe for .*"), ("model", r"\S+ G and D \(.*")):
+        found = re.search(pattern, log)
+        s.number(key, found.group(0) if found else "not printed")
+    rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+    if not s.check("metrics logged", bool(rows), str(out / "metrics.jsonl")):
+        return
+    steps = int(rows[-1]["step"])  # the skip counters' step; the run may have gone on to its time limit
+    stopped = re.search(r"stopped at the time limit .*? at step ([\d,]+) of", log)
+    speeds = [r["images/s"] for r in rows[1:] or rows if "images/s" in r]
+    s.number("steps", int(stopped.group(1).replace(",", "")) if stopped else steps)
+    s.number("images/s (median)", round(statistics.median(speeds), 1) if speeds else "not logged")
+    memory = [v for r in rows for k, v in r.items() if "memory" in k]
+    if memory:
+        s.number("peak GPU memory (logged)", max(memory))
+    losses = [(r["step"], k, v) for r in rows for k, v in r.items() if k.startswith("loss/")]
+    bad = [f"{k}={v} at step {step}" for step, k, v in losses if not (isinstance(v, (int, float)) and math.isfinite(v))]
+    s.check("every logged loss is finite", bool(losses) and not bad, "; ".join(bad[:3]) or f"{len(losses)} values")
+    skipped = {k: int(v) for k, v in rows[-1].items() if k.startswith("skipped")}
+    s.number("skipped updates", skipped)
+    s.check("skipped updates <= 10% of steps", all(v <= 0.1 * steps for v in skipped.values()), str(skipped))
+    grids = sorted(out.glob("samples_*.png"), key=lambda p: (p.stem == "samples_final", p.stem))
+    if grids:
+        shutil.copyfile(grids[-1], report.out / "recipe_64px.png")
+    for name, end in (("metrics.jsonl", "_metrics.jsonl"), ("training_plot.png", "_plot.png")):
+        if (out / name).is_file():  # the loss curves, as numbers and as the run's own plot
+            shutil.copyfile(out / name, report.out / f"recipe_64px{end}")
+    s.number("grid", f"recipe_64px.png (the run's {grids[-1].name})" if grids else "none written")
+    s.number("summary", f"{s.numbers['model'].split(' G and D')[0]}: {s.numbers['steps']} steps, "
+             f"{s.numbers['images/s (median)']} img/s, skipped {sum(skipped.values())}")
+
+
 # -- the quickstart ----------------------------------------------------------------------------------------
 def quickstart_driver(spec: dict) -> int:
     """In a fresh process: ``examples/dcgan_mnist.py``'s main with ``spec["argv"]``; ``spec["compile"]`` adds
@@ -1823,6 +1892,7 @@ class Spec:
 
 SECTIONS: dict[str, Spec] = {
     "env": Spec("Environment", sec_env, (2, 1), (30, 30)),
+    "recipe": Spec("The default command's recipe at 64 px, first minutes", sec_recipe, (180, 30), (200, 150)),
     "accumulation": Spec("Accumulation = larger batch, on the device", sec_accumulation, (10, 4), (60, 60)),
     "twin": Spec("Engine = plain-PyTorch twin, on the device", sec_twin, (5, 2), (60, 60)),
     "resume": Spec("Exact resume on the device", sec_resume, (25, 6), (120, 90)),
@@ -1924,7 +1994,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU: seconds; CUDA: a smoke run)")
     parser.add_argument("--out", default="gpu_check_report", help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds for the whole run (default: 480 on CUDA, 240 with --quick; CPU: 900, 300 quick)")
+                        help="seconds for the whole run (default: 570 on CUDA, 300 with --quick; CPU: 900, 300 quick)")
     parser.add_argument("--data-dir", default=os.environ.get("GAN_ACCEL_MNIST_DIR") or os.environ.get("GAN_ACCEL_DATA_DIR")
                         or "./data", help="a folder with MNIST/raw (env GAN_ACCEL_MNIST_DIR); else the offline digits")
     parser.add_argument("--fast-batch", type=int, default=256, help="the quickstart's fast run: batch size")
@@ -1976,7 +2046,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.sections.split(",") if n]
     if "env" not in names:
         names.insert(0, "env")
-    default_deadline = {("cuda", False): 480, ("cuda", True): 240, ("cpu", False): 900, ("cpu", True): 300}
+    default_deadline = {("cuda", False): 570, ("cuda", True): 300, ("cpu", False): 900, ("cpu", True): 300}
     deadline = args.deadline or default_deadline[(args.device, args.quick)]
     options = dict(vars(args), sections=names, deadline=deadline)
     report = Report(out, options)

@@ -48,6 +48,11 @@ def test_cpu_quick_run_reports_every_section_and_its_correctness_checks_pass(tmp
         if section["status"] == "skipped":
             assert section["reason"], name
     assert {n for n, s in sections.items() if s["status"] == "skipped"} == {"syncs", "memory"}  # CUDA only
+    assert list(sections)[:2] == ["env", "recipe"] and sections["recipe"]["status"] == "pass"  # the recipe first
+    recipe = sections["recipe"]["numbers"]
+    assert recipe["steps"] == 4 and recipe["recipe"].startswith("the recipe for dcgan")  # the CPU row at 64 px
+    assert recipe["skipped updates"] == {"skipped/D": 0, "skipped/G": 0}
+    assert all((out / f"recipe_64px{end}").is_file() for end in (".png", "_plot.png", "_metrics.jsonl", ".log"))
     for name in CORRECTNESS:
         checks = sections[name]["checks"]
         assert checks and all(c["ok"] for c in checks), (name, checks)
@@ -115,6 +120,24 @@ def test_a_failing_section_never_stops_the_others_and_each_section_is_reported_a
     assert written[0] == ["pass"] and written[-1][-1] == "not run"
     markdown = (tmp_path / "out" / gpu_check.REPORT_MD).read_text()
     assert "- [ ] does not hold: why  **FAILED**" in markdown and "Error: `RuntimeError: the first line" in markdown
+
+
+def test_the_recipe_section_fails_on_a_non_finite_loss_and_on_a_skipped_update_storm(tmp_path):
+    """The recipe run's metrics, written by hand: a NaN loss and 3 skipped D updates in 20 steps (15%) fail."""
+    run_dir, report = tmp_path / "run", gpu_check.Report(tmp_path / "out", {})
+    run_dir.mkdir()
+    report.write()  # as main() does before any section
+    rows = [{"step": 10, "loss/D": 0.7, "images/s": 100.0, "skipped/D": 0, "skipped/G": 0},
+            {"step": 20, "loss/D": float("nan"), "images/s": 120.0, "skipped/D": 3, "skipped/G": 2}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = gpu_check.Section("recipe", "recipe")
+    log = ("gan_accel: r3gan G and D (width 64, z 512) at 64 px\n"
+           "gan_accel: stopped at the time limit (2 min) at step 23 of 20,000.")
+    gpu_check._recipe_numbers(s, run_dir, log, report)
+    assert {c["name"] for c in s.failed_checks} == {"every logged loss is finite", "skipped updates <= 10% of steps"}
+    assert s.numbers["steps"] == 23 and s.numbers["images/s (median)"] == 120.0  # the first row is warm-up
+    assert s.numbers["recipe"] == "not printed" and s.numbers["grid"] == "none written"
+    assert (tmp_path / "out" / "recipe_64px_metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()
 
 
 def test_the_sync_counter_separates_clean_steps_from_log_rows_and_names_the_lines():
