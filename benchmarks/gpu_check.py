@@ -26,7 +26,7 @@ Sections (``--sections``; all by default, in this order):
 
 * ``env``: torch, accelerate, CUDA, device name, capability, bf16 support, the settings the proofs use.
 * ``recipe``: first, the published 64-px recipe's first minutes: ``gan-accel train --data D --resolution 64
-  --max-time 150`` with nothing else (the recipe table picks the rest: R3GAN's recipe on a GPU) on 2,000
+  --max-time 120`` with nothing else (the recipe table picks the rest: R3GAN's recipe on a GPU) on 2,000
   coloured digits (``make_rgb_digits.py``, MNIST from ``--data-dir``): the recipe and model lines it
   printed, steps, images/s, whether every logged loss is finite, skipped updates (fails above 10% of
   steps); its last grid, loss curves and metrics come back as ``recipe_64px.png``, ``recipe_64px_plot.png``
@@ -1674,7 +1674,7 @@ def sec_memory(run: Run, s: Section, report: Report) -> None:
 # -- the recipe ---------------------------------------------------------------------------------------------
 def sec_recipe(run: Run, s: Section, report: Report) -> None:
     """``gan-accel train`` at its defaults on coloured digits at 64 px: the recipe table's row for a GPU."""
-    num, max_time = run.size(2000, 500, cuda_quick=500, cpu_quick=40), run.size(150, 60, cuda_quick=30, cpu_quick=60)
+    num, max_time = run.size(2000, 500, cuda_quick=500, cpu_quick=40), run.size(120, 60, cuda_quick=30, cpu_quick=60)
     made = make_rgb_digits(run.folder("recipe_data"), num, 64, 0, mnist_dir=run.data_dir)
     s.number("data", f"{num:,} coloured digits at 64 px ({made['source']})")
     out = run.folder("recipe_run")
@@ -1892,7 +1892,7 @@ class Spec:
 
 SECTIONS: dict[str, Spec] = {
     "env": Spec("Environment", sec_env, (2, 1), (30, 30)),
-    "recipe": Spec("The default command's recipe at 64 px, first minutes", sec_recipe, (180, 30), (200, 150)),
+    "recipe": Spec("The default command's recipe at 64 px, first minutes", sec_recipe, (150, 30), (170, 150)),
     "accumulation": Spec("Accumulation = larger batch, on the device", sec_accumulation, (10, 4), (60, 60)),
     "twin": Spec("Engine = plain-PyTorch twin, on the device", sec_twin, (5, 2), (60, 60)),
     "resume": Spec("Exact resume on the device", sec_resume, (25, 6), (120, 90)),
