@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     model = add_model_flags(parser, width=32, z_dim=100, r1_gamma=DEFAULT_R1_GAMMA[conditional])
     if conditional:
         add_conditional_flags(model)
+    else:  # the own-images recipe's loss, penalties and Adam won here too (docs/benchmarks.md: the ablation)
+        parser.set_defaults(loss="rpgan", r2_gamma=0.1, lr_g=3e-3, lr_d=3e-3, beta2=0.99)
     args = parser.parse_args(argv)
     args.conditional = conditional
     return args
