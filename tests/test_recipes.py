@@ -9,7 +9,7 @@ import math
 import pytest
 
 from gan_accel import Ramp
-from gan_accel.cli.train import build_config
+from gan_accel.cli.train import build_config, fill_from_recipe
 from gan_accel.errors import ConfigError
 from gan_accel.models import default_spec
 from gan_accel.recipes import FEW_IMAGES, default_recipe, family_for, penalty_gamma
@@ -61,6 +61,15 @@ def test_the_published_row_ramps_over_the_runs_images_and_leaves_given_flags_alo
     images = 10 * 8 * 2 * 2  # steps x batch x accumulation x processes
     assert config.lr_G == 2e-4 and config.lr_D == Ramp(2e-4, 5e-5, images)  # --lr-g given: constant
     assert config.betas_G == (0.0, Ramp(0.9, 0.99, images)) and config.augment_p == Ramp(0.0, 0.3, images)
+    assert config.r1_gamma == Ramp(150.0, 15.0, images)
+    # a conditional run has no penalties: the gamma ramps stay off
+    args.r1_gamma = args.r2_gamma = 0.0
+    args.conditional, args.label_distribution, args.class_weight = True, None, None
+    args.given = set()
+    args.width = 4
+    fill_from_recipe(args, recipe, "r3gan", lambda line: None)
+    config = build_config(args, default_spec("r3gan", 256, num_classes=3, width=4), 5, 2, {}, recipe)
+    assert config.r1_gamma is None and config.r2_gamma is None
 
 
 def test_left_out_settings_come_from_the_recipe_and_given_flags_win(tmp_path, capsys):

@@ -194,12 +194,16 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
     left_out = {name: value for name, value in filled.items() if getattr(args, name) is None}
     args.given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p") if getattr(args, name) is not None
                   and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
+    if args.conditional:  # no penalties to ramp
+        args.given |= {"r1_gamma", "r2_gamma"}
     for name, value in left_out.items():
         setattr(args, name, value)
     if args.steps is None and args.epochs is None and args.images is None:
         args.steps = recipe.steps
     if left_out:
-        log(f"gan_accel: the recipe for {family} at this size and data: {recipe.describe()}; flags given win")
+        unpenalised = " (conditional: no R1/R2)" if args.conditional else ""
+        log(f"gan_accel: the recipe for {family} at this size and data: {recipe.describe()}{unpenalised}; flags "
+            "given win")
 
 
 def default_output_dir(data: str) -> str:
