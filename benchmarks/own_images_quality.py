@@ -160,14 +160,16 @@ def build_set(folder: Path, num: int, size: int, seed: int) -> None:
                     "--num", str(num), "--size", str(size), "--seed", str(seed)], check=True)
 
 
-def train_judge(folder: Path, epochs: int = 4) -> tuple[Judge, float, torch.Tensor]:
-    """The judge trained on all but the last 2,000 images of ``folder``; returns it, its accuracy on those,
-    and the held-out images (the last :data:`HELD_OUT`)."""
+def judge_set(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The judge's images and labels in one fixed shuffled order (class folders are listed sorted)."""
     paths = sorted(folder.rglob("*.png"))
     labels = torch.tensor([int(path.parent.name) for path in paths])
-    images = read_folder(folder)
-    order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))  # class folders are sorted
-    images, labels = images[order], labels[order]
+    order = torch.randperm(len(paths), generator=torch.Generator().manual_seed(0))
+    return read_folder(folder)[order], labels[order]
+
+
+def train_judge(images: torch.Tensor, labels: torch.Tensor, epochs: int = 4) -> tuple[Judge, float]:
+    """The judge trained on all but the last 2,000 images; returns it and its accuracy on those."""
     torch.manual_seed(0)
     judge = Judge()
     train_x, train_y, test_x, test_y = images[:-2000], labels[:-2000], images[-2000:], labels[-2000:]
@@ -181,22 +183,24 @@ def train_judge(folder: Path, epochs: int = 4) -> tuple[Judge, float, torch.Tens
     judge.eval()
     with torch.no_grad():
         accuracy = float((judge(test_x).argmax(1) == test_y).float().mean())
-    return judge, accuracy, images[-HELD_OUT:]
+    return judge, accuracy
 
 
 def cached_judge(folder: Path, path: Path) -> tuple[Judge, float, torch.Tensor]:
-    """:func:`train_judge`, kept in ``path`` (safetensors) so later invocations score with the same judge."""
+    """:func:`train_judge` on ``folder``, kept in ``path`` (safetensors) so later invocations score with the same
+    judge; also returns the held-out images (the last :data:`HELD_OUT` of the shuffled set)."""
     from safetensors.torch import load_file, save_file
 
+    images, labels = judge_set(folder)
     if path.exists():
         judge, state = Judge(), load_file(path)
         accuracy = float(state.pop("accuracy"))
         judge.load_state_dict(state)
-        return judge.eval(), accuracy, read_folder(folder)[torch.randperm(JUDGE_IMAGES, generator=torch.Generator()
-                                                                          .manual_seed(0))][-HELD_OUT:]
-    judge, accuracy, held_out = train_judge(folder)
-    save_file({**judge.state_dict(), "accuracy": torch.tensor(accuracy)}, str(path))
-    return judge, accuracy, held_out
+        judge.eval()
+    else:
+        judge, accuracy = train_judge(images, labels)
+        save_file({**judge.state_dict(), "accuracy": torch.tensor(accuracy)}, str(path))
+    return judge, accuracy, images[-HELD_OUT:]
 
 
 @torch.no_grad()
