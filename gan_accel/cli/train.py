@@ -36,7 +36,8 @@ from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, 
 if TYPE_CHECKING:
     from ..data import ImageData
 
-DEFAULT_STEPS = 6000  # --help's figure; the run's own comes from its recipe (gan_accel.recipes)
+# --help's figure (the CPU rows'); the run's own comes from its recipe (gan_accel.recipes)
+DEFAULT_STEPS = default_recipe(32, 10_000).steps
 FEATURES = ("auto", "inception", "random")  # --eval-features
 
 
