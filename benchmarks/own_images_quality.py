@@ -73,30 +73,33 @@ class Judge(nn.Module):
 
 
 class ReferenceG(nn.Module):
-    """The classic DCGAN generator for 32 px (ngf = 64): z -> 4x4x256 -> 8 -> 16 -> 32, BN + ReLU, tanh."""
+    """The classic DCGAN generator (ngf = 64): z -> 4x4 -> ... -> ``size`` px (32 or 64), BN + ReLU, tanh."""
 
-    def __init__(self, z_dim: int = 100, ngf: int = 64) -> None:
+    def __init__(self, z_dim: int = 100, ngf: int = 64, size: int = 32) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.ConvTranspose2d(z_dim, ngf * 4, 4, 1, 0, bias=False), nn.BatchNorm2d(ngf * 4), nn.ReLU(True),
-            nn.ConvTranspose2d(ngf * 4, ngf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf * 2), nn.ReLU(True),
-            nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf), nn.ReLU(True),
-            nn.ConvTranspose2d(ngf, 3, 4, 2, 1, bias=False), nn.Tanh())
+        mults = [8, 4, 2, 1] if size == 64 else [4, 2, 1]
+        layers = [nn.ConvTranspose2d(z_dim, ngf * mults[0], 4, 1, 0, bias=False), nn.BatchNorm2d(ngf * mults[0]),
+                  nn.ReLU(True)]
+        for a, b in zip(mults, mults[1:]):
+            layers += [nn.ConvTranspose2d(ngf * a, ngf * b, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf * b), nn.ReLU(True)]
+        self.net = nn.Sequential(*layers, nn.ConvTranspose2d(ngf, 3, 4, 2, 1, bias=False), nn.Tanh())
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(z[:, :, None, None])
 
 
 class ReferenceD(nn.Module):
-    """The classic DCGAN discriminator for 32 px (ndf = 64): strided convolutions, BN, LeakyReLU 0.2."""
+    """The classic DCGAN discriminator (ndf = 64) for ``size`` px (32 or 64): strided convolutions, BN,
+    LeakyReLU 0.2."""
 
-    def __init__(self, ndf: int = 64) -> None:
+    def __init__(self, ndf: int = 64, size: int = 32) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True),
-            nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 2), nn.LeakyReLU(0.2, True),
-            nn.Conv2d(ndf * 2, ndf * 4, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 4), nn.LeakyReLU(0.2, True),
-            nn.Conv2d(ndf * 4, 1, 4, 1, 0, bias=False))
+        mults = [1, 2, 4, 8] if size == 64 else [1, 2, 4]
+        layers = [nn.Conv2d(3, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True)]
+        for a, b in zip(mults, mults[1:]):
+            layers += [nn.Conv2d(ndf * a, ndf * b, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * b),
+                       nn.LeakyReLU(0.2, True)]
+        self.net = nn.Sequential(*layers, nn.Conv2d(ndf * mults[-1], 1, 4, 1, 0, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).flatten()
@@ -123,7 +126,7 @@ def train_reference(data: Path, out: Path, seed: int, seconds: float) -> None:
     """The plain loop: D then G on each batch of 128, until ``seconds`` have passed; saves 5,000 samples."""
     torch.manual_seed(seed)
     images = read_folder(data)
-    G, D = ReferenceG(), ReferenceD()
+    G, D = ReferenceG(size=images.shape[-1]), ReferenceD(size=images.shape[-1])
     G.apply(init_dcgan)
     D.apply(init_dcgan)
     opt_G = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
@@ -286,8 +289,6 @@ def main() -> None:
         return train_reference(Path(args.data), Path(args.reference_run), args.seed, args.seconds)
     if not args.out or not (args.config or args.reference):
         parser.error("--out and at least one --config (or --reference) are needed")
-    if args.reference and args.size != 32:
-        parser.error("the reference loop is written for 32 px")
     out = Path(args.out)
     data, judge_set = out / f"rgb_digits_{args.size}px_{args.train_images}", out / f"judge_set_{args.size}px"
     build_set(data, args.train_images, args.size, seed=0)

@@ -104,7 +104,7 @@ class TrainConfig:
     keep_freed_memory: bool = False  # Linux/glibc: freed memory stays in the process (no page faults per step)
     augment: str = "none"  # differentiable augmentation of every image D sees: "none", "diffaugment" or "ada"
     augment_p: float | Ramp | None = None  # diffaugment: each transform's probability (default 1); ada: the first p (0)
-    ada_target: float = 0.6  # ada: the E[sign(D(real))] that p steers towards (higher: D overfits, p rises)
+    ada_target: float = 0.6  # ada: the E[sign(D(real))] (rpgan: of D(real) - D(fake)) that p steers towards (higher: D overfits, p rises)
     ada_interval: int = 4  # ada: steps between updates of p
     ada_kimg: float = 100.0  # ada: thousands of real images over which p can move from 0 to 1
     sample_every: int = 500

@@ -98,15 +98,30 @@ class SignD(nn.Module):
         return self.sign * 100.0 + 1e-3 * self.inner(x)
 
 
-def ada_run(tmp_path, sign: float, start_p: float, steps: int = 5) -> list[dict]:
+class MeanD(nn.Module):
+    """D(x) = 100 x's mean - 1000 (+ a tiny trainable part): every logit is negative, but reals at 1 score
+    above G's tanh samples, so the two losses' statistics disagree in sign."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return 100.0 * x.flatten(1).mean(1) - 1000.0 + 1e-3 * self.inner(x)
+
+
+def ada_run(tmp_path, sign: float, start_p: float, steps: int = 5, loss: str = "nonsaturating",
+            mean_d: bool = False) -> list[dict]:
     G, D = make_models()
+    out = tmp_path / f"ada_{sign}_{loss}"
     config = TrainConfig(max_steps=steps, batch_size=4, z_dim=4, lr_D=1e-12, log_every=1, sample_every=steps,
-                         num_samples=4, output_dir=str(tmp_path / f"ada_{sign}"), progress_bar=False,
+                         num_samples=4, output_dir=str(out), progress_bar=False, loss=loss,
                          augment="ada", augment_p=start_p, ada_interval=1, ada_kimg=0.1)
-    trainer = GANTrainer(G, SignD(D, sign), make_loader(make_images(4 * steps), 4), config,
+    images = torch.ones(4 * steps, *make_images(1).shape[1:], dtype=torch.float64) if mean_d else make_images(4 * steps)
+    trainer = GANTrainer(G, MeanD(D) if mean_d else SignD(D, sign), make_loader(images, 4), config,
                          latent_sampler=TableLatents(4096))
     trainer.fit()
-    return [json.loads(line) for line in (tmp_path / f"ada_{sign}" / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("sign, start_p", [(+1.0, 0.0), (-1.0, 0.5)], ids=["overfitting D: p rises",
@@ -121,6 +136,16 @@ def test_ada_moves_p_by_its_rule_in_a_run(tmp_path, sign, start_p):
         expected.append(p)
     assert [row["augment/p"] for row in rows] == expected
     assert {row["augment/rt"] for row in rows} == {sign}
+
+
+@pytest.mark.parametrize("loss, rt", [("nonsaturating", -1.0), ("rpgan", 1.0)])
+def test_ada_statistic_for_a_relativistic_loss_is_real_against_fake(tmp_path, loss, rt):
+    """RpGAN's logits have no fixed zero (only D(x) - D(G(z)) enters its loss), so ADA's sign(D(x)) says nothing
+    there: its statistic is the share of pairs where the real image outscores G's. Every logit of MeanD is
+    negative (ADA's r_t = -1: p stays at 0) while every real outscores every fake (RpGAN's = +1: p rises by
+    4 images / 100). One step at p = 0, so no augmentation moves the images."""
+    (row,) = ada_run(tmp_path, rt, 0.0, steps=1, loss=loss, mean_d=True)
+    assert (row["augment/rt"], row["augment/p"]) == (rt, max(rt, 0) * 4 / 100)
 
 
 def _ada_two_ranks(out_dir: str) -> None:

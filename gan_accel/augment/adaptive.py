@@ -1,6 +1,7 @@
 """ADA's controller of the augmentation probability p (Karras et al., 2020, section 3).
 
-``r_t = E[sign(D(x_real))]``, summed over processes every ``interval`` updates, moves p by
+``r_t = E[sign(D(x_real))]`` (for a relativistic loss the engine passes D(x_real) - D(G(z)), whose sign
+says which of each pair D prefers), summed over processes every ``interval`` updates, moves p by
 ``sign(r_t - target) * images / (ada_kimg * 1000)``, clamped to [0, p_max]: above the target D is
 overfitting, so more augmentation. Signs and counts are summed as integers on the device (no host read
 per step, no round-off; a NaN logit counts as nothing), so every process holds the same p, bit for bit.

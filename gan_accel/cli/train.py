@@ -97,7 +97,7 @@ def add_parser(commands: Any) -> None:
     augment.add_argument("--augment-p", type=nonnegative_float, default=None,
                          help="diffaugment: each transform's probability (default 1); ada: the first p (default 0)")
     augment.add_argument("--ada-target", type=fraction, default=0.6,
-                         help="ada: the E[sign(D(real))] that p steers towards")
+                         help="ada: the E[sign(D(real))] (rpgan: of D(real) - D(fake)) that p steers towards")
     # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
     parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
                         ema_decay=None, augment=None)

@@ -31,7 +31,9 @@ def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: Gamma
         fake = ctx.fake.detach().to(ctx.real.dtype).requires_grad_(True) if r2_gamma else ctx.fake
         real_logits, real_classes = _judge(ctx, real, ctx.real_labels, class_weight)
         fake_logits, _ = _judge(ctx, fake, ctx.fake_labels, class_weight)
-        ctx.observe_real(real_logits.detach())  # an adaptive augmentation's statistic
+        # An adaptive augmentation's statistic: ADA's sign of D(x), or for a relativistic loss, whose logits
+        # have no fixed zero, the sign of D(x_i) - D(G(z_i)) over the pairs it compares (1: D separates all).
+        ctx.observe_real((real_logits - fake_logits).detach() if loss.relativistic else real_logits.detach())
         ctx.log("D(x)", real_logits.mean())
         ctx.log("D(G(z))", fake_logits.mean())
         total = loss.d_loss(real_logits, fake_logits)
