@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
 DIVERSITY = "health/diversity"
+PROBE_REALS = 32  # training reals in D's probe: the first batch's first ones (kept in the checkpoint)
 PREFIX = "gan_accel: warning:"
 
 
@@ -70,6 +71,8 @@ class HealthMonitor(Callback):
         self.streaks: dict[str, int] = {}  # consecutive rows a rule's condition has held
         self.warned: list[str] = []  # rules inside an episode that was already warned about
         self.diversity: list[list[float]] = []  # [step, value] of every measurement
+        self.probe_reals: torch.Tensor | None = None  # D's probe of training reals (checkpointed: see setup)
+        self.probe_labels: torch.Tensor | None = None
         self.d_probe: dict[str, float] = {}  # the last probe of D: its step and health/* values
         self.probes = 0  # D's probes so far (the first early_samples judge an untrained D: no rule applies)
         self.unlogged: dict[str, float] = {}  # measurements handed to the next metrics row, not yet in one
@@ -82,6 +85,11 @@ class HealthMonitor(Callback):
         reference = getattr(trainer, "reference_samples", None)
         if isinstance(reference, torch.Tensor) and reference.is_floating_point():
             self.real_diversity = mean_pairwise_distance(reference, self.max_samples)
+            # The first batch of an unseeded shuffling loader differs from run to run, a resumed one included:
+            # the checkpoint keeps the probe's reals (at most PROBE_REALS of them) so the probe goes on alike.
+            labels = getattr(trainer, "reference_labels", None)
+            self.probe_reals = reference[:PROBE_REALS].clone()
+            self.probe_labels = None if labels is None else labels[:PROBE_REALS].clone()
         if self.held_out is not None:
             _check_held_out(self.held_out, self.held_labels, reference, trainer.conditioning.conditional)
 
@@ -110,12 +118,9 @@ class HealthMonitor(Callback):
 
     def _probe_d(self, trainer: "GANTrainer") -> dict[str, float]:
         """D's logits on the probe images -> the ``health/*`` values (none when there are no reference reals)."""
-        reals = getattr(trainer, "reference_samples", None)
-        if not isinstance(reals, torch.Tensor) or not reals.is_floating_point() or len(reals) < 1:
+        if self.probe_reals is None or not len(self.probe_reals):
             return {}
-        labels = getattr(trainer, "reference_labels", None)
-        logits = probe_logits(trainer, reals[:self.max_samples], None if labels is None else labels[:self.max_samples],
-                              self.held_out, self.held_labels)
+        logits = probe_logits(trainer, self.probe_reals, self.probe_labels, self.held_out, self.held_labels)
         values = probe_statistics(logits["real"], logits["fake"], logits.get("held_out"))
         self.probes += 1
         self.d_probe = {"step": trainer.step, **values}
@@ -220,7 +225,8 @@ class HealthMonitor(Callback):
         return {"early_g": list(self.early_g), "streaks": dict(self.streaks), "warned": list(self.warned),
                 "diversity": [list(m) for m in self.diversity], "unlogged": dict(self.unlogged),
                 "real_diversity": self.real_diversity, "d_probe": dict(self.d_probe), "probes": self.probes,
-                "history": [list(w) for w in self.history]}
+                "history": [list(w) for w in self.history], "probe_reals": self.probe_reals,
+                "probe_labels": self.probe_labels}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.early_g, self.streaks, self.warned = list(state["early_g"]), dict(state["streaks"]), list(state["warned"])
@@ -230,6 +236,8 @@ class HealthMonitor(Callback):
             {DIVERSITY: unlogged}
         self.d_probe, self.probes = dict(state.get("d_probe", {})), int(state.get("probes", 0))
         self.history = [list(w) for w in state.get("history", [])]
+        if isinstance(state.get("probe_reals"), torch.Tensor):  # a checkpoint from before the probe: keep setup's
+            self.probe_reals, self.probe_labels = state["probe_reals"], state.get("probe_labels")
 
 
 def _held_out(held_out: Any, limit: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
