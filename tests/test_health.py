@@ -197,7 +197,7 @@ def test_a_generator_trained_to_collapse_warns_when_its_diversity_halves(tmp_pat
 
 def test_warnings_come_once_per_episode_and_again_after_a_recovery():
     printed = []
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(print=printed.append))
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(print=printed.append, is_main_process=False))
     monitor = HealthMonitor(patience=2)
     monitor.d_chance = 1.386
     for step, loss in enumerate([1.3, 0.01, 0.01, 0.01, 0.01, 1.2, 0.01, 0.01, 0.01]):
@@ -357,6 +357,15 @@ def test_a_dead_d_warns_once_past_the_early_measurements(tmp_path, capsys):
     assert "--augment ada or none" in lines[0] and "lower learning rate" in lines[0] and "R1/R2 gamma" in lines[0]
     monitor = trainer.callbacks.get("health_monitor")
     assert [(step, rule) for step, rule, _ in monitor.history] == [(24, "d_dead")]
+    # gan-accel info RUN shows D's last probe and the warning, from health.json
+    from gan_accel.cli.info import describe_run, format_report
+
+    report = describe_run(tmp_path / "run")
+    assert report["health"]["warnings"] == [{"step": 24, "rule": "d_dead", "line": lines[0]}]
+    text = format_report(report).splitlines()
+    assert "D's health (step 40; no held-out images: the overfitting check is off): d_spread 0, rt 0.5, " \
+        f"d_real {rows[-1]['health/d_real']:.4g}, d_fake {rows[-1]['health/d_fake']:.4g}" in text
+    assert "health warnings: 1" in text and f"  step 24: {lines[0]}" in text
 
 
 def test_a_training_d_on_a_tiny_run_is_not_dead(tmp_path, capsys):
@@ -390,6 +399,11 @@ def test_held_out_images_that_are_the_training_images_give_no_overfitting(tmp_pa
     assert len(overfits) >= 5 and max(abs(v) for v in overfits[3:]) < 0.2
     assert rows[-1]["health/overfit"] == pytest.approx(by_hand(trainer, train)["health/overfit"], rel=1e-5)
     assert warnings_about(capsys.readouterr().out, "overfitting") == []
+    from gan_accel.cli.info import describe_run, format_report
+
+    text = format_report(describe_run(tmp_path / "run"))
+    assert f"D's health (step 300; 24 held-out images): d_spread {rows[-1]['health/d_spread']:.4g}, overfit " \
+        f"{rows[-1]['health/overfit']:.4g}, rt {rows[-1]['health/rt']:.4g}" in text and "health warnings: none" in text
 
 
 def test_probe_statistics_by_definition():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..errors import ConfigError
+from ..storage.layout import HEALTH, write_json
 from .base import Callback
 from .d_probe import probe_logits, probe_statistics
 
@@ -113,8 +114,26 @@ class HealthMonitor(Callback):
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
         if DIVERSITY in row:
             self.unlogged = {}
+        warned = len(self.history)
         self._check_d(trainer, row)
         self._check_g(trainer, row)
+        if len(self.history) > warned or DIVERSITY in row:  # a new warning, or a new probe of D
+            self.write_summary(trainer)
+
+    def on_fit_end(self, trainer: "GANTrainer") -> None:
+        self.write_summary(trainer)
+
+    def write_summary(self, trainer: "GANTrainer") -> None:
+        """``health.json`` in the run folder (main process; in events every process agrees on): D's last
+        probe and every warning of the run, for ``gan-accel info``."""
+        if trainer.accelerator.is_main_process:
+            write_json(trainer.output_dir / HEALTH, self.summary())
+
+    def summary(self) -> dict[str, Any]:
+        """D's last probe (its step and ``health/*`` values), whether it has held-out images, and every
+        warning of the run as ``{"step", "rule", "line"}``."""
+        return {"d_probe": dict(self.d_probe), "held_out": 0 if self.held_out is None else len(self.held_out),
+                "warnings": [{"step": step, "rule": rule, "line": line} for step, rule, line in self.history]}
 
     def _probe_d(self, trainer: "GANTrainer") -> dict[str, float]:
         """D's logits on the probe images -> the ``health/*`` values (none when there are no reference reals)."""
