@@ -506,3 +506,15 @@ def test_the_held_out_slice_is_seeded_and_small_sets_hold_none_out(tmp_path):
     assert data.hold_out(recorded=names) == 5 and data.held_out_rows == first  # a resumed run keeps its own
     assert data.hold_out(recorded=[]) == 0 and len(data.dataset()) == 100
     assert open_image_data(tmp_path / "few", 32, labels="none", log=None).hold_out(0) == 0
+
+
+def test_a_conditional_run_probes_d_on_its_held_out_images_with_their_labels(tmp_path, capsys):
+    write_images(tmp_path / "pets", 42, classes=CLASSES)
+    out = tmp_path / "run"
+    code, stdout, err = gan_accel(["train", "--data", tmp_path / "pets", "--output-dir", out, "--conditional",
+                                   "--resolution", "32", "--steps", "2", *TINY], capsys)
+    assert code == 0, err[-3000:]
+    assert "3 of the 42 images held out" in stdout
+    held = json.loads((out / "data.json").read_text())["held_out"]
+    assert len(held) == 3 and all(name.split("/")[0] in CLASSES for name in held)
+    assert "health/d_heldout" in read_metrics(out / "metrics.jsonl")[-1]
