@@ -51,9 +51,11 @@ def _train(out_dir: str, batch_size: int, grad_accum_steps: int, penalties: bool
     if fake_labels is not None:
         fake_labels.rewind()
     epsilon.rewind()
-    seen_batch_sizes = []  # registered after the trainer's preflight (a 2-image dry forward)
+    # registered after the trainer's preflight (a 2-image dry forward); the training forwards only (the health
+    # monitor's probe of D runs without gradients)
+    seen_batch_sizes = []
     trainer.accelerator.unwrap_model(trainer.D).register_forward_pre_hook(
-        lambda m, args: seen_batch_sizes.append(args[0].shape[0]))
+        lambda m, args: seen_batch_sizes.append(args[0].shape[0]) if torch.is_grad_enabled() else None)
     trainer.fit()
     rank = PartialState().process_index
     torch.save(

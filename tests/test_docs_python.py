@@ -120,6 +120,9 @@ def check_evaluation(runs: Path, namespace: dict) -> None:
 
 def check_health_and_trackers(runs: Path, namespace: dict) -> None:
     assert (runs / "watched" / "training_plot.png").exists() and (runs.parent / "late_steps.png").exists()
+    # D's probe with the held-out images
+    held = [row for row in rows(runs / "held_out" / "metrics.jsonl") if "health/d_spread" in row]
+    assert [row["step"] for row in held] == [10, 20] and all("health/d_heldout" in row for row in held)
     assert list((runs / "tracked" / "trackers" / "tracked").glob("events.out.tfevents.*"))
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from conftest import IMAGE_SHAPE, Z_DIM, make_images, make_loader, make_models, reset_accelerate_state
 from gan_accel import GANTrainer, TrainConfig, default_phases
 from gan_accel.callbacks import HealthMonitor, ProgressBar
+from gan_accel.callbacks.d_probe import OVERFIT_MIN_GAP, probe_statistics
 from gan_accel.callbacks.health import mean_pairwise_distance
 from gan_accel.callbacks.metrics_log import read_metrics
 
@@ -22,15 +23,16 @@ WARNING = "gan_accel: warning:"
 
 
 def run(tmp_path, name="run", G=None, images=None, phases=None, accelerator=None, stop_at_step=None,
-        resume=False, **overrides):
+        resume=False, D=None, callbacks=(), disable=(), **overrides):
     """A tiny float32 run (4x4 images, MLP G and D); returns (trainer, metrics rows)."""
     settings = dict(max_steps=40, batch_size=8, z_dim=Z_DIM, log_every=2, sample_every=4, checkpoint_every=1000,
                     num_samples=16, output_dir=str(tmp_path / name), progress_bar=False)
     config = TrainConfig(**{**settings, **overrides})
-    g, D = make_models(dtype=torch.float32)
+    g, d = make_models(dtype=torch.float32)
     images = make_images(256, dtype=torch.float32) if images is None else images
-    trainer = GANTrainer(G or g, D, make_loader(images, 8), config, accelerator=accelerator,
-                         phases=phases(config) if phases else None)
+    trainer = GANTrainer(G or g, D or d, make_loader(images, 8), config, accelerator=accelerator,
+                         phases=phases(config) if phases else None, callbacks=callbacks,
+                         disable_callbacks=disable)
     trainer.fit(resume_from="latest" if resume else None, stop_at_step=stop_at_step)
     return trainer, read_metrics(tmp_path / name / "metrics.jsonl")
 
@@ -195,7 +197,7 @@ def test_a_generator_trained_to_collapse_warns_when_its_diversity_halves(tmp_pat
 
 def test_warnings_come_once_per_episode_and_again_after_a_recovery():
     printed = []
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(print=printed.append))
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(print=printed.append, is_main_process=False))
     monitor = HealthMonitor(patience=2)
     monitor.d_chance = 1.386
     for step, loss in enumerate([1.3, 0.01, 0.01, 0.01, 0.01, 1.2, 0.01, 0.01, 0.01]):
@@ -238,3 +240,213 @@ def test_a_resumed_run_warns_and_logs_exactly_like_an_uninterrupted_one(tmp_path
     for row in straight_rows + resumed_rows:
         row.pop("images/s")
     assert resumed_rows == straight_rows and "health/diversity" in resumed_rows[7]  # row 16
+
+
+# -- D's probe ----------------------------------------------------------------------------------------
+PROBE_KEYS = ("health/d_spread", "health/d_real", "health/d_fake", "health/rt")
+
+
+class BiasOnlyD(nn.Module):
+    """A dead D: its logit is a learned bias, the same whatever the image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bias.expand(x.shape[0]) + 0 * x.reshape(x.shape[0], -1).sum(1)
+
+
+class WideD(nn.Module):
+    """A D with room to memorise a few images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(16, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128),
+                                 nn.LeakyReLU(0.2), nn.Linear(128, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).reshape(x.shape[0])
+
+
+MIXING = torch.randn(Z_DIM, 16, generator=torch.Generator().manual_seed(7))
+
+
+class PerfectG(nn.Module):
+    """Samples of the data's own distribution (images = z @ MIXING): only memorising the training images lets
+    D tell them from G's samples. It never changes (its one parameter gets no gradient)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mixing", MIXING.clone())
+        self.unused = nn.Parameter(torch.zeros(()))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return (z @ self.mixing).reshape(z.shape[0], *IMAGE_SHAPE) + 0 * self.unused
+
+
+def structured_images(n: int, seed: int) -> torch.Tensor:
+    return (torch.randn(n, Z_DIM, generator=torch.Generator().manual_seed(seed)) @ MIXING).reshape(n, *IMAGE_SHAPE)
+
+
+def by_hand(trainer, held_out=None):
+    """D's logits on the probe images, computed here from the trained networks, and the values they give."""
+    G, D = trainer.accelerator.unwrap_model(trainer.G), trainer.accelerator.unwrap_model(trainer.D)
+    with torch.no_grad():
+        real = D(trainer.reference_samples).double()
+        fake = D(G(trainer.fixed_latents)).double()
+        held = D(held_out).double() if held_out is not None else None
+    both = torch.cat([real, fake])
+    values = {"health/d_spread": both.std().item(), "health/d_real": real.mean().item(),
+              "health/d_fake": fake.mean().item(),
+              "health/rt": sum(float(r > f) + 0.5 * float(r == f) for r in real for f in fake) / (len(real) * len(fake))}
+    if held is not None:
+        values["health/d_heldout"] = held.mean().item()
+        values["health/overfit"] = (real.mean() - held.mean()).item() / (real.mean() - fake.mean()).item()
+    return values
+
+
+def test_d_is_probed_at_every_sample_interval_and_the_values_are_ds_logits_on_the_probe_images(tmp_path, capsys):
+    trainer, rows = run(tmp_path, max_steps=12)
+    probed = [r for r in rows if "health/d_spread" in r]
+    assert [r["step"] for r in probed] == [4, 8, 12]
+    assert all("health/overfit" not in r and "health/d_heldout" not in r for r in rows)  # no held-out images
+    expected = by_hand(trainer)
+    assert {k: probed[-1][k] for k in expected} == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert len(trainer.reference_samples) == 8 and probed[-1]["health/d_spread"] > 0.05
+    monitor = trainer.callbacks.get("health_monitor")
+    assert monitor.d_probe == {"step": 12, **{k: probed[-1][k] for k in monitor.d_probe if k != "step"}}
+    assert WARNING not in capsys.readouterr().out
+
+
+def test_the_probe_leaves_the_run_as_it_was(tmp_path):
+    """The same run with the probe switched off (the monitor disabled) trains to the same weights, bit for
+    bit: the probe draws no random numbers and changes no buffer or mode of G and D."""
+    trainer, _ = run(tmp_path, "probed", G=TrainModeG(seed=3), max_steps=12, sample_every=2)
+    reset_accelerate_state()
+    plain, _ = run(tmp_path, "plain", G=TrainModeG(seed=3), max_steps=12, sample_every=2,
+                   disable=("health_monitor",))
+    for a, b in zip(trainer.G.state_dict().values(), plain.G.state_dict().values()):
+        assert torch.equal(a, b)
+    for a, b in zip(trainer.D.state_dict().values(), plain.D.state_dict().values()):
+        assert torch.equal(a, b)
+    assert trainer.G.training and trainer.D.training
+
+
+class TrainModeG(nn.Module):
+    """A G with BatchNorm statistics and dropout: a probe in train mode must neither move the one nor draw
+    the other's random numbers from the training RNG."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(Z_DIM, 16), nn.BatchNorm1d(16), nn.Dropout(0.3), nn.Linear(16, 16),
+                                 nn.Tanh())
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z).reshape(z.shape[0], *IMAGE_SHAPE)
+
+
+def test_a_dead_d_warns_once_past_the_early_measurements(tmp_path, capsys):
+    trainer, rows = run(tmp_path, D=BiasOnlyD())
+    assert all(r["health/d_spread"] == 0 and r["health/rt"] == 0.5 for r in rows if "health/d_spread" in r)
+    lines = warnings_about(capsys.readouterr().out, "D is dead")
+    assert len(lines) == 1, lines
+    # measured every 4 steps; the first 3 measurements are not judged; then 3 in a row: steps 16, 20, 24
+    assert "at step 24" in lines[0] and "stayed below 0.05 for 3 measurements" in lines[0]
+    assert "--augment ada or none" in lines[0] and "lower learning rate" in lines[0] and "R1/R2 gamma" in lines[0]
+    monitor = trainer.callbacks.get("health_monitor")
+    assert [(step, rule) for step, rule, _ in monitor.history] == [(24, "d_dead")]
+    # gan-accel info RUN shows D's last probe and the warning, from health.json
+    from gan_accel.cli.info import describe_run, format_report
+
+    report = describe_run(tmp_path / "run")
+    assert report["health"]["warnings"] == [{"step": 24, "rule": "d_dead", "line": lines[0]}]
+    text = format_report(report).splitlines()
+    assert "D's health (step 40; no held-out images: the overfitting check is off): d_spread 0, rt 0.5, " \
+        f"d_real {rows[-1]['health/d_real']:.4g}, d_fake {rows[-1]['health/d_fake']:.4g}" in text
+    assert "health warnings: 1" in text and f"  step 24: {lines[0]}" in text
+
+
+def test_a_training_d_on_a_tiny_run_is_not_dead(tmp_path, capsys):
+    _, rows = run(tmp_path, max_steps=60)
+    spreads = [r["health/d_spread"] for r in rows if "health/d_spread" in r]
+    assert len(spreads) == 15 and min(spreads[3:]) > 0.05
+    assert warnings_about(capsys.readouterr().out, WARNING) == []
+
+
+def test_a_d_that_memorises_its_training_images_warns_that_it_overfits(tmp_path, capsys):
+    train = structured_images(24, seed=1)  # 3 batches of 8: each image seen every 3 steps
+    held_out = structured_images(16, seed=2)  # other images of the same distribution
+    monitor = HealthMonitor(held_out=held_out)
+    trainer, rows = run(tmp_path, G=PerfectG(), D=WideD(), images=train, callbacks=[monitor], max_steps=300,
+                        sample_every=30, log_every=30, lr_D=3e-3, warmup_ratio=0.0)
+    last = rows[-1]
+    expected = by_hand(trainer, held_out)
+    assert {k: last[k] for k in expected} == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert last["health/overfit"] > 0.5
+    lines = warnings_about(capsys.readouterr().out, "D is overfitting")
+    assert len(lines) == 1, lines
+    assert "--augment ada or diffaugment" in lines[0] and "larger R1/R2 gamma" in lines[0] and "more images" in lines[0]
+
+
+def test_held_out_images_that_are_the_training_images_give_no_overfitting(tmp_path, capsys):
+    train = structured_images(24, seed=1)
+    monitor = HealthMonitor(held_out=train)
+    trainer, rows = run(tmp_path, G=PerfectG(), D=WideD(), images=train, callbacks=[monitor], max_steps=300,
+                        sample_every=30, log_every=30, lr_D=3e-3, warmup_ratio=0.0)
+    overfits = [r["health/overfit"] for r in rows if "health/overfit" in r]
+    assert len(overfits) >= 5 and max(abs(v) for v in overfits[3:]) < 0.2
+    assert rows[-1]["health/overfit"] == pytest.approx(by_hand(trainer, train)["health/overfit"], rel=1e-5)
+    assert warnings_about(capsys.readouterr().out, "overfitting") == []
+    from gan_accel.cli.info import describe_run, format_report
+
+    text = format_report(describe_run(tmp_path / "run"))
+    assert f"D's health (step 300; 24 held-out images): d_spread {rows[-1]['health/d_spread']:.4g}, overfit " \
+        f"{rows[-1]['health/overfit']:.4g}, rt {rows[-1]['health/rt']:.4g}" in text and "health warnings: none" in text
+
+
+def test_probe_statistics_by_definition():
+    real, fake, held = torch.tensor([2.0, 4.0]), torch.tensor([0.0, 4.0]), torch.tensor([1.0])
+    values = probe_statistics(real, fake, held)
+    assert values["health/d_spread"] == pytest.approx(torch.tensor([2.0, 4.0, 0.0, 4.0]).std().item())
+    assert values["health/rt"] == pytest.approx((1 + 0 + 1 + 0.5) / 4)  # pairs (2,0) (2,4) (4,0) (4,4)
+    assert values["health/overfit"] == pytest.approx((3 - 1) / (3 - 2))
+    # D barely tells training reals from fakes: no ratio of noise to noise
+    assert "health/overfit" not in probe_statistics(real, real - OVERFIT_MIN_GAP / 2, held)
+
+
+def test_held_out_images_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="held_out must be a floating-point tensor"):
+        HealthMonitor(held_out=torch.zeros(4, 1, 4, 4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="held_out's labels must be an integer tensor"):
+        HealthMonitor(held_out=(torch.zeros(4, 1, 4, 4), torch.zeros(3, dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"shaped \(1, 2, 2\) but the training samples \(1, 4, 4\)"):
+        run(tmp_path, callbacks=[HealthMonitor(held_out=torch.zeros(4, 1, 2, 2))])
+    with pytest.raises(ValueError, match="d_spread_floor=-1 must be a finite number >= 0"):
+        HealthMonitor(d_spread_floor=-1)
+
+
+def test_a_conditional_run_probes_d_with_the_labels(tmp_path):
+    from conftest import NUM_CLASSES, make_labels
+
+    images = make_images(64, dtype=torch.float32)
+    labels = make_labels(64)
+    G, D = make_models(dtype=torch.float32, conditional=True)
+    config = TrainConfig(max_steps=8, batch_size=8, z_dim=Z_DIM, log_every=4, sample_every=4, num_samples=6,
+                         num_classes=NUM_CLASSES, output_dir=str(tmp_path / "cond"), progress_bar=False)
+    held = (make_images(10, seed=5, dtype=torch.float32), make_labels(10, seed=6))
+    trainer = GANTrainer(G, D, make_loader(images, 8, labels), config, callbacks=[HealthMonitor(held_out=held)])
+    trainer.fit()
+    row = read_metrics(tmp_path / "cond" / "metrics.jsonl")[-1]
+    with torch.no_grad():
+        real = D(trainer.reference_samples, trainer.reference_labels)
+        fake = D(G(trainer.fixed_latents, trainer.fixed_labels), trainer.fixed_labels)
+        held_logits = D(*held)
+    assert torch.equal(trainer.reference_labels, labels[:8])
+    assert row["health/d_real"] == pytest.approx(real.mean().item(), rel=1e-5)
+    assert row["health/d_fake"] == pytest.approx(fake.mean().item(), rel=1e-5)
+    assert row["health/d_heldout"] == pytest.approx(held_logits.mean().item(), rel=1e-5)
+    with pytest.raises(ValueError, match=r"HealthMonitor\(held_out=\(images, labels\)\)"):
+        reset_accelerate_state()
+        GANTrainer(G, D, make_loader(images, 8, labels), config, callbacks=[HealthMonitor(held_out=held[0])])

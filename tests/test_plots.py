@@ -110,5 +110,26 @@ def test_a_run_redraws_its_plot_at_every_sample_interval_and_records_it(tmp_path
     assert [step for step, _ in watcher.seen] == [4, 8, 12]
     assert len({digest for _, digest in watcher.seen}) == 3  # new rows, new picture
     plot = tmp_path / "run" / "training_plot.png"
-    assert Image.open(plot).size == plot_size()
+    assert Image.open(plot).size == plot_size(len(PANELS) + 1)  # and D's probe
     assert "training_plot.png" in RUN_FILES  # a name of the run's own: gan-accel --out refuses it in a run folder
+
+
+def test_ds_probe_has_a_panel_and_its_spread_joins_ds_outputs(tmp_path):
+    def probed(overfit):
+        return [{**row, "health/d_spread": 0.5, "health/rt": 0.8, "health/overfit": overfit(i)}
+                for i, row in enumerate(rows_of(8))]
+
+    base = Image.open(plot_metrics(probed(lambda i: 0.1), tmp_path / "base.png"))
+    other = Image.open(plot_metrics(probed(lambda i: 0.1 * i), tmp_path / "other.png"))
+    assert base.size == plot_size(len(PANELS) + 1) == (PANEL_SIZE[0] * COLUMNS, PANEL_SIZE[1] * 4)
+
+    def probe_panel(image):
+        index = len(PANELS)
+        left, top = (index % COLUMNS) * PANEL_SIZE[0], (index // COLUMNS) * PANEL_SIZE[1]
+        return image.crop((left, top, left + PANEL_SIZE[0], top + PANEL_SIZE[1]))
+
+    assert differs(probe_panel(base), probe_panel(other))
+    outputs = "discriminator outputs (mean logits; d_spread: their spread on D's probe)"
+    assert not differs(panel(base, outputs), panel(other, outputs))
+    unprobed = Image.open(plot_metrics(rows_of(8), tmp_path / "plain.png"))
+    assert differs(panel(base, outputs), panel(unprobed, outputs))  # the spread is drawn with D's outputs

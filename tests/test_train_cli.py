@@ -462,3 +462,59 @@ def test_a_process_killed_during_the_cache_build_is_named_by_the_other(tmp_path)
     assert result.returncode != 0
     assert ("gan_accel: error: process 0, building this machine's image cache, ended before it was done (killed, or "
             "out of memory?); stopping before training started") in result.stderr, result.stderr[-3000:]
+
+
+# -- the held-out slice (D's overfitting check) -----------------------------------------------------------------
+def test_a_slice_of_the_images_is_held_out_of_training_recorded_and_kept_on_resume(tmp_path, capsys):
+    write_images(tmp_path / "photos", 60)
+    out = tmp_path / "run"
+    base = ["train", "--data", tmp_path / "photos", "--output-dir", out, *TINY]
+    code, stdout, err = gan_accel([*base, "--steps", "2"], capsys)
+    assert code == 0, err[-3000:]
+    assert "gan_accel: 3 of the 60 images held out of training for D's overfitting check" in stdout
+    held = json.loads((out / "data.json").read_text())["held_out"]
+    assert len(held) == 3 and len(set(held)) == 3
+    row = read_metrics(out / "metrics.jsonl")[-1]
+    assert {"health/d_heldout", "health/d_spread", "health/rt"} <= set(row)
+
+    from gan_accel.data import open_image_data
+
+    data = open_image_data(tmp_path / "photos", 32, labels="none", log=None)
+    assert data.hold_out(0, batch_size=8) == 3 and [data.names[r] for r in data.held_out_rows] == held
+    assert len(data.dataset()) == 57 and data.trained_on == 57
+    images, labels = data.held_out()
+    assert labels is None and torch.equal(images, data.real_images(len(data))[list(data.held_out_rows)])
+
+    code, stdout, err = gan_accel([*base, "--steps", "4", "--resume", "latest"], capsys)
+    assert code == 0, err[-3000:]
+    assert "3 of the 60 images held out" in stdout
+    assert json.loads((out / "data.json").read_text())["held_out"] == held
+
+
+def test_the_held_out_slice_is_seeded_and_small_sets_hold_none_out(tmp_path):
+    from gan_accel.data import open_image_data
+
+    write_images(tmp_path / "many", 100)
+    write_images(tmp_path / "few", 39)
+    data = open_image_data(tmp_path / "many", 32, labels="none", log=None)
+    assert data.hold_out(0) == 5
+    first = data.held_out_rows
+    assert data.hold_out(0) == 5 and data.held_out_rows == first  # the same choice on every process, every time
+    assert data.hold_out(1) == 5 and data.held_out_rows != first
+    assert data.hold_out(0, batch_size=97) == 3  # one batch stays for training
+    names = [data.names[r] for r in first]
+    assert data.hold_out(recorded=names) == 5 and data.held_out_rows == first  # a resumed run keeps its own
+    assert data.hold_out(recorded=[]) == 0 and len(data.dataset()) == 100
+    assert open_image_data(tmp_path / "few", 32, labels="none", log=None).hold_out(0) == 0
+
+
+def test_a_conditional_run_probes_d_on_its_held_out_images_with_their_labels(tmp_path, capsys):
+    write_images(tmp_path / "pets", 42, classes=CLASSES)
+    out = tmp_path / "run"
+    code, stdout, err = gan_accel(["train", "--data", tmp_path / "pets", "--output-dir", out, "--conditional",
+                                   "--resolution", "32", "--steps", "2", *TINY], capsys)
+    assert code == 0, err[-3000:]
+    assert "3 of the 42 images held out" in stdout
+    held = json.loads((out / "data.json").read_text())["held_out"]
+    assert len(held) == 3 and all(name.split("/")[0] in CLASSES for name in held)
+    assert "health/d_heldout" in read_metrics(out / "metrics.jsonl")[-1]

@@ -1,7 +1,8 @@
 """``gan-accel info RUN``: what a run folder holds, read-only (also while the run is training).
 
 The config's key fields, the steps done of ``max_steps``, the last metrics row, the checkpoints,
-the best checkpoint (``best.json``), the evaluation results (``eval.json``) and the run's history
+the best checkpoint (``best.json``), the evaluation results (``eval.json``), D's health and the health
+warnings (``health.json``) and the run's history
 (``history.jsonl``: its start or fork, its resumes, their config changes). ``--json``
 prints the same as one JSON object. Nothing in the folder is written, locked or created.
 """
@@ -19,8 +20,8 @@ from typing import Any
 from ..errors import GanAccelError
 from ..ending import printable
 from ..storage.checkpoint import list_checkpoints, read_marker
-from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HISTORY, LOCK, METRICS, checkpoint_step, read_json,
-                            read_json_lines, read_metrics_tolerant)
+from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HEALTH, HISTORY, LOCK, METRICS, checkpoint_step,
+                            read_json, read_json_lines, read_metrics_tolerant)
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
@@ -76,6 +77,7 @@ def describe_run(run: Path) -> dict[str, Any]:
         "checkpoints": [_checkpoint(p) for p in checkpoints],
         "best": best,
         "eval": _json_file(run / EVAL, notes),
+        "health": _json_file(run / HEALTH, notes),
         "export": export,
         "history": _history(run / HISTORY, notes),
         "notes": notes,
@@ -204,6 +206,24 @@ def _config_line(config: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     return lines + (["model: " + ", ".join(what)] if what else [])
 
 
+def _health_lines(health: Any) -> list[str]:
+    """D's last probe (spread, overfitting, r_t) and every health warning of the run, from ``health.json``."""
+    if not isinstance(health, dict):
+        return []
+    lines = []
+    probe = health.get("d_probe")
+    if isinstance(probe, dict) and probe:
+        values = ", ".join(f"{key} {_number(probe[f'health/{key}'])}" for key in ("d_spread", "overfit", "rt",
+                           "d_real", "d_fake", "d_heldout") if f"health/{key}" in probe)
+        held = health.get("held_out")
+        check = f"{held} held-out images" if held else "no held-out images: the overfitting check is off"
+        lines.append(f"D's health (step {probe.get('step')}; {check}): {values}")
+    warnings = [w for w in health.get("warnings") or [] if isinstance(w, dict)]
+    lines.append(f"health warnings: {len(warnings) or 'none'}")
+    lines += [f"  step {w.get('step')}: {w.get('line')}" for w in warnings]
+    return lines
+
+
 def _event_line(event: dict[str, Any]) -> str:
     kind = event.get("event")
     text = f"{event.get('time', '?')} {kind}"
@@ -259,6 +279,7 @@ def format_report(report: dict[str, Any]) -> str:
             scalars = ", ".join(f"{k} {_number(v)}" for k, v in sorted(evaluation.items())
                                 if isinstance(v, (int, float, str)))
             lines.append(f"evaluation ({EVAL}): {scalars}")
+    lines += _health_lines(report.get("health"))
     if report["history"]:
         lines.append("history:")
         lines += [f"  {_event_line(event)}" for event in report["history"]]

@@ -130,8 +130,9 @@ def train(args: argparse.Namespace) -> int:
     overrides = check_model(args, family)
     spec = default_spec(family, data.prep.resolution, data.prep.channels,
                         len(data.class_names) if args.conditional else None, **overrides)
+    monitor = held_out_monitor(args, data, recorded_data, processes.num_processes, log)
     loader = data.dataloader(args.batch_size, random_flip=args.random_flip, seed=args.seed)
-    callbacks: list[Any] = [RunDataFiles(data)]
+    callbacks: list[Any] = [RunDataFiles(data), monitor]
     extra = {**data_extra(data), "num_processes": processes.num_processes}
     if args.eval_every:
         evaluator, extra["eval_features"] = build_evaluator(args, data, processes.device, log)
@@ -313,6 +314,32 @@ def open_data(args: argparse.Namespace, family: str | None, processes: Any, log:
         raise DataError(f"a conditional run needs at least 2 classes, and {data.report.source} has "
                         f"{len(data.class_names or [])}: add classes, or train unconditionally")
     return data
+
+
+def held_out_monitor(args: argparse.Namespace, data: ImageData, recorded: dict[str, Any] | None, processes: int,
+                     log: Callable[[str], Any]) -> Callback:
+    """The health monitor, with a slice of the images held out of training for D's overfitting check
+    (:meth:`ImageData.hold_out`): a new run chooses it from ``--seed``; a resumed one keeps the names its
+    ``data.json`` recorded (none for a run that started training on every image)."""
+    from ..callbacks import HealthMonitor
+    from ..data import uint8_to_float
+    from ..data.image_data import HOLD_OUT_MIN_IMAGES
+
+    if recorded is not None:
+        names = recorded.get("held_out")
+        count = data.hold_out(recorded=[str(n) for n in names] if isinstance(names, list) else [])
+    else:
+        count = data.hold_out(args.seed, batch_size=args.batch_size * processes)
+    if not count:
+        why = "the run started training on every image" if recorded is not None else \
+            f"fewer than {HOLD_OUT_MIN_IMAGES} images, each one is trained on"
+        log(f"gan_accel: no images held out ({why}): D's overfitting check is off")
+        return HealthMonitor()
+    images, labels = data.held_out()
+    log(f"gan_accel: {count} of the {len(data):,} images held out of training for D's overfitting check "
+        "(health/overfit)")
+    held = uint8_to_float(images)
+    return HealthMonitor(held_out=(held, labels) if args.conditional else held)
 
 
 def data_extra(data: ImageData) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..ending import printable
 from ..errors import DataError
@@ -52,6 +53,9 @@ from .loader import DecodedImages, UInt8Collate, UInt8ImageDataset
 LABEL_MODES = ("auto", "none", "required")
 PREP_KEYS = ("resolution", "channels", "crop", "background")  # --flags a run keeps
 EVAL_IMAGES = 10_000  # real images evaluation compares samples with (gan-accel train --eval-every, eval --data)
+# The held-out slice of gan-accel train (D's overfitting check): 5% of the images, at most 64 (D's probe uses
+# 64), and none under 40 images, where every image counts for training and 2 held out would say little.
+HOLD_OUT_FRACTION, HOLD_OUT_CAP, HOLD_OUT_MIN_IMAGES = 0.05, 64, 40
 
 
 def _cpus() -> int:
@@ -82,6 +86,7 @@ class ImageData:
     upscaled: int = 0  # images whose short side is below the resolution
     num_processes: int = 1
     process_index: int = 0
+    held_out_rows: tuple[int, ...] = ()  # rows never trained on (:meth:`hold_out`), in order
     _dataset: Dataset | None = None
 
     def __len__(self) -> int:
@@ -103,8 +108,46 @@ class ImageData:
         """The full list of skipped files, as the cache keeps it."""
         return self.cache.file(self.prep, ".skipped.txt")
 
+    @property
+    def trained_on(self) -> int:
+        """The images trained on: all of them but the held-out slice."""
+        return len(self) - len(self.held_out_rows)
+
+    def hold_out(self, seed: int = 0, *, batch_size: int = 1, recorded: list[str] | None = None) -> int:
+        """Keep a slice of the images out of training, for D's overfitting check; returns its size.
+
+        ``recorded``: the names a run held out (its ``data.json``), kept as they are so a resumed run trains on
+        the same images. Else :data:`HOLD_OUT_FRACTION` of them, at most :data:`HOLD_OUT_CAP`, none under
+        :data:`HOLD_OUT_MIN_IMAGES` images, and never so many that fewer than ``batch_size`` stay for training:
+        a choice fixed by ``seed`` and the images, the same on every process. Call before :meth:`dataloader`.
+        """
+        if recorded is not None:
+            wanted = set(recorded)
+            rows = [row for row, name in enumerate(self.names) if name in wanted]
+        else:
+            n = len(self)
+            count = min(HOLD_OUT_CAP, math.ceil(HOLD_OUT_FRACTION * n), n - batch_size)
+            count = count if n >= HOLD_OUT_MIN_IMAGES else 0
+            # its own generator, offset from the seed: not the first images of real_images' (evaluation's) choice
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919))
+            rows = order[:max(0, count)].tolist()
+        self.held_out_rows = tuple(sorted(rows))
+        return len(self.held_out_rows)
+
+    def held_out(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The held-out images (uint8 (N, C, R, R), centre crops) and their labels (None without labels)."""
+        images, rows = self._rows(np.asarray(self.held_out_rows, dtype=np.int64))
+        return images, None if self.labels is None else torch.as_tensor(self.labels[rows], dtype=torch.int64)
+
     def dataset(self, seed: int = 0) -> Dataset:
-        """The uint8 dataset behind :meth:`dataloader`: items ``(uint8 (C, R, R), label or None)``."""
+        """The uint8 dataset behind :meth:`dataloader`: items ``(uint8 (C, R, R), label or None)``, the
+        held-out images left out."""
+        if self.held_out_rows:
+            kept = sorted(set(range(len(self))) - set(self.held_out_rows))
+            return Subset(self._whole(seed), kept)
+        return self._whole(seed)
+
+    def _whole(self, seed: int) -> Dataset:
         if self._dataset is None:
             if self.cached:
                 random = self.prep.crop == "random"
@@ -133,7 +176,7 @@ class ImageData:
         """
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
-        _check_batch(self.report.source, len(self), batch_size if drop_last else 1, self.num_processes)
+        _check_batch(self.report.source, self.trained_on, batch_size if drop_last else 1, self.num_processes)
         if num_workers is None:
             local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
             num_workers = 0 if self.cached else max(1, min(8, _cpus() // max(1, local)))
@@ -150,17 +193,25 @@ class ImageData:
         """``count`` images (at most all) as uint8 (N, C, R, R), for evaluation: a fixed choice by ``seed``,
         centre crops, no flips, the same on every process."""
         chosen = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:count]
-        rows = np.sort(chosen.numpy())
+        return self._rows(np.sort(chosen.numpy()))[0]
+
+    def _rows(self, rows: np.ndarray) -> tuple[torch.Tensor, list[int]]:
+        """Rows of the data set as uint8 (N, C, R, R), centre crops, no flips, and the rows they are (a file
+        that turned bad after the scan is left out, as training skips it)."""
         if self.cached and self.prep.crop == "center":  # the memory-mapped cache holds exactly these crops
             array = np.load(self.cache.file(self.prep, ".npy"), mmap_mode="r", allow_pickle=False)
-            return torch.from_numpy(np.ascontiguousarray(array[rows]))
-        centre, decoded = replace(self.prep, crop="center"), []
+            return torch.from_numpy(np.ascontiguousarray(array[rows])), [int(row) for row in rows]
+        centre, decoded, kept = replace(self.prep, crop="center"), [], []
         for row in rows:
             try:
                 decoded.append(image_decode.decode_image(self.source.open(self.names[int(row)]), centre))
+                kept.append(int(row))
             except Exception:  # a file that turned bad after the scan: training skips it too
                 continue
-        return torch.from_numpy(np.stack(decoded))
+        if not decoded:
+            p = self.prep
+            return torch.zeros((0, p.channels, p.resolution, p.resolution), dtype=torch.uint8), kept
+        return torch.from_numpy(np.stack(decoded)), kept
 
     def describe(self) -> str:
         """One line: what will be trained on and how it is loaded."""
@@ -176,7 +227,7 @@ class ImageData:
         return {"source": self.report.source, "fingerprint": self.fingerprint, "images": len(self),
                 "resolution": self.prep.resolution, "channels": self.prep.channels, "crop": self.prep.crop,
                 "background": self.prep.background, "class_names": self.class_names, "classes": self.report.classes,
-                "skipped": len(self.report.skipped)}
+                "skipped": len(self.report.skipped), "held_out": [self.names[row] for row in self.held_out_rows]}
 
     def write_run_files(self, folder: str | os.PathLike) -> list[Path]:
         """Write ``data.json`` (:meth:`run_record`), ``class_names.json`` (with labels) and

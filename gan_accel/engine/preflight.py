@@ -49,13 +49,15 @@ def _length(sized: Any) -> int | None:
 
 
 def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoader, sample_latents: LatentSampler,
-            *, conditioning: Conditioning = Conditioning(), num_reference: int = 64, warn: bool = True) -> Tensor:
-    """Run G, D and every phase once on two real samples; return up to ``num_reference`` real samples (CPU)."""
+            *, conditioning: Conditioning = Conditioning(), num_reference: int = 64,
+            warn: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Run G, D and every phase once on two real samples; return up to ``num_reference`` real samples of the
+    first batch (CPU) and their labels (None without labels)."""
     buffers = {id(b): b.detach().clone() for net in nets.values() for b in net.buffers()}
     try:
         with torch.random.fork_rng(devices=[]):
             conditional = conditioning.conditional
-            reference, micro = _first_micro_batch(nets, dataloader, sample_latents, conditioning)
+            reference, reference_labels, micro = _first_micro_batch(nets, dataloader, sample_latents, conditioning)
             fake = _check_networks(nets, micro, conditional, warn)
             if warn:
                 _warn_about_ranges(fake, reference)
@@ -64,10 +66,11 @@ def dry_run(nets: Mapping[str, nn.Module], plan: PhasePlan, dataloader: DataLoad
         for net in nets.values():
             for b in net.buffers():
                 b.copy_(buffers[id(b)])
-    return reference[:num_reference]
+    return reference[:num_reference], None if reference_labels is None else reference_labels[:num_reference]
 
 
-def _first_micro_batch(nets, dataloader, sample_latents, conditioning: Conditioning) -> tuple[Tensor, MicroBatch]:
+def _first_micro_batch(nets, dataloader, sample_latents,
+                       conditioning: Conditioning) -> tuple[Tensor, Tensor | None, MicroBatch]:
     try:
         batch = next(iter(dataloader))
     except StopIteration:
@@ -82,6 +85,7 @@ def _first_micro_batch(nets, dataloader, sample_latents, conditioning: Condition
             "(e.g. uint8 images x / 127.5 - 1 for a tanh generator)"
         )
     reference = real.detach().cpu()
+    reference_labels = labels.detach().cpu() if isinstance(labels, Tensor) else None
     device = _device_of(nets["D"]) or real.device
     real = real[:2].to(device)
     labels = labels[:2].to(device) if labels is not None else None
@@ -97,7 +101,7 @@ def _first_micro_batch(nets, dataloader, sample_latents, conditioning: Condition
     fake_labels = conditioning.fake_labels(real.shape[0], device, labels)
     if conditioning.conditional:
         _check_labels(fake_labels, conditioning.num_classes, "the label sampler's labels", real.shape[0])
-    return reference, MicroBatch(real, labels, latents, fake_labels)
+    return reference, reference_labels, MicroBatch(real, labels, latents, fake_labels)
 
 
 def _check_labels(labels: Tensor | None, num_classes: int, what: str, batch_size: int | None = None) -> None:

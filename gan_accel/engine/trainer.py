@@ -114,7 +114,8 @@ class GANTrainer:
 
         # Preflight on the raw modules and loader: a wrong shape, batch form or phase costs seconds, not a run.
         check_dataloader(train_dataloader, config.batch_size)
-        self.reference_samples = dry_run(nets, plan, train_dataloader, self.sample_latents,
+        # the first batch's real samples (and labels): the diversity's yardstick and D's probe (callbacks/health.py)
+        self.reference_samples, self.reference_labels = dry_run(nets, plan, train_dataloader, self.sample_latents,
                                          conditioning=self.conditioning, num_reference=max(config.num_samples, 256),
                                          warn=accelerator.is_main_process)
         self.fixed_latents, self.fixed_labels = self.conditioning.draw_fixed(self.sample_latents, config)

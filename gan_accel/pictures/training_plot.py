@@ -1,5 +1,5 @@
-"""A picture of a run: its metrics rows as line charts, one panel per concern (:data:`PANELS`, and the
-augmentation panel for a run that augments), step on every x axis, drawn with Pillow only. A value that is not
+"""A picture of a run: its metrics rows as line charts, one panel per concern (:data:`PANELS`, then the panels
+of D's probe and of the augmentation for runs that log them), step on every x axis, drawn with Pillow only. A value that is not
 finite breaks its line and is marked by a red tick on the panel's top edge (and counted in the legend).
 """
 
@@ -15,7 +15,7 @@ from ..storage.files import atomic_path
 from ..storage.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .charts import PlotArea
 
-PANEL_SIZE = (560, 300)  # one panel, pixels; the picture is 2 panels wide and 3 high
+PANEL_SIZE = (560, 300)  # one panel, pixels; the picture is 2 panels wide and 3 (or 4) high
 COLUMNS = 2
 COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
            (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207))
@@ -33,13 +33,18 @@ def _one_of(*keys: str) -> Callable[[str], bool]:
 # (title, which keys the panel shows)
 PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("losses", _prefix("loss/")),
-    ("discriminator outputs (mean logits)", _one_of("D(x)", "D(G(z))")),
+    ("discriminator outputs (mean logits; d_spread: their spread on D's probe)",
+     _one_of("D(x)", "D(G(z))", "health/d_spread")),
     ("gradient norms", _prefix("grad_norm/")),
     ("learning rates", _prefix("lr/")),
     ("sample diversity (mean pairwise distance)", _one_of("health/diversity")),
     ("images/s", _one_of("images/s")),
 )
-# Drawn only for runs that log its keys: an augmented run's probability p and ADA's statistic r_t.
+# Drawn only for runs that log their keys. D's probe: overfit (0: D judges unseen reals like its training
+# images, 1: like fakes) and rt (the probe pairs D orders right); both about 0..1, so they share an axis.
+PROBE_PANEL = ("D's probe (overfit: held-out reals vs training reals; rt: reals above fakes)",
+               _one_of("health/overfit", "health/rt"))
+# An augmented run's probability p and ADA's statistic r_t.
 AUGMENT_PANEL = ("augmentation (p; ADA's r_t = mean sign of D on reals)", _prefix("augment/"))
 
 
@@ -49,6 +54,12 @@ def plot_size(panels: int = len(PANELS)) -> tuple[int, int]:
     return PANEL_SIZE[0] * COLUMNS, PANEL_SIZE[1] * rows
 
 
+def panels_for(rows: Sequence[dict[str, Any]]) -> tuple[tuple[str, Callable[[str], bool]], ...]:
+    """The panels a picture of ``rows`` has: :data:`PANELS`, then D's probe and the augmentation when logged."""
+    logged = {key for row in rows for key in row}
+    return PANELS + tuple(extra for extra in (PROBE_PANEL, AUGMENT_PANEL) if any(map(extra[1], logged)))
+
+
 def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
     """Draw metrics rows (each with a ``step``) as a PNG of line charts at ``path`` (written atomically).
 
@@ -56,7 +67,7 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Pat
     """
     from PIL import Image, ImageDraw
 
-    panels = PANELS + ((AUGMENT_PANEL,) if any(AUGMENT_PANEL[1](key) for row in rows for key in row) else ())
+    panels = panels_for(rows)
     image = Image.new("RGB", plot_size(len(panels)), "white")
     draw = ImageDraw.Draw(image)
     steps = [float(row["step"]) for row in rows if _finite(row.get("step"))]

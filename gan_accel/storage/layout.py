@@ -49,6 +49,7 @@ FIXED_LABELS = "fixed_labels.safetensors"
 GENERATOR = "generator"  # a folder: config.json + model.safetensors, the export format (gan_accel.hub)
 BEST = "best.json"
 EVAL = "eval.json"
+HEALTH = "health.json"  # the health monitor's last probe of D and its warnings (gan_accel.callbacks.health)
 TRAINING_PLOT = "training_plot.png"
 PROGRESS_GIF = "progress.gif"
 FINAL_SAMPLES = "samples_final"
@@ -75,7 +76,7 @@ EXPORT_SAMPLES = "samples.png"
 
 # Names a run writes at its top level, and patterns of those it writes many of (and may replace or prune).
 RUN_FILES = (CONFIG, METRICS, FIXED_NOISE, FIXED_LABELS, GENERATOR, EVAL, PROGRESS_GIF, BEST, TRAINING_PLOT,
-             TRACKERS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES)
+             TRACKERS, DATA_RECORD, CLASS_NAMES, SKIPPED_FILES, HEALTH)
 RUN_PATTERNS = ("samples_*.png", "samples_*.pt", f"{CHECKPOINTS}/{CHECKPOINT_PREFIX}*")
 # Any of these marks a folder as a gan_accel run (config.json is written at a run's first step).
 RUN_MARKS = (CONFIG, HISTORY, GENERATOR, METRICS)
