@@ -67,21 +67,26 @@ def test_measuring_leaves_the_random_stream_as_it_was():
 
 def test_the_time_measured_before_the_run_is_that_of_its_steps(tmp_path, capsys, monkeypatch):
     """The step time measured before a real run (32 px, width 16, 16 images a step, the recipe's lazy penalties
-    and DiffAugment) against that run's own speed over its last 30 steps: within a factor 3 (the machine may be
-    shared; the prediction leaves out the engine's bookkeeping around each step)."""
+    and DiffAugment), at its batch and extrapolated from 4 and 8 images (no budget), against that run's own speed
+    over its last 30 steps: within a factor 3 (the machine may be shared; the prediction leaves out the engine's
+    bookkeeping around each step)."""
     measured: list[StepTiming] = []
-    monkeypatch.setattr(step_timing, "time_steps", lambda *a, **k: measured.append(time_steps(*a, **k)) or
-                        measured[-1])
+
+    def timing(G, D, config, budget=2.0):
+        measured.extend([time_steps(G, D, config, budget), time_steps(G, D, config, budget=0.0)])
+        return measured[0]
+
+    monkeypatch.setattr(step_timing, "time_steps", timing)
     write_images(tmp_path / "photos", 40, size=(32, 32))
     out = tmp_path / "run"
     code, _, err = gan_accel(["train", "--data", tmp_path / "photos", "--output-dir", out, "--steps", "60", "--width",
                               "16", "--batch-size", "16", "--log-every", "30", "--sample-every", "1000",
                               "--no-progress"], capsys)
     assert code == 0, err[-3000:]
-    assert len(measured) == 1 and measured[0].measured_batch == 16
+    assert [timing.measured_batch for timing in measured] == [16, 8]
     actual = read_metrics(out / "metrics.jsonl")[-1]["images/s"] / 16  # steps/s over steps 31..60
-    ratio = (1 / measured[0].seconds) / actual
-    assert 1 / 3 < ratio < 3, (measured[0], actual)
+    for timing in measured:
+        assert 1 / 3 < (1 / timing.seconds) / actual < 3, (timing, actual)
 
 
 def test_the_run_that_measured_first_is_the_run_that_did_not(tmp_path, capsys, monkeypatch):

@@ -40,26 +40,27 @@ class StepTiming:
 
 def time_steps(G: nn.Module, D: nn.Module, config: TrainConfig, budget: float = 2.0) -> StepTiming:
     """Time the engine's step of ``G`` and ``D`` (throwaway networks: they are trained) at ``config.batch_size``
-    x ``grad_accum_steps`` images, in about ``budget`` seconds (more only when three steps of 4 images take more).
+    x ``grad_accum_steps`` images, in about ``budget`` seconds (more only when four small steps take more).
 
-    The batch doubles from 4 while the next step fits the budget; a step of the run's batch that does not fit is
-    extrapolated from the two largest timed, as a cost per step plus a cost per image (a step of few images
-    wastes more of the CPU per image, so scaling in proportion would overstate the time)."""
+    The batch doubles from 4 while the next step fits the budget, and at least once: a CPU step has a cost per
+    image and a cost per step (per layer, more so with several threads on a busy machine), so the two largest
+    sizes timed give a line to the run's batch, where one size scaled in proportion could overstate it manyfold."""
     batch = config.batch_size * config.grad_accum_steps
     with torch.random.fork_rng(devices=[]):  # the run's CPU stream is put back as it was
         torch.manual_seed(0)
         loop, start = _StepLoop(G, D, config), time.perf_counter()
         sizes = [min(batch, FIRST_BATCH)]
-        loop(sizes[0])  # untimed: the first step allocates memory and chooses kernels
-        lazy = _timed(loop, sizes[0], 1, lazy=True) if loop.lazy_every > 1 else 0.0
+        # The first step, with the lazy penalties: it also allocates memory and chooses kernels, so it
+        # overstates the penalties' step a little (which counts once in lazy_every steps).
+        lazy = _timed(loop, sizes[0], 1, lazy=True)
         times = [_timed(loop, sizes[0], 1)]
         while sizes[-1] < batch:
             size = min(2 * sizes[-1], batch)
-            if time.perf_counter() - start + times[-1] * size / sizes[-1] > budget:
+            if len(sizes) > 1 and time.perf_counter() - start + times[-1] * size / sizes[-1] > budget:
                 break
             sizes.append(size)
             times.append(_timed(loop, size, 1))
-        # its first step at the largest size allocated: time it again, as often as the budget allows
+        # the first step of the largest size allocated too: time it again, as often as the budget allows
         left = min(budget - (time.perf_counter() - start), REFINE_SECONDS)
         repeats = max(0, min(MAX_REPEATS, int(left / times[-1])))
         if repeats:
