@@ -26,6 +26,7 @@ from .speed import apply_memory_format
 
 FIRST_BATCH = 4  # the smallest batch timed: a run whose batch is too slow for the budget is timed on fewer images
 MAX_REPEATS = 20  # timed steps at one batch size at most (a tiny network's steps are noisy one by one)
+FULL_STEP_SECONDS = 2.5  # one step of the run's batch is timed when the small ones say it takes at most this
 REFINE_SECONDS = 0.5  # at most this much of the budget goes to timing the largest batch again
 
 
@@ -40,11 +41,13 @@ class StepTiming:
 
 def time_steps(G: nn.Module, D: nn.Module, config: TrainConfig, budget: float = 2.0) -> StepTiming:
     """Time the engine's step of ``G`` and ``D`` (throwaway networks: they are trained) at ``config.batch_size``
-    x ``grad_accum_steps`` images, in about ``budget`` seconds (more only when four small steps take more).
+    x ``grad_accum_steps`` images: about ``budget`` seconds, plus one step of the run's batch when that is
+    expected to take under :data:`FULL_STEP_SECONDS` (more only when four small steps take more).
 
-    The batch doubles from 4 while the next step fits the budget, and at least once: a CPU step has a cost per
-    image and a cost per step (per layer, more so with several threads on a busy machine), so the two largest
-    sizes timed give a line to the run's batch, where one size scaled in proportion could overstate it manyfold."""
+    Steps of 4 and 8 images come first. A CPU step has a cost per image and a cost per step (per layer, more so
+    with several threads on a busy machine), and the cost per image itself changes with the batch (caches), so
+    the run's own batch is timed where one step of it is short; else the batch doubles while the next step fits
+    the budget, and a line through the two largest sizes gives the run's."""
     batch = config.batch_size * config.grad_accum_steps
     with torch.random.fork_rng(devices=[]):  # the run's CPU stream is put back as it was
         torch.manual_seed(0)
@@ -54,9 +57,15 @@ def time_steps(G: nn.Module, D: nn.Module, config: TrainConfig, budget: float = 
         # overstates the penalties' step a little (which counts once in lazy_every steps).
         lazy = _timed(loop, sizes[0], 1, lazy=True)
         times = [_timed(loop, sizes[0], 1)]
+        if sizes[0] < batch:
+            sizes.append(min(2 * sizes[0], batch))
+            times.append(_timed(loop, sizes[-1], 1))
+        if sizes[-1] < batch and _extrapolate(sizes, times, batch) <= FULL_STEP_SECONDS:
+            sizes.append(batch)
+            times.append(_timed(loop, batch, 1))
         while sizes[-1] < batch:
             size = min(2 * sizes[-1], batch)
-            if len(sizes) > 1 and time.perf_counter() - start + times[-1] * size / sizes[-1] > budget:
+            if time.perf_counter() - start + times[-1] * size / sizes[-1] > budget:
                 break
             sizes.append(size)
             times.append(_timed(loop, size, 1))
