@@ -32,9 +32,9 @@ def test_a_run_under_a_quarter_hour_says_nothing_and_one_under_an_hour_one_line(
 def test_a_run_over_an_hour_names_what_is_faster_with_its_time():
     lines = run_time_lines(6000, 1.6, None, (32, 0.1))  # 2 h 40 min
     assert lines[0].startswith("expected time: about 2 h 40 min on this machine (6,000 steps at 1.6 s each")
-    assert lines[1] == ("faster: --resolution 32 (about 10 min, timed the same way), --max-time 1h (about 2,250 of "
+    assert lines[1] == ("faster: --resolution 32 (about 10 min, timed the same way), --max-time 1h (about 2,200 of "
                         f"the 6,000 steps), or {GPU}")
-    assert run_time_lines(6000, 1.6, None)[1] == f"faster: --max-time 1h (about 2,250 of the 6,000 steps), or {GPU}"
+    assert run_time_lines(6000, 1.6, None)[1] == f"faster: --max-time 1h (about 2,200 of the 6,000 steps), or {GPU}"
 
 
 def test_a_time_limit_says_where_it_stops_and_is_not_offered_again():

@@ -78,15 +78,15 @@ def run_time_lines(steps: int, seconds: float, max_time: float | None,
     line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at "
             f"{describe_step(seconds)} each, timed just now on a few steps of this model)")
     if max_time is not None and max_time < total:
-        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {max(1, int(max_time / seconds)):,}, "
+        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {about(max(1, max_time / seconds)):,}, "
                  "then --resume latest continues")
     if total <= ALTERNATIVES_ABOVE:
         return [line]
     faster = []
     if smaller is not None:
         faster.append(f"--resolution {smaller[0]} (about {describe_duration(steps * smaller[1])}, timed the same way)")
-    if max_time is None:
-        faster.append(f"--max-time 1h (about {int(LIMIT / seconds):,} of the {steps:,} steps)")
+    if max_time is None and seconds < LIMIT:
+        faster.append(f"--max-time 1h (about {about(LIMIT / seconds):,} of the {steps:,} steps)")
     faster.append("a GPU (typically much faster; not measured here)")
     return [line, "faster: " + ", ".join(faster[:-1]) + (", or " if len(faster) > 1 else "") + faster[-1]]
 
@@ -94,3 +94,9 @@ def run_time_lines(steps: int, seconds: float, max_time: float | None,
 def describe_step(seconds: float) -> str:
     """A step's time: ``0.12 s``, ``2.6 s``, ``14 s``."""
     return f"{seconds:.2g} s" if seconds < 10 else describe_duration(seconds)
+
+
+def about(count: float) -> int:
+    """A step count as measured, to two significant figures: ``1,597.3`` -> 1,600; ``8.4`` -> 8."""
+    whole = int(count)
+    return whole if whole < 100 else round(whole, 2 - len(str(whole)))
