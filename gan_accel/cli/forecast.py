@@ -1,7 +1,7 @@
 """``gan-accel train`` on a CPU: how long the run will take, measured before it starts, and what is faster.
 
 A few training steps of the run's model at its batch size are timed on throwaway networks
-(:func:`gan_accel.engine.step_timing.time_steps`, about two seconds; the run itself is unchanged, bit for
+(:func:`gan_accel.engine.step_timing.time_steps`, a few seconds; the run itself is unchanged, bit for
 bit). A run expected to take over :data:`SAY_ABOVE` gets one line with that time; shorter runs say nothing
 here, since the progress line measures them after their first ten seconds anyway. Over :data:`ALTERNATIVES_ABOVE`
 a second line lists what is faster, each timed the same way where it can be: a smaller ``--resolution``, a
