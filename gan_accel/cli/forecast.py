@@ -78,8 +78,9 @@ def run_time_lines(steps: int, seconds: float, max_time: float | None,
     line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at "
             f"{describe_step(seconds)} each, timed just now on a few steps of this model)")
     if max_time is not None and max_time < total:
-        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {about(max(1, max_time / seconds)):,}, "
-                 "then --resume latest continues")
+        stop = about(max(1, max_time / seconds))
+        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {stop:,}, then --resume "
+                 "latest continues")
     if total <= ALTERNATIVES_ABOVE:
         return [line]
     faster = []
