@@ -31,6 +31,7 @@ from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
 from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
 from .arguments import fraction, nonnegative_float, positive_int
+from .forecast import say_run_time
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ def train(args: argparse.Namespace) -> int:
     log(f"gan_accel: {family} G and D (width {spec['width']}, z {spec['z_dim']}) at {spec['image_size']} px, "
         f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {args.batch_size} x {args.grad_accum} "
         f"images per process; {describe_launch(trainer.accelerator)}; output in {config.output_dir}")
+    say_run_time(args, spec, overrides, config, on_cpu=trainer.accelerator.device.type == "cpu", log=log)
     metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {processes.process_index}/{processes.num_processes}: {trainer.step} steps, "
