@@ -44,7 +44,7 @@ CONFIGS = {
 }
 
 
-def train(name: str, flags: str, seed: int, data_dir: str, out: Path) -> dict:
+def train(name: str, flags: str, seed: int, data_dir: str, out: Path, base: str = BASE_FLAGS) -> dict:
     folder = out / slug(name) / f"seed{seed}"
     result_file = folder / "ablation.json"
     if result_file.exists():  # already trained: keep it (rerun with a fresh --out to train again)
@@ -52,7 +52,7 @@ def train(name: str, flags: str, seed: int, data_dir: str, out: Path) -> dict:
     shutil.rmtree(folder, ignore_errors=True)  # an unfinished run of this benchmark: trained again from the start
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "examples" / "dcgan_mnist.py"), "--data-dir", data_dir, "--dataset", "mnist",
-           "--output-dir", str(folder), "--no-progress", "--seed", str(seed), *shlex.split(BASE_FLAGS), *shlex.split(flags)]
+           "--output-dir", str(folder), "--no-progress", "--seed", str(seed), *shlex.split(base), *shlex.split(flags)]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     record = {"name": name, "flags": flags, "seed": seed, "seconds": time.perf_counter() - start}
@@ -137,6 +137,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=None, help="names of CONFIGS to run (default: all)")
     parser.add_argument("--extra", action="append", default=[], metavar="NAME=FLAGS",
                         help="another configuration, e.g. 'width 48=--width 48' (repeatable)")
+    parser.add_argument("--base", default=BASE_FLAGS, help=f"flags every configuration starts from ({BASE_FLAGS!r}; "
+                        "'' for the quickstart's current defaults)")
     parser.add_argument("--only", choices=("train", "score"), default=None)
     parser.add_argument("--no-plain", action="store_true", help="skip the plain-loop row")
     parser.add_argument("--parallel", type=int, default=2)
@@ -148,8 +150,8 @@ def main() -> None:
     jobs = [(name, flags, seed) for name, flags in configs.items() for seed in args.seeds]
     if args.only != "score":
         with ThreadPoolExecutor(args.parallel) as pool:
-            list(pool.map(lambda job: train(*job, args.data_dir, out), jobs))
-        base = out / slug(next(iter(CONFIGS))) / f"seed{args.seeds[0]}" / "ablation.json"
+            list(pool.map(lambda job: train(*job, args.data_dir, out, args.base), jobs))
+        base = out / slug(next(iter(configs))) / f"seed{args.seeds[0]}" / "ablation.json"
         if not args.no_plain and base.exists():
             seconds = json.loads(base.read_text())["seconds"]
             with ThreadPoolExecutor(args.parallel) as pool:
