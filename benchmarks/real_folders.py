@@ -319,6 +319,24 @@ def samples_of(run: Path, num: int) -> torch.Tensor:
     return sample_images(G, num - num % per_class, seed=12345)[0]
 
 
+def figure(out: Path, real_set: RealSet, names: list[str], seed: int, path: Path, per_row: int = 12) -> None:
+    """One picture: a row of real training images, then a row of samples of each run in ``names`` (its seed
+    ``seed``), upscaled to at least 64 px per image; the rows' names are in the caption beside it in the docs."""
+    from PIL import Image
+    from torchvision.utils import make_grid
+
+    train, _ = build_set(out, real_set)
+    order = torch.randperm(len(list(train.rglob("*.png"))), generator=torch.Generator().manual_seed(seed))
+    rows = [read_folder(train)[order[:per_row]]]
+    rows += [samples_of(out / "runs" / real_set.name / f"{name}_seed{seed}", per_row) for name in names]
+    grid = make_grid(torch.cat(rows).clamp(-1, 1), nrow=per_row, padding=2, normalize=True, value_range=(-1, 1),
+                     pad_value=1.0)
+    image = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).numpy())
+    scale = max(1, 64 // real_set.size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.resize((image.width * scale, image.height * scale), Image.Resampling.NEAREST).save(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -329,6 +347,8 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true", help="add the classic DCGAN loop at equal time")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads")
     parser.add_argument("--sanity", action="store_true", help="build the sets and judges and check the judges")
+    parser.add_argument("--figure", metavar="PNG", help="draw real images and samples of each --config (first "
+                        "seed) per set into PNG (one file per set: the set's name is added), then stop")
     args = parser.parse_args()
     out = Path(args.out)
     chosen = [SETS[name] for name in args.sets]
@@ -347,6 +367,12 @@ def main() -> None:
     configs = [(name, shlex.split(flags)) for name, _, flags in (spec.partition("=") for spec in args.config)]
     if args.reference:
         configs.append(("reference", []))
+    if args.figure:
+        for real_set in chosen:
+            target = Path(args.figure)
+            figure(out, real_set, [name for name, _ in configs], args.seeds[0],
+                   target.with_name(f"{target.stem}_{real_set.name}{target.suffix}"))
+        return
 
     def run_one(real_set: RealSet, name: str, flags: list[str], seed: int) -> Path:
         run = out / "runs" / real_set.name / f"{name}_seed{seed}"
