@@ -8,13 +8,15 @@ trained apart, with a copy check, against the classic DCGAN loop at equal wall t
 
 The sets (built once under ``<out>/sets``; every image flattened onto white and saved as RGB PNG):
 
-* ``icons64`` / ``icons32``: Debian's Oxygen icon theme, its 64x64 icons (823 files, 818 distinct
-  after de-duplication), in its 9 category folders (mimetypes 360 ... emblems 3) as classes; 32 px by
-  Pillow's Lanczos filter. 10 % (seed 0) is held out of training for the copy check.
+* ``icons64`` / ``icons32``: Debian's Oxygen icon theme, its 64x64 folder (823 entries, 590 distinct
+  images once links and repeated files count once), its 9 category folders as classes (mimetypes 170,
+  apps 149, ... emblems 3); 32 px by Pillow's Lanczos filter. 10 % (seed 0) is held out of training
+  for the copy check, so 531 icons train.
 * ``icons100``: 100 of the training icons at 32 px (seed 0); held out: the same held-out icons.
 * ``digits100``: 100 coloured digits at 32 px (``make_rgb_digits.py``, seed 0); held out: 500 others.
 * ``clipart32``: Debian's openclipart-png, every PNG padded to a square on white and resized to 32 px,
-  its top-level category folders with at least 60 images as classes (15 of 22, about 8,000 images).
+  its top-level category folders with at least 60 images as classes (15 of 22: 6,746 images, 6,071
+  of them training).
 
 The judge of each family (icons, clip-art, digits), independent of training: the compact CNN classifier
 of ``own_images_quality.py`` trained on 85 % of all the family's real images (training and held-out
@@ -319,16 +321,18 @@ def samples_of(run: Path, num: int) -> torch.Tensor:
     return sample_images(G, num - num % per_class, seed=12345)[0]
 
 
-def figure(out: Path, real_set: RealSet, names: list[str], seed: int, path: Path, per_row: int = 12) -> None:
-    """One picture: a row of real training images, then a row of samples of each run in ``names`` (its seed
-    ``seed``), upscaled to at least 64 px per image; the rows' names are in the caption beside it in the docs."""
+def figure(out: Path, real_set: RealSet, names: list[str], seed: int, path: Path, per_row: int = 12,
+           rows_each: int = 1) -> None:
+    """One picture: ``rows_each`` rows of real training images, then as many rows of samples of each run in
+    ``names`` (its seed ``seed``), upscaled to at least 64 px per image; the docs' caption names the rows."""
     from PIL import Image
     from torchvision.utils import make_grid
 
     train, _ = build_set(out, real_set)
+    count = per_row * rows_each
     order = torch.randperm(len(list(train.rglob("*.png"))), generator=torch.Generator().manual_seed(seed))
-    rows = [read_folder(train)[order[:per_row]]]
-    rows += [samples_of(out / "runs" / real_set.name / f"{name}_seed{seed}", per_row) for name in names]
+    rows = [read_folder(train)[order[:count]]]
+    rows += [samples_of(out / "runs" / real_set.name / f"{name}_seed{seed}", count) for name in names]
     grid = make_grid(torch.cat(rows).clamp(-1, 1), nrow=per_row, padding=2, normalize=True, value_range=(-1, 1),
                      pad_value=1.0)
     image = Image.fromarray(grid.mul(255).round().byte().permute(1, 2, 0).numpy())
@@ -349,6 +353,7 @@ def main() -> None:
     parser.add_argument("--sanity", action="store_true", help="build the sets and judges and check the judges")
     parser.add_argument("--figure", metavar="PNG", help="draw real images and samples of each --config (first "
                         "seed) per set into PNG (one file per set: the set's name is added), then stop")
+    parser.add_argument("--figure-rows", type=int, default=1, help="rows of 12 images for each in --figure")
     args = parser.parse_args()
     out = Path(args.out)
     chosen = [SETS[name] for name in args.sets]
@@ -371,7 +376,7 @@ def main() -> None:
         for real_set in chosen:
             target = Path(args.figure)
             figure(out, real_set, [name for name, _ in configs], args.seeds[0],
-                   target.with_name(f"{target.stem}_{real_set.name}{target.suffix}"))
+                   target.with_name(f"{target.stem}_{real_set.name}{target.suffix}"), rows_each=args.figure_rows)
         return
 
     def run_one(real_set: RealSet, name: str, flags: list[str], seed: int) -> Path:

@@ -45,7 +45,7 @@ PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 PROBE_PANEL = ("D's probe (overfit: held-out reals vs training reals; rt: reals above fakes)",
                _one_of("health/overfit", "health/rt"))
 # An augmented run's probability p and ADA's statistic r_t.
-AUGMENT_PANEL = ("augmentation (p; ADA's r_t = mean sign of D on reals)", _prefix("augment/"))
+AUGMENT_PANEL = ("augmentation (p; ADA's r_t: mean sign of D(x), or of D(x) - D(G(z)) for rpgan)", _prefix("augment/"))
 
 
 def plot_size(panels: int = len(PANELS)) -> tuple[int, int]:
