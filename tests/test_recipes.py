@@ -36,7 +36,7 @@ def test_gamma_goes_through_the_published_values_and_grows_with_the_side():
 
 
 def test_augmentation_is_on_for_small_sets_only():
-    assert default_recipe(32, FEW_IMAGES).augment == "diffaugment"
+    assert default_recipe(32, FEW_IMAGES).augment == "ada"
     assert default_recipe(32, FEW_IMAGES + 1).augment == "none"
     with pytest.raises(ConfigError, match="positive side and image count"):
         default_recipe(32, 0)
@@ -81,7 +81,7 @@ def test_left_out_settings_come_from_the_recipe_and_given_flags_win(tmp_path, ca
     assert "the recipe for dcgan at this size and data: dcgan width 32, rpgan loss" in out
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert (config["loss"], config["r1_gamma"], config["r2_gamma"], config["lr_G"]) == ("rpgan", 0.1, 0.1, 3e-3)
-    assert config["model"]["width"] == 32 and config["augment"] == "diffaugment"  # 12 images: a few-shot set
+    assert config["model"]["width"] == 32 and config["augment"] == "ada"  # 12 images: a few-shot set
     code, out, err = gan_accel(["train", "--data", tmp_path / "pics", "--output-dir", tmp_path / "b", "--steps", "1",
                                 "--loss", "hinge", "--lr-g", "5e-4", "--augment", "none", "--width", "8",
                                 *tiny], capsys)

@@ -93,7 +93,7 @@ def add_parser(commands: Any) -> None:
     augment = parser.add_argument_group("augmentation of what D sees")
     augment.add_argument("--augment", choices=AUGMENTS, default=None,
                          help="diffaugment: colour, translation, cutout on every image D sees; ada: the same kind, "
-                              "with a probability steered by D's overfitting (default: diffaugment for up to "
+                              "with a probability steered by D's overfitting (default: ada for up to "
                               f"{FEW_IMAGES:,} images, else none)")
     augment.add_argument("--augment-p", type=nonnegative_float, default=None,
                          help="diffaugment: each transform's probability (default 1); ada: the first p (default 0)")
