@@ -330,12 +330,19 @@ def main() -> None:
         results["runs"].append(row)
         print(json.dumps(row), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    keys = ("fd", "kid", "precision", "recall", "min_class_share", "classes_covered", "asked_class_read")
-    print(f"\n| config | seed | steps | wall | images/s | {' | '.join(keys)} |\n|" + " --- |" * (5 + len(keys)))
-    for row in results["runs"]:
+    print(results_table(results["runs"], ("config", "seed"), ("fd", "kid", "precision", "recall", "min_class_share",
+                                                             "classes_covered", "asked_class_read")))
+
+
+def results_table(rows: list[dict], leading: tuple[str, ...], keys: tuple[str, ...]) -> str:
+    """The runs as a Markdown table: the ``leading`` columns, steps, wall time and images/s, then ``keys``."""
+    lines = [f"\n| {' | '.join(leading)} | steps | wall | images/s | {' | '.join(keys)} |",
+             "|" + " --- |" * (len(leading) + 3 + len(keys))]
+    for row in rows:
         values = [f"{row[k]:.3g}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for k in keys]
-        print(f"| {row['config']} | {row['seed']} | {row['steps']} | {row['wall_s']:.0f} s | "
-              f"{row['images_per_s']:.0f} | {' | '.join(values)} |")
+        lines.append(f"| {' | '.join(str(row[k]) for k in leading)} | {row['steps']} | {row['wall_s']:.0f} s | "
+                     f"{row['images_per_s']:.0f} | {' | '.join(values)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

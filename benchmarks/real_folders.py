@@ -60,7 +60,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from own_images_quality import Judge, read_folder, run_facts, train_run  # noqa: E402
+from own_images_quality import Judge, read_folder, results_table, run_facts, train_run  # noqa: E402
 
 ICONS = Path("/usr/share/icons/oxygen/base")
 CLIPART = Path("/usr/share/openclipart/png")
@@ -392,7 +392,6 @@ def main() -> None:
                    for s in chosen for name, flags in configs for seed in args.seeds}
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {"runs": []}
-    done = {(r["set"], r["config"], r["seed"]) for r in results["runs"]}
     flags_of = dict(configs)
     for (set_name, name, seed), future in futures.items():
         run = future.result()
@@ -407,15 +406,10 @@ def main() -> None:
                **copy_check(samples, read_folder(train), read_folder(held_out)), **d_health(run)}
         results["runs"] = [r for r in results["runs"] if (r["set"], r["config"], r["seed"]) != (set_name, name, seed)]
         results["runs"].append(row)
-        done.add((set_name, name, seed))
         print(json.dumps(row), flush=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n")
-    keys = ("fd", "kid", "precision", "recall", "copies", "d_verdict", "overfit")
-    print(f"\n| set | config | seed | steps | wall | images/s | {' | '.join(keys)} |\n|" + " --- |" * (6 + len(keys)))
-    for row in results["runs"]:
-        values = [f"{row[k]:.3g}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for k in keys]
-        print(f"| {row['set']} | {row['config']} | {row['seed']} | {row['steps']} | {row['wall_s']:.0f} s | "
-              f"{row['images_per_s']:.0f} | {' | '.join(values)} |")
+    print(results_table(results["runs"], ("set", "config", "seed"),
+                        ("fd", "kid", "precision", "recall", "copies", "d_verdict", "overfit")))
 
 
 if __name__ == "__main__":
