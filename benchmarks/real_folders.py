@@ -288,7 +288,8 @@ def sanity(out: Path, family: str) -> list[dict]:
 
 # -- the runs ----------------------------------------------------------------------------------------
 def d_health(run: Path) -> dict:
-    """D over the last fifth of the logged rows: mean loss/D and loss/G, D(x) - D(G(z)), and a verdict."""
+    """D over the last fifth of the logged rows: mean loss/D and loss/G, D(x) - D(G(z)), a verdict from the losses
+    ("dead", "separates" or "ok"), and the health monitor's probe values where the run logged them."""
     path = run / "metrics.jsonl"
     if not path.exists():
         return {}
@@ -298,8 +299,10 @@ def d_health(run: Path) -> dict:
     mean = lambda key: statistics.fmean(row[key] for row in tail if key in row) if any(key in r for r in tail) \
         else math.nan  # noqa: E731
     loss_d, loss_g, gap = mean("loss/D"), mean("loss/G"), mean("D(x)") - mean("D(G(z))")
+    # "separates": D tells every real from every fake (loss/D near 0); whether by memorising the training images
+    # (a runaway D) or by judging G's samples rightly, only the held-out view ("overfit") tells.
     verdict = "dead" if abs(loss_d - math.log(2)) < 0.01 and abs(gap) < 0.05 else \
-        "runaway" if loss_d < 0.15 else "ok"
+        "separates" if loss_d < 0.15 else "ok"
     health = {"end_loss_D": round(loss_d, 3), "end_loss_G": round(loss_g, 3), "end_margin": round(gap, 3),
               "d_verdict": verdict}
     for key in ("health/overfit", "health/d_spread", "health/rt", "augment/p"):

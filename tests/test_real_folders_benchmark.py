@@ -71,7 +71,7 @@ def test_flatten_square_puts_transparency_on_white_and_pads_to_a_square(real_fol
     assert (out[2:6, 4:] == [255, 0, 0]).all()  # opaque red kept
 
 
-def test_d_health_reads_a_dead_and_a_runaway_discriminator_from_the_last_rows(real_folders, tmp_path):
+def test_d_health_reads_a_dead_and_a_separating_discriminator_from_the_last_rows(real_folders, tmp_path):
     def run(name: str, rows: list[dict]) -> Path:
         folder = tmp_path / name
         folder.mkdir()
@@ -86,4 +86,4 @@ def test_d_health_reads_a_dead_and_a_runaway_discriminator_from_the_last_rows(re
     assert real_folders.d_health(run("healthy", healthy))["d_verdict"] == "ok"
     assert real_folders.d_health(run("dead", dead))["d_verdict"] == "dead"
     verdict = real_folders.d_health(run("runaway", runaway))
-    assert (verdict["d_verdict"], verdict["end_margin"], verdict["overfit"]) == ("runaway", 4.0, 0.9)
+    assert (verdict["d_verdict"], verdict["end_margin"], verdict["overfit"]) == ("separates", 4.0, 0.9)
