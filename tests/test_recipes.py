@@ -25,6 +25,8 @@ def test_the_rows_by_side_and_device():
     big = default_recipe(64, 10_000, gpu=True)
     assert (big.model, big.loss, big.r1_every, big.beta1) == ("r3gan", "rpgan", 1, 0.0)
     assert default_recipe(64, 10_000, gpu=False).ramp_to == {}  # a CPU row keeps the measured constants
+    # On a CPU the 64-px dcgan keeps width 32 (6,000 steps in minutes, not hours); resnet above keeps its own.
+    assert [default_recipe(side, 10_000).width for side in (64, 128)] == [32, None]
 
 
 def test_gamma_goes_through_the_published_values_and_grows_with_the_side():
