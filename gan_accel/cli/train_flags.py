@@ -21,7 +21,12 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
                   output_help: str = "run folder for samples, logs and weights") -> argparse._ArgumentGroup:
     """The "run" group: length, batch, precision, logging, trackers, checkpoints, resume, evaluation during training.
 
-    Callers may add their own flags to the group it returns (the examples' ``--eval``)."""
+    Callers may add their own flags to the group it returns (the examples' ``--eval``). The parser also reads
+    diffusers' and NVlabs' names for these flags (:data:`gan_accel.cli.aliases.TRAINING`)."""
+    from .aliases import TRAINING
+
+    if hasattr(parser, "read_aliases"):  # gan_accel's ArgumentParser
+        parser.read_aliases(TRAINING)
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default=output_dir, help=output_help)
     length = run.add_mutually_exclusive_group()
