@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=positive_float, default=5e-4, help="for G, D and E")
     parser.add_argument("--sample-every", type=positive_int, default=500)
     parser.add_argument("--log-every", type=positive_int, default=100)
-    parser.add_argument("--resume", default=None, metavar="latest|PATH")
+    parser.add_argument("--resume", default=None, metavar="latest|auto|PATH")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 

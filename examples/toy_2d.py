@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-every", type=positive_int, default=1000)
     parser.add_argument("--log-every", type=positive_int, default=200)
     parser.add_argument("--num-eval", type=positive_int, default=2500, help="samples scored at the end")
-    parser.add_argument("--resume", default=None, metavar="latest|PATH")
+    parser.add_argument("--resume", default=None, metavar="latest|auto|PATH")
     parser.add_argument("--no-progress", action="store_true")
     return parser.parse_args(argv)
 

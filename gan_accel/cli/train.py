@@ -239,14 +239,15 @@ def check_same_run(args: argparse.Namespace, spec: dict[str, Any], record: dict[
 def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The one look at ``--output-dir``, read-only and before the data: a new run does not land on another; a
     resume names a checkpoint, and gives the networks' spec and the data record (``data.json``) the run kept."""
-    from ..engine.run_open import resume_target
+    from ..engine.run_open import AUTO, resolve_auto, resume_target
     from ..storage.layout import CONFIG, DATA_RECORD, read_json
     from ..storage.run_folder import check_new_run
 
-    if args.resume is None:
+    resume = resolve_auto(args.output_dir) if args.resume == AUTO else args.resume  # fit() decides again, locked
+    if resume is None:
         check_new_run(args.output_dir)
         return None, None
-    if not resume_target(args.resume, args.output_dir).continued:  # a new run: nothing of the folder to go on with
+    if not resume_target(resume, args.output_dir).continued:  # a new run: nothing of the folder to go on with
         return None, None
     folder = Path(args.output_dir)
     try:

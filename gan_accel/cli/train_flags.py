@@ -57,9 +57,10 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
     run.add_argument("--tracker-project", default=None,
                      help="the trackers' project (experiment) name (default: the output folder's name)")
     run.add_argument("--seed", type=seed_int, default=0)
-    run.add_argument("--resume", default=None, metavar="latest|PATH",
-                     help="continue the run in --output-dir ('latest'), or start a new run in an empty --output-dir "
-                          "from a checkpoint folder (PATH)")
+    run.add_argument("--resume", default=None, metavar="latest|auto|PATH",
+                     help="continue the run in --output-dir ('latest'); 'auto': continue it if it has a checkpoint, "
+                          "else start it (one command for a job that may be requeued); or start a new run in an "
+                          "empty --output-dir from a checkpoint folder (PATH)")
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
     run.add_argument("--max-bad-updates", type=positive_int, default=10,
