@@ -352,6 +352,40 @@ def start_auto(out: Path):
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow  # two launches of two gloo processes
+def test_two_processes_agree_on_auto_when_started_and_when_requeued(tmp_path):
+    """The main process decides under the lock and tells the other: a new run, then the same command again goes on
+    from the checkpoint the time limit wrote, on both ranks."""
+    import os
+    import subprocess
+
+    from conftest import free_port
+
+    write_images(tmp_path / "photos", 40)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", GAN_ACCEL_CACHE=str(tmp_path / "cache"))
+
+    def launch(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+             "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "gan_accel.cli", "train",
+             "--data", str(tmp_path / "photos"), "--output-dir", str(tmp_path / "run"), "--steps", "3",
+             "--resume", "auto", *map(str, TINY), *flags], capture_output=True, text=True, timeout=600, env=env,
+            cwd=tmp_path)
+
+    first = launch("--max-time", "0.000001")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "--resume auto: no checkpoint in" in first.stdout
+    # the processes agree on the stop at a step end: the first, or the next one under two processes
+    stop = int(re.search(r"stopped at the time limit \(.*?\) at step (\d) of 3", first.stdout)[1])
+    second = launch()
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'run' / 'checkpoints' / f'checkpoint_{stop:08d}'} at step {stop}" \
+        in second.stdout
+    for rank in (0, 1):
+        assert f"process {rank}/2: 3 steps" in second.stdout
+
+
 # -- several GPUs, one process ------------------------------------------------------------------------------------
 def test_several_visible_gpus_and_one_process_name_the_launch_in_one_line(tmp_path, capsys, monkeypatch):
     from gan_accel import TrainConfig, build_accelerator
