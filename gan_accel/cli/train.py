@@ -5,6 +5,7 @@
     gan-accel train --data hf:user/pets:train --label-column breed --conditional
     accelerate launch -m gan_accel.cli train --data photos/ ...          # the same flags, several processes
     gan-accel train --data photos/ --output-dir runs/photos --resume latest
+    gan-accel train --data photos/ --output-dir runs/photos --resume auto       # start it, or go on (a requeue)
 
 ``--data`` takes a folder of images, a ZIP of them, ``hf:NAME[:SPLIT]`` (a Hugging Face dataset) or
 ``hf:FOLDER`` (the imagefolder builder). Images are decoded once into a cache; bad files are skipped and
