@@ -176,7 +176,8 @@ def interpolate(G: nn.Module, walks: int | None = None, steps: int = 10, label: 
     The endpoints are drawn from ``seed`` on the CPU, walk by walk (``randn(walks, 2, z_dim)``). A conditional G
     walks in ``label``, or without one walk ``i`` stays in class ``i % num_classes``; ``walks`` defaults to 8, or one
     per class (at most :data:`MAX_WALKS`). ``truncation`` scales the whole walk towards the mean latent (slerp's
-    weights depend on the angle only, so truncating the ends or the path is the same). Raises :class:`ConfigError` for a count or label the run cannot take.
+    weights depend on the angle only, so truncating the ends or the path is the same). Raises
+    :class:`ConfigError` for a count or label the run cannot take.
     """
     num_classes = classes_of(G)
     walks = walk_count(num_classes, walks, label)

@@ -17,8 +17,8 @@ How each kind of command is run (the rules; ``rewrite()`` applies them):
   the value in the command or else the script's default, read from its own argument parser) is
   divided by 1000, rounded up, and so is the step in a ``checkpoint_<step>`` path (a page's
   ``checkpoint_00004000`` of a 5,000-step run is ``checkpoint_00000004`` of the 5-step run). An
-  ``--epochs`` (or NVlabs' ``--kimg``) is dropped for the scaled default ``--steps``. Then, where the script has the flag:
-  ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
+  ``--epochs`` (or NVlabs' ``--kimg``) is dropped for the scaled default ``--steps``. Then, where the script
+  has the flag: ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
   Without real MNIST, ``--dataset digits`` (the offline set; never a download attempt). ``--eval``
   is kept and scores ``--num-eval 200`` samples (on a new machine the first run also trains the
   MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE). The script runs as ``python`` would

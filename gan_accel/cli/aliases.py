@@ -131,10 +131,13 @@ def register(parser: argparse.ArgumentParser, aliases: Sequence[Alias]) -> None:
         if alias.convert is None:
             actions[alias.name] = targets[0]
             continue
-        group = next((g for g in parser._mutually_exclusive_groups if targets[0] in g._group_actions), parser)
-        group.add_argument(alias.name, action=SetTargets, dests=[t.dest for t in targets], type=alias.convert,
-                           nargs=alias.nargs, const=True if alias.nargs == "?" else None, default=argparse.SUPPRESS,
-                           help=argparse.SUPPRESS)
+        group = next((g for g in parser._mutually_exclusive_groups if targets[0] in g._group_actions), None)
+        action = (group or parser).add_argument(
+            alias.name, action=SetTargets, dests=[t.dest for t in targets], type=alias.convert, nargs=alias.nargs,
+            const=True if alias.nargs == "?" else None, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        if group is not None:  # beside the group's others: argparse draws "[--steps | --epochs]" for neighbours only
+            parser._actions.remove(action)
+            parser._actions.insert(parser._actions.index(group._group_actions[-2]) + 1, action)
 
 
 class SetTargets(argparse.Action):

@@ -125,10 +125,12 @@ def seed_ranges(text: str) -> list[int]:
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not match:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a list of seeds: write 0-35,40 (ranges include both ends)")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a list of seeds: write 0-35,40 (ranges include both "
+                                             "ends)")
         low, high = int(match[1]), int(match[2] or match[1])
         if high < low:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r} counts down: write the smaller seed first ({high}-{low})")
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} counts down: write the smaller seed first "
+                                             f"({high}-{low})")
         if high > MAX_SEED:
             raise argparse.ArgumentTypeError(f"seed {high:,} is more than {MAX_SEED:,}, the largest numpy and torch "
                                              "both accept")

@@ -14,8 +14,8 @@ with ``--gif PATH`` also an animated GIF whose frame ``j`` shows every walk at i
 gives). ``--trunc PSI``: the truncation trick, every latent moved towards the mean latent (psi 1: unchanged).
 
 Without ``--format`` the format follows the ending of ``--out`` (``.png`` or ``.npz``; with ``--seeds`` a name
-without either is a folder). The same ``--seed`` gives the same latents, hence the same bytes. ``--no-ema`` samples the raw G rather than
-its EMA (from a run folder: the raw G of the checkpoint written at the run's last step).
+without either is a folder). The same ``--seed`` gives the same latents, hence the same bytes. ``--no-ema``
+samples the raw G rather than its EMA (from a run folder: the raw G of the checkpoint written at the run's last step).
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def _check_seed_flags(args: argparse.Namespace) -> None:
     """``--seeds`` names every latent: ``--num``, ``--seed`` and ``--interpolate`` are refused beside it."""
     if args.seeds is None:
         return
-    for flag, given in (("--num", args.num is not None), ("--seed", args.seed != 0), ("--interpolate", args.interpolate)):
+    for flag, given in (("--num", args.num is not None), ("--seed", args.seed != 0),
+                        ("--interpolate", args.interpolate)):
         if given:
             raise CommandError(f"--seeds gives one image per seed listed: leave out {flag} (or --seeds)")
 
@@ -294,6 +295,7 @@ def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor |
         if pixels.shape[-1] not in (1, 3, 4):
             raise CommandError(f"samples with {pixels.shape[-1]} channels cannot be PNG files: use --format npz")
         for i, image in enumerate(pixels):
-            name = names[index] if names is not None else sample_file_name(index, count, None if labels is None else labels[i])
+            name = names[index] if names is not None else \
+                sample_file_name(index, count, None if labels is None else labels[i])
             Image.fromarray(image[..., 0] if pixels.shape[-1] == 1 else image).save(folder / name, format="png")
             index += 1
