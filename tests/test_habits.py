@@ -134,6 +134,11 @@ def test_the_example_scripts_read_the_same_names():
     assert vars(example.parse_args(flags)) == vars(example.parse_args(ours))
     assert example.parse_args(["--kimg", "2"]).images == 2000
     assert example.parse_args(["--snap", "9"]).checkpoint_every == 9
+    for name in ("toy_2d", "custom_modules"):  # scripts with flags of their own: the aliases of those they have
+        script = load_example(name)
+        assert vars(script.parse_args(["--output_dir", "o", "--max_train_steps", "7", "--train_batch_size", "16",
+                                       "--resume_from_checkpoint", "latest"])) == \
+            vars(script.parse_args(["--output-dir", "o", "--steps", "7", "--batch-size", "16", "--resume", "auto"]))
 
 
 @pytest.mark.parametrize("flags, says", [
