@@ -10,7 +10,7 @@ A conditional G (one with ``G.num_classes``) samples one class, or every class i
 Seeds and truncation. Seed ``s`` is the latent ``torch.randn(1, z_dim)`` drawn on the CPU from
 ``torch.Generator().manual_seed(s)``: the same latent whatever the other seeds asked for, and the one image that
 ``num=1, seed=s`` gives. Truncation (the trick of BigGAN and StyleGAN) moves each latent towards the mean latent,
-``mean + psi * (z - mean)``: psi 1 changes nothing, smaller psi trades variety for typical images. The mean is
+``mean + psi * (z - mean)``: psi 1 changes nothing, a smaller psi gives less varied images. The mean is
 taken where the latent enters G's layers; none of gan_accel's families (dcgan, resnet, r3gan, mlp) has a mapping
 network, so that is z itself, whose mean under the Gaussian prior is 0, and the trick is ``psi * z`` (a
 conditional G's class embedding is left as it is).

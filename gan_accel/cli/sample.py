@@ -69,7 +69,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--trunc", type=finite_float, default=1.0, metavar="PSI",
                         help="the truncation trick: each latent moved towards the mean latent, mean + PSI * (z - mean) "
                              "(the mean is 0: no gan_accel G has a mapping network); 1 (the default) changes nothing, "
-                             "0.5-0.8 gives more typical, less varied samples")
+                             "below 1 the samples vary less and fade towards the average image (docs/cli.md)")
     parser.add_argument("--label", type=label_argument, default=None, metavar="NAME_OR_INDEX",
                         help="a conditional run: sample this class only, by its name (class_names.json) or index "
                              "(default: every class, in equal numbers)")
