@@ -141,6 +141,13 @@ def test_the_example_scripts_read_the_same_names():
             vars(script.parse_args(["--output-dir", "o", "--steps", "7", "--batch-size", "16", "--resume", "auto"]))
 
 
+def test_abbreviations_that_worked_before_the_aliases_still_do():
+    """argparse reads a unique prefix of a flag; an alias never makes one ambiguous (it is read in full only)."""
+    for short, dest, value in (("--check", "checkpoint_every", 5), ("--grad", "grad_accum", 2), ("--out", "output_dir", "o"),
+                               ("--max-t", "max_time", 60.0), ("--mi", "mixed_precision", "bf16")):
+        assert getattr(parse(["train", "--data", "d", short, str(value)]), dest) == value, short
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--report_to", "neptune"], "argument --report-to: 'neptune' is not a tracker gan_accel logs to: name one of"),
     (["--mirror=maybe"], "argument --mirror: 'maybe' is not on or off: write 1 or 0"),

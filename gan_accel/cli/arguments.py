@@ -39,6 +39,12 @@ class ArgumentParser(argparse.ArgumentParser):
             self.aliases_registered = True
         return dict(self._option_string_actions)
 
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # argparse's matching of abbreviations (--check for --checkpoint-every): gan_accel's own flags only, so an
+        # alias is read when written in full and never makes an abbreviation that worked before ambiguous
+        names = {alias.name for alias in self.aliases}
+        return [match for match in super()._get_option_tuples(option_string) if match[1] not in names]
+
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         from .aliases import normalise
