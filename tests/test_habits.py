@@ -143,8 +143,9 @@ def test_the_example_scripts_read_the_same_names():
 
 def test_abbreviations_that_worked_before_the_aliases_still_do():
     """argparse reads a unique prefix of a flag; an alias never makes one ambiguous (it is read in full only)."""
-    for short, dest, value in (("--check", "checkpoint_every", 5), ("--grad", "grad_accum", 2), ("--out", "output_dir", "o"),
-                               ("--max-t", "max_time", 60.0), ("--mi", "mixed_precision", "bf16")):
+    for short, dest, value in (("--check", "checkpoint_every", 5), ("--grad", "grad_accum", 2),
+                               ("--out", "output_dir", "o"), ("--max-t", "max_time", 60.0),
+                               ("--mi", "mixed_precision", "bf16")):
         assert getattr(parse(["train", "--data", "d", short, str(value)]), dest) == value, short
 
 

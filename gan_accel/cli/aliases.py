@@ -118,16 +118,18 @@ def normalise(tokens: Sequence[str], known: Callable[[str], bool]) -> list[str]:
     return out
 
 
-def register(parser: argparse.ArgumentParser, aliases: Sequence[Alias]) -> None:
+def register(parser: argparse.ArgumentParser, aliases: Sequence[Alias]) -> set[str]:
     """Add each alias whose gan_accel flags ``parser`` has, hidden from ``--help``. An alias with the same value
     is the target's own action under another name (argparse then checks and reports it as that flag); one that
     converts is an action of its own beside the target, in the target's exclusive group (``--kimg`` and
-    ``--steps`` cannot both be given)."""
+    ``--steps`` cannot both be given). Returns the names added."""
     actions = parser._option_string_actions  # argparse keeps one name -> action table per parser
+    added = set()
     for alias in aliases:
         targets = [actions.get(flag) for flag in alias.targets]
-        if alias.name in actions or not all(targets):
+        if alias.name in actions or not all(targets):  # the script's own flag of that name wins
             continue
+        added.add(alias.name)
         if alias.convert is None:
             actions[alias.name] = targets[0]
             continue
@@ -138,6 +140,7 @@ def register(parser: argparse.ArgumentParser, aliases: Sequence[Alias]) -> None:
         if group is not None:  # beside the group's others: argparse draws "[--steps | --epochs]" for neighbours only
             parser._actions.remove(action)
             parser._actions.insert(parser._actions.index(group._group_actions[-2]) + 1, action)
+    return added
 
 
 class SetTargets(argparse.Action):

@@ -24,7 +24,7 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.add_argument("--debug", action="store_true", help="show the full traceback of any error")
         self.aliases: list[Any] = []  # gan_accel.cli.aliases.Alias, registered at the first parse
-        self.aliases_registered = False
+        self.alias_names: set[str] | None = None  # the names registered, once they are
 
     def read_aliases(self, aliases: Sequence[Any]) -> None:
         """Also read these other tools' names for flags (registered once every flag is added, at the first parse)."""
@@ -34,16 +34,18 @@ class ArgumentParser(argparse.ArgumentParser):
         """Every option name this parser reads, aliases included, with its action."""
         from .aliases import register
 
-        if not self.aliases_registered:
-            register(self, self.aliases)
-            self.aliases_registered = True
+        if self.alias_names is None:
+            self.alias_names = register(self, self.aliases)
         return dict(self._option_string_actions)
 
     def _get_option_tuples(self, option_string: str) -> list[Any]:
         # argparse's matching of abbreviations (--check for --checkpoint-every): gan_accel's own flags only, so an
         # alias is read when written in full and never makes an abbreviation that worked before ambiguous
-        names = {alias.name for alias in self.aliases}
-        return [match for match in super()._get_option_tuples(option_string) if match[1] not in names]
+        return [match for match in super()._get_option_tuples(option_string) if match[1] not in self.options_added()]
+
+    def options_added(self) -> set[str]:
+        """The aliases registered (none before the first parse)."""
+        return self.alias_names or set()
 
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
