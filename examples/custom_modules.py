@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from gan_accel import Callback, GANTrainer, Phase, StepContext, TrainConfig, build_accelerator
 from gan_accel.data import make_dataloader, resolve_dataset
+from gan_accel.cli.aliases import TRAINING
 from gan_accel.cli.arguments import ArgumentParser, nonnegative_int, positive_float, positive_int
 from gan_accel.ending import run_script
 from gan_accel.pictures import save_grid
@@ -151,8 +152,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=positive_float, default=5e-4, help="for G, D and E")
     parser.add_argument("--sample-every", type=positive_int, default=500)
     parser.add_argument("--log-every", type=positive_int, default=100)
-    parser.add_argument("--resume", default=None, metavar="latest|PATH")
+    parser.add_argument("--resume", default=None, metavar="latest|auto|PATH")
     parser.add_argument("--no-progress", action="store_true")
+    parser.read_aliases(TRAINING)  # --output_dir, --max_train_steps, --outdir, ... (docs/cli.md)
     return parser.parse_args(argv)
 
 

@@ -26,6 +26,7 @@ from gan_accel import GANTrainer, TrainConfig, build_accelerator
 from gan_accel.data import TOY_MIXTURES, gaussian_mixture
 from gan_accel.eval.toy import mode_coverage
 from gan_accel.models import MLPDiscriminator, MLPGenerator
+from gan_accel.cli.aliases import TRAINING
 from gan_accel.cli.arguments import (ArgumentParser, fraction, nonnegative_float, nonnegative_int, positive_float,
                                      positive_int)
 from gan_accel.ending import run_script
@@ -52,8 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-every", type=positive_int, default=1000)
     parser.add_argument("--log-every", type=positive_int, default=200)
     parser.add_argument("--num-eval", type=positive_int, default=2500, help="samples scored at the end")
-    parser.add_argument("--resume", default=None, metavar="latest|PATH")
+    parser.add_argument("--resume", default=None, metavar="latest|auto|PATH")
     parser.add_argument("--no-progress", action="store_true")
+    parser.read_aliases(TRAINING)  # --output_dir, --max_train_steps, --outdir, ... (docs/cli.md)
     return parser.parse_args(argv)
 
 

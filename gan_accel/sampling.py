@@ -3,8 +3,17 @@
     G = gan_accel.load_generator("runs/conditional_mnist")          # or a checkpoint, an export, a Hub repo
     images, labels = sample_images(G, num=100, label=3)             # 100 threes
     walks = interpolate(G, walks=8, steps=10)                        # 8 latent walks of 10 images each
+    images, _ = sample_images(G, seeds=[0, 1, 2, 40], truncation=0.7)  # one image per seed, truncated
 
 A conditional G (one with ``G.num_classes``) samples one class, or every class in equal numbers.
+
+Seeds and truncation. Seed ``s`` is the latent ``torch.randn(1, z_dim)`` drawn on the CPU from
+``torch.Generator().manual_seed(s)``: the same latent whatever the other seeds asked for, and the one image that
+``num=1, seed=s`` gives. Truncation (the trick of BigGAN and StyleGAN) moves each latent towards the mean latent,
+``mean + psi * (z - mean)``: psi 1 changes nothing, a smaller psi gives less varied images. The mean is
+taken where the latent enters G's layers; none of gan_accel's families (dcgan, resnet, r3gan, mlp) has a mapping
+network, so that is z itself, whose mean under the Gaussian prior is 0, and the trick is ``psi * z`` (a
+conditional G's class embedding is left as it is).
 """
 
 from __future__ import annotations
@@ -56,6 +65,20 @@ def sample_labels(num_classes: int | None, num: int, label: int | None, start: i
     return torch.arange(start, stop) // max(1, num // num_classes)
 
 
+def truncate(z: torch.Tensor, truncation: float) -> torch.Tensor:
+    """The latents moved towards the mean latent, 0 for every gan_accel family (see the module docstring)."""
+    return z if truncation == 1.0 else z * truncation
+
+
+def check_seeds(seeds: list[int], num_classes: int | None, label: int | None) -> None:
+    """Refuse, in one line, a seed list the run cannot sample (before any work)."""
+    if not seeds:
+        raise ConfigError("no seeds to sample: pass at least one (e.g. seeds=[0, 1, 2])")
+    check_sample_request(num_classes, len(seeds), label)
+    if num_classes is not None and label is None:
+        raise ConfigError("a conditional run samples a seed in one class: pass a label (--label) with the seeds")
+
+
 def _chunks(count: int, width: int) -> Iterator[tuple[int, int]]:
     """(start, stop) of the chunks of ``count`` latents of ``width`` numbers each.
 
@@ -72,30 +95,51 @@ def _chunks(count: int, width: int) -> Iterator[tuple[int, int]]:
 
 
 @torch.no_grad()
-def iter_samples(G: nn.Module, num: int, label: int | None = None,
-                 seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+def iter_samples(G: nn.Module, num: int | None = None, label: int | None = None, seed: int = 0,
+                 seeds: list[int] | None = None,
+                 truncation: float = 1.0) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """The samples of :func:`sample_images`, chunk by chunk: ``(images, labels)`` of at most a few hundred
     samples at a time, so any ``num`` up to :data:`MAX_SAMPLES` runs in the memory of one chunk. The latents are
     drawn on the CPU (the same numbers on any device), then moved to G's device."""
+    if seeds is not None:
+        yield from _iter_seeds(G, list(seeds), label, truncation)
+        return
     num_classes = classes_of(G)
+    num = 64 if num is None else num
     check_sample_request(num_classes, num, label)
     count = sample_count(num_classes, num, label)
     generator = torch.Generator().manual_seed(seed)
     device = next(G.parameters()).device
     for start, stop in _chunks(count, G.z_dim):
-        z = torch.randn(stop - start, G.z_dim, generator=generator).to(device)
+        z = truncate(torch.randn(stop - start, G.z_dim, generator=generator), truncation).to(device)
         labels = sample_labels(num_classes, num, label, start, stop)
         yield (G(z) if labels is None else G(z, labels.to(device))), labels
 
 
-def sample_images(G: nn.Module, num: int, label: int | None = None,
-                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``num`` samples (N, C, H, W) in [-1, 1] and their labels (None for an unconditional G), all at once.
+def _iter_seeds(G: nn.Module, seeds: list[int], label: int | None,
+                truncation: float) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """One sample per seed, in the order given, :data:`CHUNK` seeds at a time."""
+    num_classes = classes_of(G)
+    check_seeds(seeds, num_classes, label)
+    device = next(G.parameters()).device
+    for start in range(0, len(seeds), CHUNK):
+        part = seeds[start:start + CHUNK]
+        z = torch.cat([torch.randn(1, G.z_dim, generator=torch.Generator().manual_seed(s)) for s in part])
+        z = truncate(z, truncation).to(device)
+        labels = None if num_classes is None else torch.full((len(part),), label, dtype=torch.long)
+        yield (G(z) if labels is None else G(z, labels.to(device))), labels
 
-    A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of each class.
-    Raises :class:`ConfigError` for a label the run cannot take, or more than :data:`MAX_SAMPLES`.
+
+def sample_images(G: nn.Module, num: int | None = None, label: int | None = None, seed: int = 0,
+                  seeds: list[int] | None = None, truncation: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``num`` samples (N, C, H, W) in [-1, 1] (default 64) and their labels (None for an unconditional G), all
+    at once; or with ``seeds`` one sample per seed, in their order. ``truncation``: psi of the truncation trick.
+
+    A conditional G gives ``num`` samples of ``label``, or without one ``num // num_classes`` of each class
+    (``seeds`` need a ``label``). Raises :class:`ConfigError` for a label the run cannot take, or more than
+    :data:`MAX_SAMPLES`.
     """
-    parts = list(iter_samples(G, num, label, seed))
+    parts = list(iter_samples(G, num, label, seed, seeds, truncation))
     images = torch.cat([images for images, _ in parts])
     return images, (None if parts[0][1] is None else torch.cat([labels for _, labels in parts]))
 
@@ -125,13 +169,15 @@ def walk_count(num_classes: int | None, walks: int | None, label: int | None) ->
 
 @torch.no_grad()
 def interpolate(G: nn.Module, walks: int | None = None, steps: int = 10, label: int | None = None,
-                seed: int = 0) -> torch.Tensor:
+                seed: int = 0, truncation: float = 1.0) -> torch.Tensor:
     """Latent walks: (walks * steps, C, H, W) images in [-1, 1], walk by walk (one grid row each), ``steps``
     points of :func:`slerp` from one Gaussian latent to another (its first and last images are ``G`` of those two).
 
     The endpoints are drawn from ``seed`` on the CPU, walk by walk (``randn(walks, 2, z_dim)``). A conditional G
     walks in ``label``, or without one walk ``i`` stays in class ``i % num_classes``; ``walks`` defaults to 8, or one
-    per class (at most :data:`MAX_WALKS`). Raises :class:`ConfigError` for a count or label the run cannot take.
+    per class (at most :data:`MAX_WALKS`). ``truncation`` scales the whole walk towards the mean latent (slerp's
+    weights depend on the angle only, so truncating the ends or the path is the same). Raises
+    :class:`ConfigError` for a count or label the run cannot take.
     """
     num_classes = classes_of(G)
     walks = walk_count(num_classes, walks, label)
@@ -141,6 +187,7 @@ def interpolate(G: nn.Module, walks: int | None = None, steps: int = 10, label: 
     check_sample_request(num_classes, walks * steps, label)
     ends = torch.randn(walks, 2, G.z_dim, generator=torch.Generator().manual_seed(seed))
     z = slerp(ends[:, 0], ends[:, 1], torch.linspace(0, 1, steps, dtype=ends.dtype)).reshape(walks * steps, G.z_dim)
+    z = truncate(z, truncation)
     labels = None if num_classes is None else (torch.arange(walks) % num_classes if label is None else
                                                torch.full((walks,), label)).repeat_interleave(steps)
     weight = next(G.parameters())

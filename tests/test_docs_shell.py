@@ -12,12 +12,13 @@ Every command must exit 0, or the code its comment names (``# exits 2``).
 How each kind of command is run (the rules; ``rewrite()`` applies them):
 
 * ``python examples/<script>.py ...`` runs at 1/1000 of its length, in this test's process: every step
-  count (``--steps``, ``--checkpoint-every``, ``--sample-every``, ``--log-every``, ``--eval-every``;
+  count (``--steps``, ``--checkpoint-every``, ``--sample-every``, ``--log-every``, ``--eval-every``, or
+  their names from diffusers and NVlabs, docs/cli.md's aliases, and with ``_`` for ``-``;
   the value in the command or else the script's default, read from its own argument parser) is
   divided by 1000, rounded up, and so is the step in a ``checkpoint_<step>`` path (a page's
   ``checkpoint_00004000`` of a 5,000-step run is ``checkpoint_00000004`` of the 5-step run). An
-  ``--epochs`` is dropped for the scaled default ``--steps``. Then, where the script has the flag:
-  ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
+  ``--epochs`` (or NVlabs' ``--kimg``) is dropped for the scaled default ``--steps``. Then, where the script
+  has the flag: ``--batch-size 8``, ``--width 8``, ``--eval-samples 100``, ``--num-eval 200``, ``--no-progress``.
   Without real MNIST, ``--dataset digits`` (the offline set; never a download attempt). ``--eval``
   is kept and scores ``--num-eval 200`` samples (on a new machine the first run also trains the
   MNIST classifier once, about 30 s, cached under $GAN_ACCEL_CACHE). The script runs as ``python`` would
@@ -92,7 +93,7 @@ EVAL_NUM_MAX = 200
 GAN_ACCEL_AS_WRITTEN = ("sample", "info", "plot", "export")  # subcommands that only read a run and write small files
 DATA_MAKER = "benchmarks/make_rgb_digits.py"  # run, not only parsed: the guide's image set
 DATA_MAKER_NUM_MAX = 200
-LENGTH_FLAGS_DROPPED = ("--epochs", "--images")  # replaced by the scaled default --steps
+LENGTH_FLAGS_DROPPED = ("--epochs", "--images", "--kimg")  # replaced by the scaled default --steps
 LINKED = ("examples", "benchmarks")  # repository folders the commands name by relative path
 TEACH = ("teach tests/test_docs_shell.py: add a case to rewrite() that runs this kind of command at small "
          "settings (or checks it without running it, saying why), and describe the rule in the module docstring")
@@ -269,24 +270,34 @@ def small_train_args(args: list[str], line: str) -> list[str]:
     return small
 
 
+def canonical(options: dict[str, argparse.Action], flag: str) -> str:
+    """``flag`` as the parser's own flag: ``_`` read as ``-``, and another tool's name for it (docs/cli.md's
+    table of aliases: ``--max_train_steps`` is ``--steps``) as gan_accel's."""
+    name = flag if flag in options else flag[:2] + flag[2:].replace("_", "-")
+    action = options.get(name)
+    return action.option_strings[0] if action is not None and name not in action.option_strings[1:] else name
+
+
 def small_args(parser: argparse.ArgumentParser, args: list[str], mnist: bool) -> list[str]:
     """The scaling of the module docstring, for any parser with the examples' flags."""
-    options = _options(parser)
+    own = _options(parser)
+    options = parser.options() if hasattr(parser, "options") else own  # gan_accel's parsers: the aliases too
     args = scale_checkpoint_paths(args)
     given: dict[str, str] = {}
     kept: list[str] = []
     i = 0
     while i < len(args):
-        flag = args[i]
-        takes_value = flag in options and options[flag].nargs != 0
+        flag = canonical(options, args[i]) if args[i].startswith("--") else args[i]
+        takes_value = flag in options and options[flag].nargs not in (0, "?")
         if takes_value and i + 1 < len(args):
             given[flag] = args[i + 1]
             if flag not in LENGTH_FLAGS_DROPPED and flag not in SCALED_FLAGS and flag not in SMALL_VALUES:
-                kept += [flag, args[i + 1]]
+                kept += [args[i], args[i + 1]]
             i += 2
         else:
-            kept.append(flag)
+            kept.append(args[i])
             i += 1
+    options = own
     extra: list[str] = []
     for flag in SCALED_FLAGS:
         if flag in options:

@@ -5,6 +5,7 @@
     gan-accel sample runs/dcgan_mnist --num 10000 --format folder --out fid_samples
     gan-accel sample runs/conditional_mnist --label 3 --num 100 --out threes.png
     gan-accel sample runs/conditional_mnist/checkpoints/checkpoint_00002000 --no-ema --out raw.npz
+    gan-accel sample runs/dcgan_mnist --seeds 0-35,40 --trunc 0.7 --out seeds   # seed0000.png ... seed0040.png
     gan-accel eval runs/dcgan_mnist --data-dir ./data
     gan-accel info runs/dcgan_mnist [--json]
     gan-accel plot runs/dcgan_mnist
@@ -14,7 +15,9 @@ A run folder gives its final generator/; a checkpoint folder gives G as of that 
 (its EMA when the run kept one; --no-ema: the raw G). Every mistake is one ``error:`` line naming
 the problem and the fix (exit code 2); nothing existing is ever replaced, and nothing is written
 into a run folder except by ``plot`` without --out (and by ``train``, whose run folder it is). Training
-under several processes: ``accelerate launch -m gan_accel.cli train ...``.
+under several processes: ``accelerate launch -m gan_accel.cli train ...``. Every long option also
+takes ``_`` for ``-``, and diffusers' and NVlabs' names for the same settings are read too
+(``--output_dir``, ``--max_train_steps``, ``--kimg``, ``--outdir``: the table in docs/cli.md).
 """
 
 from __future__ import annotations

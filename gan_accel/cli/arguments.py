@@ -1,7 +1,8 @@
 """The command line's argument parser and number types, shared by ``gan-accel`` and the example scripts.
 
 A bad flag is one ``error:`` line, exit 2 (``--epochs 0`` is refused by the parser, not by a traceback
-later); :func:`gan_accel.ending.run_script` does the same for every other expected failure.
+later); :func:`gan_accel.ending.run_script` does the same for every other expected failure. Every long option
+takes ``_`` for ``-``, and a parser may read other tools' names for its flags (:mod:`gan_accel.cli.aliases`).
 """
 
 from __future__ import annotations
@@ -9,18 +10,51 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 from ..config import MAX_SEED
 from ..ending import _prints
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """``argparse`` whose usage errors are one ``error:`` line (exit 2) and that has ``--debug``."""
+    """``argparse`` whose usage errors are one ``error:`` line (exit 2), that has ``--debug``, reads ``_`` as ``-``
+    in long options and the aliases given to :meth:`read_aliases`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+        self.aliases: list[Any] = []  # gan_accel.cli.aliases.Alias, registered at the first parse
+        self.alias_names: set[str] | None = None  # the names registered, once they are
+
+    def read_aliases(self, aliases: Sequence[Any]) -> None:
+        """Also read these other tools' names for flags (registered once every flag is added, at the first parse)."""
+        self.aliases.extend(aliases)
+
+    def options(self) -> dict[str, argparse.Action]:
+        """Every option name this parser reads, aliases included, with its action."""
+        from .aliases import register
+
+        if self.alias_names is None:
+            self.alias_names = register(self, self.aliases)
+        return dict(self._option_string_actions)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # argparse's matching of abbreviations (--check for --checkpoint-every): gan_accel's own flags only, so an
+        # alias is read when written in full and never makes an abbreviation that worked before ambiguous
+        return [match for match in super()._get_option_tuples(option_string) if match[1] not in self.options_added()]
+
+    def options_added(self) -> set[str]:
+        """The aliases registered (none before the first parse)."""
+        return self.alias_names or set()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        from .aliases import normalise
+
+        self.options()  # the aliases, registered once every flag is added
+        tokens = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(normalise(tokens, lambda name: name in self._option_string_actions),
+                                        namespace)
 
     def error(self, message: str) -> NoReturn:
         if _prints():
@@ -87,3 +121,42 @@ def duration(text: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration > 0")
     return seconds
+
+
+MAX_SEEDS = 10_000_000  # gan-accel sample --seeds: one image each, at most as many as --num allows
+
+
+def seed_ranges(text: str) -> list[int]:
+    """NVlabs' seed lists: ``0-35,40`` -> 0, 1, ..., 35, 40 (ranges inclusive, in the order written, a seed listed
+    twice kept once); each a seed numpy and torch accept, at most :data:`MAX_SEEDS` in all."""
+    seeds: dict[int, None] = {}  # ordered, without repeats
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a list of seeds: write 0-35,40 (ranges include both "
+                                             "ends)")
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high < low:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} counts down: write the smaller seed first "
+                                             f"({high}-{low})")
+        if high > MAX_SEED:
+            raise argparse.ArgumentTypeError(f"seed {high:,} is more than {MAX_SEED:,}, the largest numpy and torch "
+                                             "both accept")
+        if len(seeds) + high - low + 1 > MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"{text!r} lists more than {MAX_SEEDS:,} seeds: ask for fewer at a time")
+        seeds.update(dict.fromkeys(range(low, high + 1)))
+    return list(seeds)
+
+
+seed_ranges.__name__ = "a list of seeds"
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (``--trunc``: psi below 0 or above 1 is unusual, not wrong)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value

@@ -9,9 +9,13 @@
 interpolation between two Gaussian latents; a conditional run: one row per class, or ``--label``'s class), and
 with ``--gif PATH`` also an animated GIF whose frame ``j`` shows every walk at its ``j``-th step.
 
-Without ``--format`` the format follows the ending of ``--out`` (``.png`` or ``.npz``). The same
-``--seed`` gives the same latents, hence the same bytes. ``--no-ema`` samples the raw G rather than
-its EMA (from a run folder: the raw G of the checkpoint written at the run's last step).
+``--seeds 0-35,40``: one image per seed instead (NVlabs' gen_images.py), by default as a new folder of
+``seed0000.png`` ..., seed ``s`` being the latent :mod:`gan_accel.sampling` defines (the image ``--num 1 --seed s``
+gives). ``--trunc PSI``: the truncation trick, every latent moved towards the mean latent (psi 1: unchanged).
+
+Without ``--format`` the format follows the ending of ``--out`` (``.png`` or ``.npz``; with ``--seeds`` a name
+without either is a folder). The same ``--seed`` gives the same latents, hence the same bytes. ``--no-ema``
+samples the raw G rather than its EMA (from a run folder: the raw G of the checkpoint written at the run's last step).
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from ..ending import printable
 from ..hub import load_generator
 from ..hub.export import png_grid
 from ..pictures.grids import write_gif
-from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, classes_of, interpolate, iter_samples,
-                        sample_count, sample_labels, walk_count)
+from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, check_seeds, classes_of, interpolate,
+                        iter_samples, sample_count, sample_labels, walk_count)
 from ..storage.files import write_new_folder
-from .arguments import bounded_int, seed_int
+from .aliases import SAMPLING
+from .arguments import bounded_int, finite_float, seed_int, seed_ranges
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with
 from .labels import label_argument, label_name, resolve_label
 
@@ -58,6 +63,13 @@ def add_parser(commands: Any) -> None:
                              f"holds at most {MAX_GRID_SAMPLES:,}")
     parser.add_argument("--seed", type=seed_int, default=0, help="the latents' seed: the same seed, the same "
                         "samples (default 0)")
+    parser.add_argument("--seeds", type=seed_ranges, default=None, metavar="LIST",
+                        help="one image per seed, e.g. 0-35,40 (ranges include both ends); seed s is the image "
+                             "--num 1 --seed s gives; with --out NAME (no .png/.npz) a new folder of seed0000.png ...")
+    parser.add_argument("--trunc", type=finite_float, default=1.0, metavar="PSI",
+                        help="the truncation trick: each latent moved towards the mean latent, mean + PSI * (z - mean) "
+                             "(the mean is 0: no gan_accel G has a mapping network); 1 (the default) changes nothing, "
+                             "below 1 the samples vary less and fade towards the average image (docs/cli.md)")
     parser.add_argument("--label", type=label_argument, default=None, metavar="NAME_OR_INDEX",
                         help="a conditional run: sample this class only, by its name (class_names.json) or index "
                              "(default: every class, in equal numbers)")
@@ -76,12 +88,16 @@ def add_parser(commands: Any) -> None:
                        help="--interpolate: images per walk, both ends included (columns; default 10)")
     walks.add_argument("--gif", default=None, metavar="PATH",
                        help="--interpolate: also write this new .gif, frame j showing every walk at its j-th step")
+    parser.read_aliases(SAMPLING)
     parser.set_defaults(run=run)
 
 
-def output_format(out: Path, chosen: str | None) -> str:
-    """The format: ``--format``, or the ending of ``--out``; a contradiction between them is an error."""
+def output_format(out: Path, chosen: str | None, seeds: bool = False) -> str:
+    """The format: ``--format``, or the ending of ``--out`` (with ``--seeds``, a name without .png or .npz is a
+    folder, as NVlabs' --outdir); a contradiction between them is an error."""
     implied = SUFFIXES.get(out.suffix.lower())
+    if chosen is None and seeds and implied is None:
+        return "folder"
     if chosen is None:
         if implied is None:
             raise CommandError(f"--out {out}: cannot tell the format from its ending; end it in .png (a grid) or .npz "
@@ -96,8 +112,9 @@ def output_format(out: Path, chosen: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     source = resolve_source(args.source)
     out = Path(args.out)
-    fmt = output_format(out, args.format)
+    fmt = output_format(out, args.format, seeds=args.seeds is not None)
     _check_walk_flags(args, fmt)
+    _check_seed_flags(args)
     check_new_output(out)
     if args.gif is not None:
         check_new_output(Path(args.gif), "--gif")
@@ -106,18 +123,23 @@ def run(args: argparse.Namespace) -> int:
     args.label = resolve_label(args.label, G)  # a class name or an index -> the index
     if args.interpolate:
         return _walks(args, G, out)
-    num = _count(args, classes)
-    check_sample_request(classes, num, args.label)
-    count = sample_count(classes, num, args.label)
+    if args.seeds is not None:
+        check_seeds(args.seeds, classes, args.label)
+        num = count = len(args.seeds)
+    else:
+        num = _count(args, classes)
+        check_sample_request(classes, num, args.label)
+        count = sample_count(classes, num, args.label)
     if fmt == "png":
         _check_grid(count, G.info["model"])
     # The samples are made chunk by chunk and written as they come (npz, folder): memory does not grow with --num.
-    chunks = iter_samples(G, num, label=args.label, seed=args.seed)
+    chunks = iter_samples(G, num, label=args.label, seed=args.seed, seeds=args.seeds, truncation=args.trunc)
     if fmt == "npz":
         write_new_file_with(out, lambda handle: write_npz(handle, chunks, count,
                                                           lambda a, b: sample_labels(classes, num, args.label, a, b)))
     elif fmt == "folder":
-        write_new_folder(out, lambda folder: write_pngs(folder, chunks, count))
+        names = None if args.seeds is None else [seed_file_name(seed) for seed in args.seeds]
+        write_new_folder(out, lambda folder: write_pngs(folder, chunks, count, names))
     else:
         images = torch.cat([images for images, _ in chunks])
         # a conditional run: one row per class, or one class in rows of 10; otherwise a square grid
@@ -125,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
         write_new_file(out, png_grid(images, columns))
     what = f", {label_name(args.label, G)}" if args.label is not None else ", every class" if classes is not None else ""
     kind = "the EMA of G" if weights["ema"] else "the raw G"
-    print(f"wrote {out} ({count} samples{what}, {kind} of step {printable(str(weights['step']))}, seed {args.seed})")
+    seeds = f"seeds {describe_seeds(args.seeds)}" if args.seeds is not None else f"seed {args.seed}"
+    trunc = f", truncation psi {args.trunc:g}" if args.trunc != 1.0 else ""
+    print(f"wrote {out} ({count} samples{what}, {kind} of step {printable(str(weights['step']))}, {seeds}{trunc})")
     if args.no_ema and not weights["has_ema"]:
         print(f"note: {source} kept no EMA of G: its samples always come from the raw G, so --no-ema changes "
               "nothing")
@@ -150,12 +174,33 @@ def _check_walk_flags(args: argparse.Namespace, fmt: str) -> None:
         raise CommandError(f"--gif and --out are both {args.out}: give the grid and the GIF a file each")
 
 
+def _check_seed_flags(args: argparse.Namespace) -> None:
+    """``--seeds`` names every latent: ``--num``, ``--seed`` and ``--interpolate`` are refused beside it."""
+    if args.seeds is None:
+        return
+    for flag, given in (("--num", args.num is not None), ("--seed", args.seed != 0),
+                        ("--interpolate", args.interpolate)):
+        if given:
+            raise CommandError(f"--seeds gives one image per seed listed: leave out {flag} (or --seeds)")
+
+
+def describe_seeds(seeds: list[int]) -> str:
+    """``0-35,40``: the seeds as ranges, in their order."""
+    runs: list[list[int]] = []
+    for seed in seeds:
+        if runs and seed == runs[-1][1] + 1:
+            runs[-1][1] = seed
+        else:
+            runs.append([seed, seed])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _walks(args: argparse.Namespace, G: torch.nn.Module, out: Path) -> int:
     """``--interpolate``: the grid of latent walks (and with ``--gif`` its animation), as new files."""
     classes, weights, steps = classes_of(G), G.info["weights"], args.steps or 10
     walks = walk_count(classes, args.walks, args.label)
     _check_grid(walks * steps, G.info["model"])
-    images = interpolate(G, walks, steps, label=args.label, seed=args.seed)
+    images = interpolate(G, walks, steps, label=args.label, seed=args.seed, truncation=args.trunc)
     write_new_file(out, png_grid(images, steps))
     what = f", class {args.label}" if args.label is not None else ", walk i in class i mod classes" if classes else ""
     kind = "the EMA of G" if weights["ema"] else "the raw G"
@@ -234,8 +279,14 @@ def sample_file_name(index: int, count: int, label: Any = None) -> str:
     return f"{index:0{width}d}.png" if label is None else f"{index:0{width}d}_label{int(label)}.png"
 
 
-def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int) -> None:
-    """One PNG per sample, chunk by chunk as they are made."""
+def seed_file_name(seed: int) -> str:
+    """``seed0040.png``: NVlabs' name for the image of a seed."""
+    return f"seed{seed:04d}.png"
+
+
+def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int,
+               names: list[str] | None = None) -> None:
+    """One PNG per sample, chunk by chunk as they are made (named ``names``, else by index)."""
     from PIL import Image
 
     index = 0
@@ -244,6 +295,7 @@ def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor |
         if pixels.shape[-1] not in (1, 3, 4):
             raise CommandError(f"samples with {pixels.shape[-1]} channels cannot be PNG files: use --format npz")
         for i, image in enumerate(pixels):
-            name = sample_file_name(index, count, None if labels is None else labels[i])
+            name = names[index] if names is not None else \
+                sample_file_name(index, count, None if labels is None else labels[i])
             Image.fromarray(image[..., 0] if pixels.shape[-1] == 1 else image).save(folder / name, format="png")
             index += 1

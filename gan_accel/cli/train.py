@@ -5,6 +5,7 @@
     gan-accel train --data hf:user/pets:train --label-column breed --conditional
     accelerate launch -m gan_accel.cli train --data photos/ ...          # the same flags, several processes
     gan-accel train --data photos/ --output-dir runs/photos --resume latest
+    gan-accel train --data photos/ --output-dir runs/photos --resume auto       # start it, or go on (a requeue)
 
 ``--data`` takes a folder of images, a ZIP of them, ``hf:NAME[:SPLIT]`` (a Hugging Face dataset) or
 ``hf:FOLDER`` (the imagefolder builder). Images are decoded once into a cache; bad files are skipped and
@@ -30,7 +31,7 @@ from ..config import TrainConfig
 from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
 from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
-from .arguments import fraction, nonnegative_float, positive_int
+from .arguments import fraction, nonnegative_float, nonnegative_int, positive_int
 from .forecast import say_run_time
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
@@ -59,6 +60,9 @@ def add_parser(commands: Any) -> None:
     data.add_argument("--channels", type=int, choices=(1, 3), default=None,
                       help="1 (grayscale) or 3 (RGB) (default: 1 when every image is grayscale, else 3)")
     data.add_argument("--random-flip", action="store_true", help="mirror each image left-right with probability 1/2")
+    data.add_argument("--num-workers", type=nonnegative_int, default=None, metavar="N",
+                      help="data loading worker processes (default: none for cached images, whose batch is one "
+                           "memory copy; else the cores per process, at most 8)")
     data.add_argument("--background", choices=("white", "black"), default=None,
                       help="what transparent pixels become (default white; a resume: the run's)")
     data.add_argument("--image-column", default=None, help="a Hugging Face dataset's image column (default: the "
@@ -132,7 +136,8 @@ def train(args: argparse.Namespace) -> int:
     spec = default_spec(family, data.prep.resolution, data.prep.channels,
                         len(data.class_names) if args.conditional else None, **overrides)
     monitor = held_out_monitor(args, data, recorded_data, processes.num_processes, log)
-    loader = data.dataloader(args.batch_size, random_flip=args.random_flip, seed=args.seed)
+    loader = data.dataloader(args.batch_size, random_flip=args.random_flip, num_workers=args.num_workers,
+                             seed=args.seed)
     callbacks: list[Any] = [RunDataFiles(data), monitor]
     extra = {**data_extra(data), "num_processes": processes.num_processes}
     if args.eval_every:
@@ -235,14 +240,15 @@ def check_same_run(args: argparse.Namespace, spec: dict[str, Any], record: dict[
 def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The one look at ``--output-dir``, read-only and before the data: a new run does not land on another; a
     resume names a checkpoint, and gives the networks' spec and the data record (``data.json``) the run kept."""
-    from ..engine.run_open import resume_target
+    from ..engine.run_open import AUTO, resolve_auto, resume_target
     from ..storage.layout import CONFIG, DATA_RECORD, read_json
     from ..storage.run_folder import check_new_run
 
-    if args.resume is None:
+    resume = resolve_auto(args.output_dir) if args.resume == AUTO else args.resume  # fit() decides again, locked
+    if resume is None:
         check_new_run(args.output_dir)
         return None, None
-    if not resume_target(args.resume, args.output_dir).continued:  # a new run: nothing of the folder to go on with
+    if not resume_target(resume, args.output_dir).continued:  # a new run: nothing of the folder to go on with
         return None, None
     folder = Path(args.output_dir)
     try:

@@ -21,7 +21,12 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
                   output_help: str = "run folder for samples, logs and weights") -> argparse._ArgumentGroup:
     """The "run" group: length, batch, precision, logging, trackers, checkpoints, resume, evaluation during training.
 
-    Callers may add their own flags to the group it returns (the examples' ``--eval``)."""
+    Callers may add their own flags to the group it returns (the examples' ``--eval``). The parser also reads
+    diffusers' and NVlabs' names for these flags (:data:`gan_accel.cli.aliases.TRAINING`)."""
+    from .aliases import TRAINING
+
+    if hasattr(parser, "read_aliases"):  # gan_accel's ArgumentParser
+        parser.read_aliases(TRAINING)
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default=output_dir, help=output_help)
     length = run.add_mutually_exclusive_group()
@@ -52,9 +57,10 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
     run.add_argument("--tracker-project", default=None,
                      help="the trackers' project (experiment) name (default: the output folder's name)")
     run.add_argument("--seed", type=seed_int, default=0)
-    run.add_argument("--resume", default=None, metavar="latest|PATH",
-                     help="continue the run in --output-dir ('latest'), or start a new run in an empty --output-dir "
-                          "from a checkpoint folder (PATH)")
+    run.add_argument("--resume", default=None, metavar="latest|auto|PATH",
+                     help="continue the run in --output-dir ('latest'); 'auto': continue it if it has a checkpoint, "
+                          "else start it (one command for a job that may be requeued); or start a new run in an "
+                          "empty --output-dir from a checkpoint folder (PATH)")
     run.add_argument("--checkpoint-every", type=positive_int, default=1000, help="checkpoint every N steps (and at the end)")
     run.add_argument("--keep-checkpoints", type=positive_int, default=2, help="how many recent checkpoints to keep")
     run.add_argument("--max-bad-updates", type=positive_int, default=10,

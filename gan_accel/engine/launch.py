@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,31 @@ def build_accelerator(config: TrainConfig) -> Accelerator:
                                             logging_dir=str(Path(config.output_dir) / TRACKERS)),
     )
     check_launch(accelerator)  # before the caller loads data or builds models
+    note = idle_gpus_note(accelerator.num_processes)
+    if note:
+        accelerator.print(note)
     return accelerator
+
+
+def idle_gpus_note(num_processes: int, argv: list[str] | None = None) -> str | None:
+    """One line when several GPUs are visible but one process runs (plain ``python`` or ``gan-accel`` trains on
+    one GPU, silently otherwise), naming the launch that trains on all of them; None otherwise."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if num_processes != 1 or count < 2:
+        return None
+    return (f"gan_accel: {count} GPUs are visible but 1 process trains, on one: `accelerate launch --num_processes "
+            f"{count} {launch_target(sys.argv if argv is None else argv)} ...` (the same flags) trains on all {count}")
+
+
+def launch_target(argv: list[str]) -> str:
+    """What ``accelerate launch`` runs for this program: ``-m gan_accel.cli train`` for the command, else the script."""
+    program = Path(argv[0]) if argv else Path("train.py")
+    if program.name == "gan-accel" or program.parts[-3:] == ("gan_accel", "cli", "__main__.py"):
+        command = next((a for a in argv[1:] if not a.startswith("-")), "train")
+        return f"-m gan_accel.cli {command}"
+    return str(program) if program.suffix == ".py" else "your_script.py"
 
 
 def ddp_kwargs() -> DistributedDataParallelKwargs:

@@ -1,8 +1,10 @@
 """Opening the run folder at the start of ``fit``: a new run, the run continued, or a fork.
 
 One run per folder, only forward (:mod:`gan_accel.storage.run_folder`): ``resume_from=None`` starts a new run
-in an absent or empty folder; ``"latest"`` continues in place; any other checkpoint forks a new run into an
-absent or empty folder (an older checkpoint of ``output_dir`` itself is refused). A config change on resume
+in an absent or empty folder; ``"latest"`` continues in place; ``"auto"`` is ``"latest"`` when the folder holds a
+complete checkpoint and ``None`` when it is absent or empty (one command for a first start and every requeue); any
+other checkpoint forks a new run into an absent or empty folder (an older checkpoint of ``output_dir`` itself is
+refused). A config change on resume
 is refused or applied for real, and dated in the history. :func:`open_run` is what ``fit`` calls; checks
 read the same files on every rank, so every process reaches the same decision.
 """
@@ -19,7 +21,8 @@ from ..ending import run_together
 from ..errors import CheckpointError, RunFolderError
 from ..storage.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
 from ..storage.layout import checkpoint_root
-from ..storage.run_folder import check_new_run, log_event, output_dir_refusal, write_description
+from ..storage.layout import LOCK
+from ..storage.run_folder import check_new_run, holds_run, log_event, output_dir_refusal, write_description
 from .phases import PhasePlan
 from .schedules import first_value, scheduler_ticks_per_optimizer_step, warmup_then_decay
 from .snapshot import restore_checked
@@ -44,6 +47,10 @@ def open_run(trainer: "GANTrainer", resume_from: Any) -> None:
     if resume_from is None and not trainer.fit_calls:  # checked again under the lock; first so a refusal writes nothing
         run_together(acc, lambda: check_new_run(out), main_only=True)
     run_together(acc, trainer.lock.acquire, main_only=True)
+    if str(resume_from) == AUTO:  # decided once, under the lock, by the main process for all of them
+        resume_from = main_decides(acc, lambda: resolve_auto(out))
+        if resume_from is None:
+            acc.print(f"gan_accel: --resume auto: no checkpoint in {out} yet, so a new run starts there")
     describe = lambda: write_description(out, cfg, trainer.fixed_latents, trainer.fixed_labels)  # noqa: E731
     if resume_from is None:
         if not trainer.fit_calls:  # a second fit() of one trainer continues its own run
@@ -66,6 +73,35 @@ def open_run(trainer: "GANTrainer", resume_from: Any) -> None:
               + ("" if target.continued else f", as a new run in {out}"))
     for note in notes:
         acc.print(f"gan_accel: {note}")
+
+
+AUTO = "auto"
+
+
+def resolve_auto(output_dir: str | Path) -> str | None:
+    """``resume_from="auto"``: ``"latest"`` when ``output_dir`` holds a complete checkpoint (a run killed between
+    checkpoints, even mid-save, goes on from its newest complete one), ``None`` (a new run) when it is absent or
+    empty. A folder that holds a run but no complete checkpoint is refused in one line: there is nothing to go on
+    from, and a new run never lands on another."""
+    output_dir = Path(output_dir)
+    if latest_checkpoint(output_dir) is not None:
+        return "latest"
+    if not output_dir.exists() or (output_dir.is_dir() and all(p.name == LOCK for p in output_dir.iterdir())):
+        return None
+    what = "holds a run that wrote no complete checkpoint (it stopped before its first)" if holds_run(output_dir) \
+        else "is not empty and holds no gan_accel checkpoint"
+    raise RunFolderError(f"--resume auto: {output_dir} {what}, so there is nothing to continue and no new run may "
+                         "start there; move it away or choose another --output-dir (gan-accel never deletes a run)")
+
+
+def main_decides(accelerator: Any, decide: Any) -> Any:
+    """Collective: ``decide()`` on the main process, its result given to every process (its error raised on all)."""
+    choice = [run_together(accelerator, decide, main_only=True)]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        broadcast_object_list(choice, from_process=0)
+    return choice[0]
 
 
 @dataclass(frozen=True)

@@ -150,9 +150,10 @@ class GANTrainer:
         """Train until ``config.max_steps`` steps; returns the last logged metrics.
 
         A new run needs an absent or empty ``output_dir``. ``resume_from``: ``"latest"`` continues the run in
-        ``output_dir`` exactly where it was saved (same batches, same noise, same metrics); any other checkpoint
-        folder starts a new run from it (a fork) in an absent or empty ``output_dir``. ``stop_at_step``:
-        checkpoint and return early at that step (the schedules still run to ``max_steps``); a later
+        ``output_dir`` exactly where it was saved (same batches, same noise, same metrics); ``"auto"`` does that when
+        ``output_dir`` holds a complete checkpoint and starts a new run when it is absent or empty (a requeue); any
+        other checkpoint folder starts a new run from it (a fork) in an absent or empty ``output_dir``.
+        ``stop_at_step``: checkpoint and return early at that step (the schedules still run to ``max_steps``); a later
         ``fit()`` of the same trainer continues. SIGINT/SIGTERM: the current step finishes, a
         checkpoint is written, then :class:`TrainingInterrupted` is raised.
         """
