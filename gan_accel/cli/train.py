@@ -18,7 +18,6 @@ into the run folder. The training flags are those of examples/dcgan_mnist.py; de
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -250,7 +249,7 @@ def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, d
     except (OSError, ValueError, AttributeError):
         spec = None
     try:
-        record = json.loads((folder / DATA_RECORD).read_text())
+        record = read_json(folder / DATA_RECORD)  # the one reader: a FIFO or a huge file is one line, not a hang
     except FileNotFoundError:
         record = None  # trained on something else: nothing to compare
     except (OSError, ValueError) as error:

@@ -17,7 +17,7 @@ from ..data.loader import uint8_to_float
 from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
 from ..errors import ConfigError, GanAccelError
 from ..storage.files import atomic_path
-from ..storage.safe_tree import check_regular_file
+from ..storage.reading import load_safetensors
 from .feature_cache import cache_dir
 from .features import compute_features
 
@@ -88,13 +88,12 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
                              **train_kwargs: Any) -> MnistClassifier:
     """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
     cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     path = Path(cache_path)
     if path.exists():
         try:
-            check_regular_file(path)
-            state = load_file(str(path))  # safetensors: tensors only, nothing in the file can run
+            state = load_safetensors(path)  # safetensors: tensors only, nothing in the file can run
         except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
             raise ClassifierCacheError(f"cannot read cached MNIST classifier {path} ({_short_reason(exc)}); "
                                        "delete the file to retrain it") from None

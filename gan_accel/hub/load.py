@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
@@ -26,7 +25,7 @@ from ..storage.checkpoint import is_complete, list_checkpoints, read_engine_stat
 from ..storage.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
                             GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
 from ..storage.files import first_line
-from ..storage.safe_tree import check_regular_file
+from ..storage.reading import check_regular_file, load_safetensors, open_safetensors
 from ..storage.weights import FORMAT, FORMAT_VERSION, generator_config
 from .export import ExportError
 
@@ -202,7 +201,7 @@ def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None =
                               "file is damaged, or its config was edited; export the run again")
     G = build_generator(spec)
     try:
-        G.load_state_dict(load_file(str(source)) if weights is None else weights)
+        G.load_state_dict(load_safetensors(source) if weights is None else weights)
     except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
         raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
                               f"{str(error).strip().splitlines()[0]}") from None
@@ -212,8 +211,7 @@ def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None =
 def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor of a safetensors file, from its header (no tensor is read)."""
     try:
-        check_regular_file(weights)
-        with safe_open(str(weights), framework="pt") as handle:
+        with open_safetensors(weights) as handle:
             return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{weights} is not a readable safetensors file (truncated or corrupt?): "

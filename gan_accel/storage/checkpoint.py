@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -25,10 +24,12 @@ from torch import nn
 
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, RunFolderError, UnsafeFileError
-from .files import first_line, is_write_failure, write_failure_reason
+from .files import (create_new, first_line, has_link_between, is_write_failure, remove_entry, remove_tree,
+                    write_failure_reason)
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
+from .reading import read_json
 from .safe_tree import load_tree, save_tree
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
@@ -38,8 +39,8 @@ ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an e
 def read_marker(path: Path) -> dict[str, Any]:
     """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object."""
     try:
-        marker = json.loads((path / COMPLETE).read_text() or "{}")
-    except (OSError, ValueError, RecursionError):
+        marker = read_json(path / COMPLETE) if os.path.getsize(path / COMPLETE) else {}
+    except (OSError, ValueError, UnsafeFileError):  # a FIFO, a device or a huge file there is no marker either
         return {}
     return marker if isinstance(marker, dict) else {}
 
@@ -105,8 +106,8 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
             if os.path.lexists(final):
                 raise RunFolderError(f"cannot write checkpoint {final}: that folder exists, and a run never replaces "
                                      "a checkpoint; move it away, then resume")
-            if tmp.is_dir() and not tmp.is_symlink():  # this run's save of this step, cut short by a crash
-                shutil.rmtree(tmp)
+            if os.path.lexists(tmp):  # this run's save of this step, cut short by a crash (a link: only the link)
+                remove_tree(tmp)
             root.mkdir(parents=True, exist_ok=True)
 
     def write_own_files() -> None:
@@ -138,14 +139,16 @@ def written_by(checkpoint: Path, run_id: str | None) -> bool:
 
 def _prune(checkpoint: Path) -> None:
     """Remove an old checkpoint of this run: ``COMPLETE`` first (from then on the folder is no checkpoint), then
-    the files it lists as the save's, then the folders left empty. Anything else in it stays."""
+    the files it lists as the save's, then the folders left empty. Anything else in it stays, and nothing is
+    removed through a link: a listed file below a linked folder is left alone, a listed link goes itself."""
     listed = read_marker(checkpoint).get("files")
     try:
         (checkpoint / COMPLETE).unlink()
         for name in listed if isinstance(listed, list) else []:
-            if isinstance(name, str) and ".." not in Path(name).parts and not Path(name).is_absolute():
-                (checkpoint / name).unlink(missing_ok=True)
-        for folder in sorted((d for d, _, _ in os.walk(checkpoint)), reverse=True):  # the deepest first
+            if isinstance(name, str) and ".." not in Path(name).parts and not Path(name).is_absolute() \
+                    and not has_link_between(checkpoint, Path(name).parent):
+                remove_entry(checkpoint / name)
+        for folder in sorted((d for d, _, _ in os.walk(checkpoint)), reverse=True):  # the deepest first; no links
             try:
                 os.rmdir(folder)  # only ever an empty folder
             except OSError:
@@ -303,7 +306,7 @@ def non_finite_parts(networks: dict[str, nn.Module], unwrap: Any = None) -> list
 
 
 def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
+    with os.fdopen(create_new(path), "w") as handle:  # a new file in the save's own folder, never through a link
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import CheckpointError
-from .files import atomic_path, first_line
+from ..errors import CheckpointError, UnsafeFileError
+from .files import atomic_path, first_line, make_own_folder
+from .reading import load_safetensors
 from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
 
 FORMAT = "gan_accel.generator"
@@ -39,7 +40,7 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     if not path.is_file():
         raise CheckpointError(f"no weights file at {path}: pass the generator/model.safetensors of a finished run")
     try:
-        state = load_file(str(path))
+        state = load_safetensors(path)
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
                               f"{first_line(error)}") from None
@@ -57,7 +58,7 @@ def _read_optional(path: Path) -> Any:
     """A JSON file of the run, or None when it is missing or unreadable (writing G never fails for it)."""
     try:
         return read_json(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UnsafeFileError):  # a FIFO or a huge file there is no record either
         return None
 
 
@@ -107,7 +108,7 @@ def generator_config(config: dict[str, Any], step: Any, ema: bool, has_ema: bool
 
 def save_generator(folder: Path, G: nn.Module, config: dict[str, Any]) -> None:
     """Write ``model.safetensors`` (G's weights) and then ``config.json`` into ``folder``, each file atomically."""
-    folder.mkdir(exist_ok=True)
+    make_own_folder(folder, "the generator")  # a link there would put G outside the run
     save_weights(G, folder / EXPORT_WEIGHTS)
     with atomic_path(folder / EXPORT_CONFIG) as tmp:
         tmp.write_text(json.dumps(config, indent=2, default=str) + "\n")

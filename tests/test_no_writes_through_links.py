@@ -1,0 +1,182 @@
+"""Nothing outside the run is written, truncated or deleted through a link (docs/security.md).
+
+A user's file outside the run (``victim``) is linked into a run folder where gan_accel writes, keeps open or
+prunes a file: the lock, the logs, the config, the progress grids, the generator's folder, a checkpoint's
+files, the temporary name of an atomic write. Each case checks the victim's bytes (or its folder's contents)
+afterwards against what they were, and that a refusal is one line naming the link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from gan_accel import list_checkpoints
+from gan_accel.errors import RunFolderError
+from gan_accel.storage.files import atomic_path, make_own_folder, remove_tree, temporary_name, write_bytes_synced
+from gan_accel.storage.layout import append_line
+from gan_accel.storage.lock import RunLock
+from test_run_folder import CK, trainer_for
+
+MINE = b"the user's own file, not the run's\n"
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A user's file outside any run."""
+    path = tmp_path / "outside" / "victim.txt"
+    path.parent.mkdir()
+    path.write_bytes(MINE)
+    return path
+
+
+def one_line(error: BaseException, *names: object) -> str:
+    text = str(error)
+    assert "\n" not in text and all(str(name) in text for name in names), text
+    return text
+
+
+# -- the lock ------------------------------------------------------------------------------------------------
+def test_a_lock_that_is_a_link_is_refused_and_its_target_kept(tmp_path, victim):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").symlink_to(victim)
+    with pytest.raises(RunFolderError) as refused:
+        RunLock(run).acquire()
+    assert "symbolic link" in one_line(refused.value, run / ".lock", "remove the link")
+    assert victim.read_bytes() == MINE
+    with pytest.raises(RunFolderError):  # the trainer takes the lock the same way: nothing is trained
+        trainer_for(run).fit()
+    assert victim.read_bytes() == MINE and sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
+def test_a_dangling_lock_link_creates_nothing_where_it_points(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").symlink_to(tmp_path / "made-by-the-run")
+    with pytest.raises(RunFolderError):
+        RunLock(run).acquire()
+    assert not (tmp_path / "made-by-the-run").exists()
+
+
+def test_a_fifo_lock_is_refused_at_once_not_waited_on(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / ".lock")
+    outcome: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _capture(lambda: RunLock(run).acquire(), outcome), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "taking the lock hung on a FIFO"
+    assert isinstance(outcome[0], RunFolderError) and "not a regular file" in str(outcome[0])
+
+
+def _capture(call, into: list) -> None:
+    try:
+        call()
+    except BaseException as error:  # noqa: BLE001 - handed to the test
+        into.append(error)
+
+
+# -- files written in place or atomically --------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["history.jsonl", "metrics.jsonl"])
+def test_an_appended_log_that_is_a_link_is_refused_in_one_line(tmp_path, victim, name):
+    (tmp_path / name).symlink_to(victim)
+    with pytest.raises(RunFolderError) as refused:
+        append_line(tmp_path / name, {"step": 1})
+    one_line(refused.value, tmp_path / name, "symbolic link")
+    assert victim.read_bytes() == MINE
+
+
+def test_a_resumed_run_never_appends_its_history_through_a_link(tmp_path, victim):
+    run = tmp_path / "run"
+    trainer_for(run, max_steps=4).fit(stop_at_step=2)
+    (run / "history.jsonl").unlink()
+    (run / "history.jsonl").symlink_to(victim)
+    with pytest.raises(RunFolderError) as refused:
+        trainer_for(run, max_steps=4).fit(resume_from="latest")
+    one_line(refused.value, run / "history.jsonl")
+    assert victim.read_bytes() == MINE
+
+
+def test_files_the_run_replaces_replace_the_link_not_its_target(tmp_path, victim):
+    """config.json, the progress grids and fixed_noise are written beside and renamed: the link goes, the
+    user's file stays as it was."""
+    run = tmp_path / "run"
+    trainer_for(run, max_steps=4).fit(stop_at_step=2)
+    links = [run / "config.json", run / "samples_000004.png", run / "fixed_noise.safetensors"]
+    for link in links:
+        link.unlink(missing_ok=True)
+        link.symlink_to(victim)
+    trainer_for(run, max_steps=4).fit(resume_from="latest")
+    assert victim.read_bytes() == MINE
+    assert not any(link.is_symlink() for link in links) and json.loads((run / "config.json").read_text())
+
+
+def test_a_stale_temporary_that_is_a_link_is_never_written_through(tmp_path, victim):
+    """The temporary name of an atomic write is predictable (host, pid): a link left there is removed, not
+    followed; the file lands where it belongs."""
+    target = tmp_path / "data.json"
+    temporary_name(target).symlink_to(victim)
+    write_bytes_synced(target, b"{}")
+    assert victim.read_bytes() == MINE and target.read_bytes() == b"{}"
+    temporary_name(target).symlink_to(victim)
+    with atomic_path(target) as tmp:
+        tmp.write_text("[]")  # what a caller does: write to the temporary by name
+    assert victim.read_bytes() == MINE and target.read_text() == "[]"
+
+
+def test_a_generator_folder_that_is_a_link_is_refused_and_nothing_lands_outside(tmp_path):
+    run = tmp_path / "run"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    trainer_for(run, max_steps=4).fit(stop_at_step=2)
+    (run / "generator").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RunFolderError) as refused:
+        trainer_for(run, max_steps=4).fit(resume_from="latest")
+    one_line(refused.value, run / "generator", "symbolic link")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_run_folder_of_its_own_is_made_or_refused_when_a_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    assert make_own_folder(tmp_path / "run" / "trackers", "the trackers' files").is_dir()
+    (tmp_path / "run" / "generator").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RunFolderError):
+        make_own_folder(tmp_path / "run" / "generator", "the generator")
+
+
+# -- deletion --------------------------------------------------------------------------------------------
+def test_pruning_never_deletes_through_a_folder_link_inside_a_checkpoint(tmp_path, victim):
+    """An old checkpoint whose COMPLETE lists ``sub/victim.txt``, ``sub`` being a link to a folder outside the
+    run, and a listed file that is itself a link: pruning removes the links' names, never what they point to."""
+    run = tmp_path / "run"
+    trainer_for(run, max_steps=4, keep_checkpoints=1).fit(stop_at_step=2)
+    old = run / CK.format(2)
+    (old / "sub").symlink_to(victim.parent, target_is_directory=True)
+    other = victim.parent / "weights.bin"
+    other.write_bytes(MINE)
+    (old / "linked.txt").symlink_to(other)
+    marker = json.loads((old / "COMPLETE").read_text())
+    marker["files"] += ["sub/victim.txt", "linked.txt"]
+    (old / "COMPLETE").write_text(json.dumps(marker))
+    trainer_for(run, max_steps=4, keep_checkpoints=1).fit(resume_from="latest")
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000004"]
+    assert victim.read_bytes() == MINE and other.read_bytes() == MINE
+    assert not (old / "linked.txt").is_symlink(), "a listed link is the save's name: removed as a link"
+
+
+def test_removing_a_tree_unlinks_a_link_and_never_empties_its_target(tmp_path, victim):
+    (tmp_path / "link").symlink_to(victim.parent, target_is_directory=True)
+    remove_tree(tmp_path / "link")
+    assert not os.path.lexists(tmp_path / "link") and victim.read_bytes() == MINE
+    folder = tmp_path / ".tmp-checkpoint_00000002"
+    folder.mkdir()
+    (folder / "inner").symlink_to(victim.parent, target_is_directory=True)
+    remove_tree(folder)
+    assert not folder.exists() and victim.read_bytes() == MINE
