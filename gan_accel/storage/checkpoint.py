@@ -23,13 +23,14 @@ from accelerate import Accelerator
 from torch import nn
 
 from ..ending import raise_together, run_together
-from ..errors import CheckpointError, RunFolderError, UnsafeFileError
+from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
 from .files import (create_new, first_line, has_link_between, is_write_failure, remove_entry, remove_tree,
                     write_failure_reason)
-from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
+from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
-from .reading import read_json
+from .finite import check_finite
+from .reading import load_safetensors, read_json
 from .safe_tree import load_tree, save_tree
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
@@ -202,7 +203,9 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
             check_checkpoint_files(path)
         except UnsafeFileError as error:
             raise UnsafeFileError(f"{error}; resume from another checkpoint of the run ({_others(path)})") from None
-        return _with_shared_states(path, read_engine_state(path, rank), rank)
+        engine_state = _with_shared_states(path, read_engine_state(path, rank), rank)
+        check_weights_finite(path, engine_state, rank)
+        return engine_state
 
     # Agreed: a file only one process reads (its engine state) must not leave the others waiting in load_state.
     engine_state = run_together(accelerator, read)
@@ -213,6 +216,19 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         raise CheckpointError(f"cannot restore {path}{hint}: {first_line(error)}") from error
     check_rng_restored(accelerator, path)
     return engine_state
+
+
+def check_weights_finite(path: Path, engine_state: dict[str, Any], rank: int) -> None:
+    """Refuse a checkpoint whose networks' weights (Accelerate's ``model*.safetensors``) or EMA of G hold NaN or
+    inf, naming the file and the tensor: resumed, they would diverge at once and the blame fall elsewhere."""
+    try:
+        for file in sorted(path.glob("model*.safetensors")):
+            check_finite(load_safetensors(file), file)
+        average = engine_state.get("callbacks", {}).get(EMA_STATE)
+        if isinstance(average, dict) and isinstance(average.get("module"), dict):
+            check_finite(average["module"], path / ENGINE_STATE.format(rank=rank), "the EMA of G's tensor")
+    except NonFiniteWeightsError as error:
+        raise NonFiniteWeightsError(f"{error} ({_others(path)})") from None
 
 
 def _others(path: Path) -> str:

@@ -69,6 +69,7 @@ COMPLETE = "COMPLETE"
 ENGINE_STATE = "gan_accel_state_{rank}.safetensors"
 RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
 RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
+EMA_STATE = "generator_ema"  # the EMA callback's state in an engine state (its "module": the EMA of G's tensors)
 
 # -- an exported generator (gan_accel.hub) --------------------------------------------------------------
 EXPORT_CONFIG = CONFIG

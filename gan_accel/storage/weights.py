@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import CheckpointError, UnsafeFileError
 from .files import atomic_path, first_line, make_own_folder
+from .finite import check_finite
 from .reading import load_safetensors
 from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
 
@@ -44,6 +45,7 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
                               f"{first_line(error)}") from None
+    check_finite(state, path)
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
