@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..data.loader import uint8_to_float
 from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
 from ..errors import ConfigError, GanAccelError
-from ..storage.files import atomic_path
+from ..storage.files import write_bytes_synced
 from ..storage.reading import load_safetensors
 from .feature_cache import cache_dir
 from .features import compute_features
@@ -88,7 +88,7 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
                              **train_kwargs: Any) -> MnistClassifier:
     """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
     cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     path = Path(cache_path)
     if path.exists():
@@ -106,8 +106,8 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
         return model.eval()
 
     model = train_mnist_classifier(images, labels, **train_kwargs)
-    with atomic_path(path) as tmp:  # per-process temporary name: concurrent runs never clash
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    # per-process temporary name (concurrent runs never clash), the umask's mode (safetensors' writer makes 0600)
+    write_bytes_synced(path, save({k: v.contiguous() for k, v in model.state_dict().items()}))
     return model
 
 

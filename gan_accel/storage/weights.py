@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
 
 from ..errors import CheckpointError, UnsafeFileError
-from .files import atomic_path, first_line, make_own_folder
+from .files import atomic_path, first_line, make_own_folder, write_bytes_synced
 from .finite import check_finite
 from .reading import load_safetensors
 from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
@@ -27,10 +27,10 @@ FORMAT_VERSION = 1
 
 
 def save_weights(module: nn.Module, path: str | os.PathLike) -> Path:
-    """Write ``module``'s state dict atomically as safetensors."""
+    """Write ``module``'s state dict atomically as safetensors, with the mode of any file the user creates (the
+    umask's: 0644 as a rule; safetensors' own writer makes 0600, unreadable to others once copied or served)."""
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_bytes_synced(path, save(state, metadata={"format": "pt"}))
     return Path(path)
 
 
