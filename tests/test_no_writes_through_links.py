@@ -142,6 +142,28 @@ def test_a_generator_folder_that_is_a_link_is_refused_and_nothing_lands_outside(
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["checkpoints", "trackers", "metrics.jsonl"])
+def test_a_new_run_is_refused_before_any_step_where_a_link_stands_in_its_folder(tmp_path, victim, name):
+    run = tmp_path / "run"
+    run.mkdir()
+    target = victim if "." in name else victim.parent
+    (run / name).symlink_to(target, target_is_directory=target.is_dir())
+    before = sorted(p.name for p in victim.parent.iterdir())
+    with pytest.raises(RunFolderError) as refused:
+        trainer_for(run).fit()
+    one_line(refused.value, run / name, "symbolic link", "output_dir")
+    assert sorted(p.name for p in victim.parent.iterdir()) == before and victim.read_bytes() == MINE
+    assert sorted(p.name for p in run.iterdir()) == [name], "refused before the lock or any file was written"
+
+
+def test_the_output_dir_itself_may_be_a_link(tmp_path):
+    """The folder the user names is theirs to place: a link to a folder on another disk is used as that folder."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "disk", target_is_directory=True)
+    trainer_for(tmp_path / "run", max_steps=2).fit()
+    assert (tmp_path / "disk" / "generator" / "model.safetensors").is_file()
+
+
 def test_a_run_folder_of_its_own_is_made_or_refused_when_a_link(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

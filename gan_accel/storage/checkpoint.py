@@ -24,8 +24,8 @@ from torch import nn
 
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
-from .files import (create_new, first_line, has_link_between, is_write_failure, remove_entry, remove_tree,
-                    write_failure_reason)
+from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
+                    remove_tree, write_failure_reason)
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
@@ -109,7 +109,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
                                      "a checkpoint; move it away, then resume")
             if os.path.lexists(tmp):  # this run's save of this step, cut short by a crash (a link: only the link)
                 remove_tree(tmp)
-            root.mkdir(parents=True, exist_ok=True)
+            make_own_folder(root, "the run's checkpoints")  # never into a folder a link points to
 
     def write_own_files() -> None:
         accelerator.save_state(str(tmp))

@@ -83,9 +83,28 @@ def managing_run(path: str | os.PathLike) -> tuple[Path, str] | None:
     return None
 
 
+# What a run writes into, appends to or keeps open in place: a link standing there would carry the writes
+# outside the run (files the run replaces whole are renamed over a link, which replaces the link itself).
+WRITTEN_IN_PLACE = (CHECKPOINTS, GENERATOR, TRACKERS, LOCK, HISTORY, METRICS)
+
+
+def link_inside(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot hold a run (one line with the fix) when a link stands where the run writes in place."""
+    for name in WRITTEN_IN_PLACE:
+        if (Path(path) / name).is_symlink():
+            return (f"{Path(path) / name} is a symbolic link, and a run never writes through a link (its files would "
+                    "land outside the run): remove the link; to keep a run on another disk, put the whole output_dir "
+                    "there (the output_dir itself may be a link)")
+    return None
+
+
 def output_dir_refusal(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be a run's ``output_dir`` (one line with the fix), or None: it lies inside another
-    run's ``checkpoints/`` or ``trackers/``, or its own ``checkpoints/`` is another run's folder."""
+    run's ``checkpoints/`` or ``trackers/``, its own ``checkpoints/`` is another run's folder, or a link stands
+    where the run writes in place (:data:`WRITTEN_IN_PLACE`)."""
+    inside = link_inside(path)
+    if inside is not None:
+        return inside
     owner = managing_run(path)
     if owner is not None:
         run, area = owner
