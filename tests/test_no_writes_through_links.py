@@ -202,3 +202,21 @@ def test_removing_a_tree_unlinks_a_link_and_never_empties_its_target(tmp_path, v
     (folder / "inner").symlink_to(victim.parent, target_is_directory=True)
     remove_tree(folder)
     assert not folder.exists() and victim.read_bytes() == MINE
+
+
+# -- caches ------------------------------------------------------------------------------------------------
+def test_the_image_cache_build_never_writes_through_a_link_at_its_temporary_names(tmp_path, victim):
+    """The build's temporaries carry this process's id: links left under those names (the array's and its
+    compacted copy's) are removed as names, and the cache is built where it belongs."""
+    from test_data_safety import _folder, _open, _prep_files
+
+    root, cache = _folder(tmp_path / "imgs"), tmp_path / "cache"
+    data = _open(root, cache)
+    npy, record = _prep_files(data)
+    tmp = temporary_name(npy)
+    record.unlink()  # the next open builds again
+    npy.unlink()
+    tmp.symlink_to(victim)
+    tmp.with_name(tmp.name + ".compact").symlink_to(victim)
+    again = _open(root, cache)
+    assert victim.read_bytes() == MINE and len(again) == len(data) and npy.is_file() and not npy.is_symlink()

@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError, UnsafeFileError
-from ..storage.files import atomic_path, temporary_name, write_bytes_synced
+from ..storage.files import atomic_path, remove_entry, temporary_name, write_bytes_synced
 from ..storage.reading import MAX_TENSOR_BYTES, load_array, open_file, read_bytes
 
 MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
@@ -296,6 +296,8 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
     clear_stale_temporaries(final.parent)
     tmp = temporary_name(final)
     compact = tmp.with_name(tmp.name + ".compact")
+    for leftover in (tmp, compact):  # this process id's leftovers, or links: removed as names, never followed
+        remove_entry(leftover)
     failed: list[tuple[str, str]] = []
     try:
         shape = (n, prep.channels, prep.resolution, prep.width)
