@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..ending import printable
-from ..errors import DataError
+from ..errors import DataError, UnsafeFileError
 from ..storage.files import free_space, write_bytes_synced
 from ..storage.reading import load_array
 from ..storage.layout import (CHECKPOINTS, CLASS_NAMES, DATA_RECORD, EXPORT_WEIGHTS, GENERATOR, HISTORY, SKIPPED_FILES,
@@ -398,7 +398,7 @@ def check_not_a_run(data: str | os.PathLike) -> None:
         return
     try:
         trained_on = f" ({DATA_RECORD} names {printable(str(read_json(folder / DATA_RECORD)['source']))})"
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, UnsafeFileError):  # only a detail of the message
         trained_on = ""
     raise DataError(f"{printable(str(data))} is a gan_accel run folder, not a folder of training images (its images "
                     f"are the run's sample grids and plots): pass the images the run trained on{trained_on}")

@@ -22,8 +22,9 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..models import build_generator, normalize_spec
 from ..storage.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
-from ..storage.layout import (CHECKPOINTS, EMA_STATE, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
-                            GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
+from ..storage.layout import (CHECKPOINTS, EMA_STATE, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES,
+                              EXPORT_WEIGHTS, GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder,
+                              read_json)
 from ..storage.files import first_line
 from ..storage.finite import check_finite
 from ..storage.reading import check_regular_file, load_safetensors, open_safetensors

@@ -26,10 +26,10 @@ from ..ending import raise_together, run_together
 from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
 from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
                     remove_tree, write_failure_reason)
+from .finite import check_finite
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
-from .finite import check_finite
 from .reading import load_safetensors, read_json
 from .safe_tree import load_tree, save_tree
 

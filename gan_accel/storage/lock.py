@@ -40,8 +40,6 @@ class RunLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = open_kept_file(self.path, os.O_RDWR, "the run's lock")
-        except RunFolderError:
-            raise
         except OSError as error:  # the first write of a run: an unusable folder stops it before any work
             raise RunFolderError(f"cannot use output folder {self.path.parent}: {write_failure_reason(error)} "
                                  f"(at {error.filename}); choose a writable output_dir") from None
