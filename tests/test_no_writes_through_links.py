@@ -220,3 +220,24 @@ def test_the_image_cache_build_never_writes_through_a_link_at_its_temporary_name
     tmp.with_name(tmp.name + ".compact").symlink_to(victim)
     again = _open(root, cache)
     assert victim.read_bytes() == MINE and len(again) == len(data) and npy.is_file() and not npy.is_symlink()
+
+
+# -- exports ---------------------------------------------------------------------------------------------
+def test_an_export_never_fills_or_empties_a_folder_linked_at_its_temporary_name(tmp_path, victim, capsys):
+    """The export is written into a temporary folder beside DIR, named after this process: a link left under
+    that name to a folder of the user's is removed as a link, and the folder keeps its files."""
+    from gan_accel.hub import export_generator
+    from test_cli import cli, train
+
+    run = tmp_path / "run"
+    train(run, steps=2, ema=None)
+    out = tmp_path / "gan"
+    temporary_name(out).symlink_to(victim.parent, target_is_directory=True)
+    before = sorted(p.name for p in victim.parent.iterdir())
+    export_generator(run, out)  # the Python API
+    assert sorted(p.name for p in victim.parent.iterdir()) == before and victim.read_bytes() == MINE
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "samples.png"]
+    temporary_name(tmp_path / "gan2").symlink_to(victim.parent, target_is_directory=True)
+    code, _, err = cli(["export", run, tmp_path / "gan2"], capsys)  # the command, which probes the name first
+    assert code == 0, err
+    assert sorted(p.name for p in victim.parent.iterdir()) == before and victim.read_bytes() == MINE

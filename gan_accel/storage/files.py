@@ -201,9 +201,12 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
     except OSError as error:
         raise cannot_write(out, error, flag) from error
     tmp = temporary_name(out)
+    made = False
     try:
         try:
+            remove_tree(tmp)  # a killed export of this process id, or a link: never what a link points to
             tmp.mkdir()
+            made = True
             fill(tmp)
             os.rename(tmp, out)  # replaces only the empty folder claimed above
         except Exception as error:  # safetensors' writer reports a full disk as its own error, not an OSError
@@ -211,10 +214,8 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
                 raise
             raise cannot_write(out, error, flag) from error
     except BaseException:
-        if tmp.is_dir():
-            for file in tmp.iterdir():
-                file.unlink()
-            tmp.rmdir()
+        if made:  # only the folder made here, and what was written into it
+            remove_tree(tmp)
         try:
             out.rmdir()  # the claimed folder, only while it is empty (never someone else's files)
         except OSError:
