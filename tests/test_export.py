@@ -302,14 +302,15 @@ def test_without_huggingface_hub_the_hub_is_one_line_and_the_export_stays(runs, 
 
 
 def test_a_full_disk_during_export_is_one_line_and_leaves_no_folder(runs, tmp_path, monkeypatch, capsys):
-    from safetensors import SafetensorError
+    import errno
+    import os
 
     import gan_accel.storage.weights as weights
 
-    def full(*args, **kwargs):  # what safetensors raises when the disk fills up under it
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    def full(*args, **kwargs):  # what the file system raises when the disk fills up under the weights' write
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(weights, "save_file", full)
+    monkeypatch.setattr(weights, "write_bytes_synced", full)
     line = error_line(["export", runs / "plain", tmp_path / "out"], capsys)
     assert "No space left on device (ENOSPC)" in line and f"DIR {tmp_path / 'out'}: cannot write it" in line, line
     assert list(tmp_path.iterdir()) == [], "neither the folder nor its temporary twin is left"
