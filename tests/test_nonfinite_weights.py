@@ -3,7 +3,8 @@
 with exit 0, never a divergence blamed on the learning rate.
 
 Each case puts real NaN (or inf) values into one tensor of a file a tiny run wrote, then calls the entry point;
-the line must name that file and that tensor, and nothing may be written.
+the line must name that file and that tensor, and nothing may be written. A tensor of the wrong shape is named
+the same way: by its name and shapes, not by torch's header line alone.
 """
 
 from __future__ import annotations
@@ -121,3 +122,22 @@ def test_load_weights_names_the_tensor(run, tmp_path):
 def test_finite_weights_load_and_sample_as_before(run, tmp_path, capsys):
     assert cli(["sample", run, "--num", 4, "--out", tmp_path / "ok.png"], capsys)[0] == 0
     assert load_weights(DCGANGenerator(Z, 4), run / "generator" / "model.safetensors") is not None
+
+
+def test_a_tensor_of_the_wrong_shape_is_named_by_its_shapes(run, tmp_path):
+    from gan_accel import CheckpointError
+
+    checkpoint = run / "checkpoints" / CK4
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    name = next(k for k, t in tensors.items() if t.ndim == 4)
+    tensors[name] = torch.zeros(*tensors[name].shape[:-1], tensors[name].shape[-1] + 1)
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as caught:
+        train(run, steps=6, resume_from="latest")
+    line = str(caught.value)
+    assert "\n" not in line and f"size mismatch for {name}: copying a param with shape" in line, line
+    assert str(checkpoint) in line and "another shape or width" in line
+    weights = tmp_path / "g.safetensors"
+    save_file({**load_file(str(run / "generator" / "model.safetensors")), name: tensors[name]}, str(weights))
+    with pytest.raises(CheckpointError, match=f"size mismatch for {name}"):
+        load_weights(DCGANGenerator(Z, 4), weights)

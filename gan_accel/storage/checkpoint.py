@@ -24,14 +24,15 @@ from torch import nn
 
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
-from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
-                    remove_tree, write_failure_reason)
+from .files import (create_new, has_link_between, is_write_failure, make_own_folder, remove_entry, remove_tree,
+                    write_failure_reason)
 from .finite import check_finite
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
 from .reading import load_safetensors, read_json
 from .safe_tree import load_tree, save_tree
+from .weights import state_dict_reason
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
 ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
@@ -213,7 +214,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         accelerator.load_state(str(path))
     except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
         hint = " (a model of another shape or width?)" if "size mismatch" in str(error) or "Missing key" in str(error) else ""
-        raise CheckpointError(f"cannot restore {path}{hint}: {first_line(error)}") from error
+        raise CheckpointError(f"cannot restore {path}{hint}: {state_dict_reason(error)}") from error
     check_rng_restored(accelerator, path)
     return engine_state
 

@@ -34,6 +34,18 @@ def save_weights(module: nn.Module, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+def state_dict_reason(error: BaseException) -> str:
+    """Why ``load_state_dict`` refused (its first line is only ``Error(s) in loading state_dict for X:``): the first
+    reason, a size mismatch before missing or unexpected keys, and how many more there are."""
+    head, *rest = str(error).strip().splitlines() or [""]
+    lines = [line.strip() for line in rest if line.strip()]
+    if not head.startswith("Error(s) in loading state_dict") or not lines:
+        return first_line(error)
+    lines.sort(key=lambda line: not line.startswith("size mismatch"))  # the shape names the cause best
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return lines[0][:300] + more
+
+
 def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load a safetensors file (a run's ``generator/model.safetensors``, say) into ``module`` (strict), with a
     clear error on mismatch."""
@@ -51,7 +63,7 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     except RuntimeError as error:
         raise CheckpointError(
             f"{path} does not fit {type(module).__name__}: was it saved from a model of another shape or width? "
-            f"{str(error).splitlines()[0]}"
+            f"{state_dict_reason(error)}"
         ) from error
     return module
 
