@@ -27,7 +27,10 @@ def check_new_run(path: str | os.PathLike) -> None:
     """Refuse, in one line, to start a new run in ``path`` unless it is absent or empty (a ``.lock`` alone
     counts as empty: a run stopped before writing anything)."""
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(p.name != LOCK for p in path.iterdir())):
+    if path.exists() and not path.is_dir():  # a file, a FIFO, a device: no run, and no folder for one either
+        raise RunFolderError(f"{path} is a file, not a folder: name a folder for the run's output (absent or empty), "
+                             "e.g. beside it")
+    if path.exists() and any(p.name != LOCK for p in path.iterdir()):
         raise RunFolderError(f"{path} holds a run: {CONTINUE_OR_MOVE}")
 
 
