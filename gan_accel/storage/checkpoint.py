@@ -20,12 +20,13 @@ from typing import Any, Iterable
 
 import torch
 from accelerate import Accelerator
+from safetensors import SafetensorError
 from torch import nn
 
 from ..ending import raise_together, run_together
 from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
-from .files import (create_new, has_link_between, is_write_failure, make_own_folder, remove_entry, remove_tree,
-                    write_failure_reason)
+from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
+                    remove_tree, write_failure_reason)
 from .finite import check_finite
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
@@ -224,7 +225,12 @@ def check_weights_finite(path: Path, engine_state: dict[str, Any], rank: int) ->
     inf, naming the file and the tensor: resumed, they would diverge at once and the blame fall elsewhere."""
     try:
         for file in sorted(path.glob("model*.safetensors")):
-            check_finite(load_safetensors(file), file)
+            try:
+                tensors = load_safetensors(file)
+            except (SafetensorError, OSError, ValueError) as error:  # truncated or foreign
+                raise CheckpointError(f"cannot read {file} (truncated or corrupt?): {first_line(error)}; resume from "
+                                      f"another checkpoint of the run ({_others(path)})") from None
+            check_finite(tensors, file)
         average = engine_state.get("callbacks", {}).get(EMA_STATE)
         if isinstance(average, dict) and isinstance(average.get("module"), dict):
             check_finite(average["module"], path / ENGINE_STATE.format(rank=rank), "the EMA of G's tensor")
