@@ -156,6 +156,23 @@ def test_a_new_run_is_refused_before_any_step_where_a_link_stands_in_its_folder(
     assert sorted(p.name for p in run.iterdir()) == [name], "refused before the lock or any file was written"
 
 
+@pytest.mark.parametrize("name", [".lock", "history.jsonl", "metrics.jsonl"])
+def test_a_fifo_where_the_run_appends_refuses_the_resume_before_any_step(tmp_path, name):
+    run = tmp_path / "run"
+    trainer_for(run, max_steps=4).fit(stop_at_step=2)
+    (run / name).unlink()
+    os.mkfifo(run / name)
+    outcome: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _capture(lambda: trainer_for(run, max_steps=4).fit(resume_from="latest"),
+                                                      outcome), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the resume hung on a FIFO"
+    assert isinstance(outcome[0], RunFolderError), outcome
+    one_line(outcome[0], run / name, "not a regular file")
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint_00000002"], "no step was trained"
+
+
 def test_the_output_dir_itself_may_be_a_link(tmp_path):
     """The folder the user names is theirs to place: a link to a folder on another disk is used as that folder."""
     (tmp_path / "disk").mkdir()

@@ -92,12 +92,16 @@ WRITTEN_IN_PLACE = (CHECKPOINTS, GENERATOR, TRACKERS, LOCK, HISTORY, METRICS)
 
 
 def link_inside(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot hold a run (one line with the fix) when a link stands where the run writes in place."""
+    """Why ``path`` cannot hold a run (one line with the fix) when a link, or for a file a FIFO, device or folder,
+    stands where the run writes in place."""
     for name in WRITTEN_IN_PLACE:
-        if (Path(path) / name).is_symlink():
-            return (f"{Path(path) / name} is a symbolic link, and a run never writes through a link (its files would "
-                    "land outside the run): remove the link; to keep a run on another disk, put the whole output_dir "
-                    "there (the output_dir itself may be a link)")
+        entry = Path(path) / name
+        if entry.is_symlink():
+            return (f"{entry} is a symbolic link, and a run never writes through a link (its files would land outside "
+                    "the run): remove the link; to keep a run on another disk, put the whole output_dir there (the "
+                    "output_dir itself may be a link)")
+        if name in (LOCK, HISTORY, METRICS) and entry.exists() and not entry.is_file():
+            return f"{entry} is not a regular file (a FIFO, device or folder stands where the run writes): remove it"
     return None
 
 
