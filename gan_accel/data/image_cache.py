@@ -282,6 +282,16 @@ def preallocate(path: Path) -> None:
         os.close(fd)
 
 
+def fresh_temporaries(final: Path) -> tuple[Path, Path]:
+    """The build's two temporary names beside ``final`` (the array, its compacted copy), each free: this process
+    id's leftovers, or links someone left there, are removed as names, never written through."""
+    tmp = temporary_name(final)
+    compact = tmp.with_name(tmp.name + ".compact")
+    for leftover in (tmp, compact):
+        remove_entry(leftover)
+    return tmp, compact
+
+
 def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, names: Sequence[str], workers: int,
                  progress: Callable[[int], Any] | None = None) -> list[tuple[str, str]]:
     """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (name, reason) of failures.
@@ -294,10 +304,7 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
     final = folder.file(prep, ".npy")
     final.parent.mkdir(parents=True, exist_ok=True)
     clear_stale_temporaries(final.parent)
-    tmp = temporary_name(final)
-    compact = tmp.with_name(tmp.name + ".compact")
-    for leftover in (tmp, compact):  # this process id's leftovers, or links: removed as names, never followed
-        remove_entry(leftover)
+    tmp, compact = fresh_temporaries(final)
     failed: list[tuple[str, str]] = []
     try:
         shape = (n, prep.channels, prep.resolution, prep.width)
