@@ -141,3 +141,19 @@ def test_a_tensor_of_the_wrong_shape_is_named_by_its_shapes(run, tmp_path):
     save_file({**load_file(str(run / "generator" / "model.safetensors")), name: tensors[name]}, str(weights))
     with pytest.raises(CheckpointError, match=f"size mismatch for {name}"):
         load_weights(DCGANGenerator(Z, 4), weights)
+
+
+def test_a_cached_judge_with_nan_weights_is_named(tmp_path):
+    """The MNIST classifier that scores ``gan-accel eval`` is weights too: NaN there would score any G as nonsense.
+    (``eval`` reads its judge through this function: test_safe_loading's poisoned-judge case goes that way.)"""
+    from gan_accel.eval.mnist import ClassifierCacheError, MnistClassifier, load_or_train_classifier
+
+    judge = tmp_path / "offline-digits_classifier.safetensors"
+    state = {k: v.clone() for k, v in MnistClassifier().state_dict().items()}
+    name = next(k for k, t in state.items() if t.is_floating_point())
+    state[name].view(-1)[0] = float("nan")
+    save_file(state, str(judge))
+    with pytest.raises(ClassifierCacheError) as caught:
+        load_or_train_classifier(judge, torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long))
+    line = str(caught.value)
+    assert f"{judge}: tensor {name} holds 1 NaN/inf value(s)" in line and "delete the file to retrain it" in line, line

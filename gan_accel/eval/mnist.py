@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 from ..data.loader import uint8_to_float
 from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
-from ..errors import ConfigError, GanAccelError
+from ..errors import ConfigError, GanAccelError, NonFiniteWeightsError
 from ..storage.files import write_bytes_synced
+from ..storage.finite import check_finite
 from ..storage.reading import load_safetensors
 from .feature_cache import cache_dir
 from .features import compute_features
@@ -97,6 +98,10 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
         except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
             raise ClassifierCacheError(f"cannot read cached MNIST classifier {path} ({_short_reason(exc)}); "
                                        "delete the file to retrain it") from None
+        try:  # a judge with NaN weights would score every generator as nonsense, and say nothing
+            check_finite(state, path, fix="delete the file to retrain it")
+        except NonFiniteWeightsError as error:
+            raise ClassifierCacheError(f"cached MNIST classifier {error}") from None
         model = MnistClassifier()
         try:
             model.load_state_dict(state)

@@ -27,9 +27,14 @@ def non_finite_tensors(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, i
     return found
 
 
-def check_finite(tensors: Mapping[str, torch.Tensor], file: str | os.PathLike, what: str = "tensor") -> None:
+ANOTHER = "use another checkpoint or export of the run"  # the way on for a run's weights
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], file: str | os.PathLike, what: str = "tensor",
+                 fix: str = ANOTHER) -> None:
     """Raise :class:`NonFiniteWeightsError` (one line naming ``file`` and the first broken tensor) when any floating
-    tensor of ``tensors`` holds NaN or inf; ``what`` names the tensors ("tensor", "EMA tensor")."""
+    tensor of ``tensors`` holds NaN or inf; ``what`` names the tensors ("tensor", "the EMA of G's tensor"), ``fix``
+    says the way on."""
     found = non_finite_tensors(tensors)
     if not found:
         return
@@ -37,4 +42,4 @@ def check_finite(tensors: Mapping[str, torch.Tensor], file: str | os.PathLike, w
     more = f" (and {len(found) - 1} more tensor(s))" if len(found) > 1 else ""
     raise NonFiniteWeightsError(
         f"{file}: {what} {name} holds {bad:,} NaN/inf value(s) of {total:,}{more}: these weights are broken (the "
-        "file was damaged, or saved from a model that diverged); use another checkpoint or export of the run")
+        f"file was damaged, or saved from a model that diverged); {fix}")
