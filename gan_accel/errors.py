@@ -33,6 +33,10 @@ class UnsafeFileError(CheckpointError):
     holding more than tensors and plain data (unpickling it could run code), or a malformed safe file."""
 
 
+class NonFiniteWeightsError(CheckpointError):
+    """A file's weights hold NaN or inf values: loading them would sample black images or diverge at once."""
+
+
 class DivergenceError(GanAccelError, RuntimeError):
     """Too many consecutive non-finite updates: the run has diverged."""
 

@@ -123,6 +123,29 @@ def test_the_model_card_has_hub_metadata_and_its_usage_snippet_runs(runs, tmp_pa
         (tmp_path / "generated.png").unlink()
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_every_exported_file_has_the_mode_the_umask_gives(runs, tmp_path, capsys, umask):
+    """model.safetensors like the others: 0644 under the usual umask (a copied or served export is readable)."""
+    import os
+    import stat
+
+    before = os.umask(umask)
+    try:
+        assert gan_accel(["export", runs / "plain", tmp_path / "gan"], capsys)[0] == 0
+    finally:
+        os.umask(before)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "gan").iterdir()}
+    assert modes == dict.fromkeys(["README.md", "config.json", "model.safetensors", "samples.png"], 0o666 & ~umask)
+
+
+def test_the_model_card_names_no_path_of_this_machine(runs, tmp_path, capsys):
+    out = tmp_path / "deep" / "inside" / "my_gan"
+    out.parent.mkdir(parents=True)
+    assert gan_accel(["export", runs / "plain", out], capsys)[0] == 0
+    card = (out / "README.md").read_text()
+    assert str(tmp_path) not in card and "load_generator('my_gan')" in card
+
+
 def test_an_existing_folder_is_never_replaced(runs, tmp_path, capsys):
     out = tmp_path / "taken"
     out.mkdir()
@@ -279,14 +302,15 @@ def test_without_huggingface_hub_the_hub_is_one_line_and_the_export_stays(runs, 
 
 
 def test_a_full_disk_during_export_is_one_line_and_leaves_no_folder(runs, tmp_path, monkeypatch, capsys):
-    from safetensors import SafetensorError
+    import errno
+    import os
 
     import gan_accel.storage.weights as weights
 
-    def full(*args, **kwargs):  # what safetensors raises when the disk fills up under it
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    def full(*args, **kwargs):  # what the file system raises when the disk fills up under the weights' write
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(weights, "save_file", full)
+    monkeypatch.setattr(weights, "write_bytes_synced", full)
     line = error_line(["export", runs / "plain", tmp_path / "out"], capsys)
     assert "No space left on device (ENOSPC)" in line and f"DIR {tmp_path / 'out'}: cannot write it" in line, line
     assert list(tmp_path.iterdir()) == [], "neither the folder nor its temporary twin is left"

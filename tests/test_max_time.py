@@ -68,7 +68,8 @@ def test_durations_read_as_people_write_them(text, seconds):
     assert duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "abc", "2x", "0", "h", "-5"])
+@pytest.mark.parametrize("text", ["", "abc", "2x", "0", "h", "-5", "1..5", "1.5.5", "1h30", "30m1h", "2h2h", "1 2",
+                                  "5.", ".5h", "1hm"])
 def test_a_duration_that_is_not_one_is_refused(text):
     with pytest.raises(argparse.ArgumentTypeError):
         duration(text)

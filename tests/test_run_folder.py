@@ -134,6 +134,14 @@ def test_a_new_run_in_a_folder_that_holds_anything_is_refused_in_one_line(finish
     assert tree(mine) == {"notes.txt": b"mine"}
 
 
+def test_an_output_dir_that_is_a_file_is_named_as_a_file_not_as_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunFolderError) as refused:
+        trainer_for(tmp_path / "notes.txt").fit()
+    assert "notes.txt is a file, not a folder" in str(refused.value) and "holds a run" not in str(refused.value)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_a_run_that_crashed_before_its_first_checkpoint_cannot_be_resumed_or_replaced(tmp_path):
     out = tmp_path / "run"
     trainer = trainer_for(out, checkpoint_every=100)

@@ -518,3 +518,13 @@ def test_a_conditional_run_probes_d_on_its_held_out_images_with_their_labels(tmp
     held = json.loads((out / "data.json").read_text())["held_out"]
     assert len(held) == 3 and all(name.split("/")[0] in CLASSES for name in held)
     assert "health/d_heldout" in read_metrics(out / "metrics.jsonl")[-1]
+
+
+def test_eval_every_on_a_one_image_set_is_one_line_before_training(tmp_path, capsys):
+    """The evaluation needs the spread of at least 2 real images: refused before any step, nothing written."""
+    write_images(tmp_path / "one", 1)
+    out = tmp_path / "run"
+    line = error_line(["train", "--data", tmp_path / "one", "--output-dir", out, "--steps", "2", "--eval-every", "1",
+                       *TINY, "--batch-size", "1"], capsys)
+    assert "--eval-every" in line and "1 readable image" in line and "at least 2" in line, line
+    assert not out.exists()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import torch
 
 from ..pictures.grids import is_image_batch, is_point_batch, save_gif, save_grid, save_scatter
+from ..storage.files import atomic_path
 from ..storage.layout import PROGRESS_GIF, samples_stem
 from .base import Callback
 
@@ -136,5 +137,6 @@ def draw_samples(trainer: "GANTrainer", stem: Path, kind: str = "auto") -> Path:
         return save_scatter(samples, Path(f"{stem}.png"), reference=trainer.reference_samples,
                             title=f"step {trainer.step}")
     path = Path(f"{stem}.pt")
-    torch.save(samples.cpu(), path)
+    with atomic_path(path) as tmp:  # replaces a link there itself, never writes through it
+        torch.save(samples.cpu(), tmp)
     return path

@@ -15,7 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UnsafeFileError
+from ..storage.files import make_own_folder, write_bytes_synced
 from ..storage.layout import TRACKER_IDS, TRACKERS
+from ..storage.reading import read_json
 from ..tracking import missing_tracker_warning, resolve_trackers, tracker_name
 from .base import Callback
 from .sample_saver import draw_samples
@@ -126,7 +129,7 @@ class TrackerLogger(Callback):
             return
         names = [tracker_name(t) for t in acc.log_with]
         project, folder = trainer.config.tracker_project_name, trainer.output_dir / TRACKERS
-        folder.mkdir(parents=True, exist_ok=True)
+        make_own_folder(folder, "the trackers' files")  # a link there would put them outside the run
         saved = _read_ids(folder)
         ids = saved.get(project, {})
         try:
@@ -140,7 +143,8 @@ class TrackerLogger(Callback):
             _store_config(tracker, hyperparameters, continued=tracker_name(tracker) in ids)
         ids = {**ids, **_run_ids(self._owned)}
         if ids:
-            (folder / TRACKER_IDS).write_text(json.dumps({**saved, project: ids}, indent=1, sort_keys=True) + "\n")
+            write_bytes_synced(folder / TRACKER_IDS,
+                               (json.dumps({**saved, project: ids}, indent=1, sort_keys=True) + "\n").encode())
 
     def on_log(self, trainer: "GANTrainer", row: dict[str, Any]) -> None:
         values = {key: int(value) if isinstance(value, numbers.Integral) else float(value)  # non-finite ones too
@@ -205,8 +209,8 @@ def _run_ids(trackers: list[Any]) -> dict[str, str]:
 def _read_ids(folder: Path) -> dict[str, dict[str, str]]:
     """The tracker run ids a resume continues; anything but {project: {tracker: id}} is ignored (a new run)."""
     try:
-        saved = json.loads((folder / TRACKER_IDS).read_text())
-    except (OSError, ValueError, RecursionError):
+        saved = read_json(folder / TRACKER_IDS)
+    except (OSError, ValueError, UnsafeFileError):
         return {}
     if not isinstance(saved, dict):
         return {}

@@ -109,15 +109,20 @@ def fraction(text: str) -> float:
     return value
 
 
-DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0, "": 1.0}
+_NUMBER = r"(\d+(?:\.\d+)?)\s*"
+# Strict: a bare number of seconds alone, or numbers each with its unit, the larger units first, each once
+# (``1..5``, ``1h30`` and ``30m1h`` are refused: a limit read otherwise than meant costs a whole run).
+_DURATION = re.compile(rf"{_NUMBER}|(?:{_NUMBER}d\s*)?(?:{_NUMBER}h\s*)?(?:{_NUMBER}(?:min|m)\s*)?(?:{_NUMBER}s)?")
+_UNIT_SECONDS = (1.0, 86400.0, 3600.0, 60.0, 1.0)  # the groups of _DURATION in order
 
 
 def duration(text: str) -> float:
     """Seconds from ``5400``, ``90m``, ``2h``, ``1h30m`` or ``1d``: a limit as a person writes it."""
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(min|[dhms]?)", text.strip().lower())
-    if not parts or re.sub(r"[\d.\s]|min|[dhms]", "", text.strip().lower()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write 5400, 90m, 2h or 1h30m")
-    seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: write seconds (5400) or numbers with units, "
+                                         "larger first (90m, 2h, 1h30m, 1d)")
+    seconds = sum(float(number) * unit for number, unit in zip(match.groups(), _UNIT_SECONDS) if number is not None)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration > 0")
     return seconds

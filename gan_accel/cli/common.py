@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, Callable
 
 from ..errors import GanAccelError
 from ..storage.checkpoint import is_complete, list_checkpoints
-from ..storage.files import cannot_write, temporary_name
+from ..storage.files import cannot_write, create_new, remove_entry, temporary_name
 from ..storage.run_folder import managing_run
 from ..storage.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EXPORT_WEIGHTS, GENERATOR, RUN_FILES, RUN_MARKS,
                             RUN_PATTERNS, TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
@@ -107,7 +107,8 @@ def check_new_output(out: Path, flag: str = "--out") -> None:
                            "you can write to")
     probe = temporary_name(out)  # a real write, now, not after the work: os.access says yes to root anywhere
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        remove_entry(probe)  # this process id's name: a leftover or a link goes as a name, never followed
+        os.close(create_new(probe, 0o600))
         os.unlink(probe)
     except OSError as error:
         raise cannot_write(out, error, flag) from None
@@ -126,6 +127,7 @@ def write_new_file_with(out: Path, write: Callable[[BinaryIO], Any], flag: str =
     """:func:`write_new_file` of what ``write(handle)`` writes, as it goes (a file larger than memory)."""
     tmp = temporary_name(out)
     try:
+        remove_entry(tmp)  # this process id's name: a leftover or a link goes as a name, never followed
         _write_new_file(out, tmp, write, flag)
     except OSError as error:
         raise cannot_write(out, error, flag) from error

@@ -22,6 +22,7 @@ from ..ending import printable
 from ..storage.checkpoint import list_checkpoints, read_marker
 from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HEALTH, HISTORY, LOCK, METRICS, checkpoint_step,
                             read_json, read_json_lines, read_metrics_tolerant)
+from ..storage.reading import read_text
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
@@ -116,7 +117,7 @@ def _json_file(path: Path, notes: list[str]) -> Any:
         return None
     try:
         return read_json(path)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, GanAccelError) as error:
         notes.append(f"{path.name} is unreadable: {error}")
         return None
 
@@ -159,9 +160,9 @@ def _lock_holder(run: Path) -> dict[str, Any] | None:
     process killed while holding it leaves them, so the pid is checked on this host.
     """
     try:
-        text = (run / LOCK).read_text()
+        text = read_text(run / LOCK)
         holder = json.loads(text) if text.strip() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, GanAccelError):  # a FIFO or a huge file there: no holder to name
         return None
     if not isinstance(holder, dict):
         return None

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..pictures.training_plot import plot_run
 from ..storage.files import atomic_path
+from ..storage.reading import MAX_IMAGE_BYTES, read_bytes
 from ..storage.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
 from .common import CommandError, check_new_output, resolve_run, write_new_file
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     # Drawn aside first (a run without metrics rows is refused here), then put in place: the run's own
     # plot is replaced atomically, an --out is linked in (one that appeared meanwhile is not replaced).
     with tempfile.TemporaryDirectory() as scratch:
-        drawn = plot_run(run_dir, out=Path(scratch) / "plot.png").read_bytes()
+        drawn = read_bytes(plot_run(run_dir, out=Path(scratch) / "plot.png"), MAX_IMAGE_BYTES)
     if out is None:
         path = run_dir / TRAINING_PLOT
         with atomic_path(path) as tmp:

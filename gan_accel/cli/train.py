@@ -19,7 +19,6 @@ into the run folder. The training flags are those of examples/dcgan_mnist.py; de
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -256,7 +255,7 @@ def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, d
     except (OSError, ValueError, AttributeError):
         spec = None
     try:
-        record = json.loads((folder / DATA_RECORD).read_text())
+        record = read_json(folder / DATA_RECORD)  # the one reader: a FIFO or a huge file is one line, not a hang
     except FileNotFoundError:
         record = None  # trained on something else: nothing to compare
     except (OSError, ValueError) as error:
@@ -379,6 +378,9 @@ def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, p
     return TrainConfig(**fields)
 
 
+MIN_EVAL_IMAGES = 2  # the Fréchet distance needs the covariance of the real features
+
+
 def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any,
                     log: Callable[[str], Any]) -> tuple[Any, str]:
     """The :class:`~gan_accel.callbacks.Evaluator` of ``--eval-every``, and the name of its feature space: real
@@ -388,6 +390,10 @@ def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any,
     from ..eval import compute_features
     from ..eval.random_features import choose_features
 
+    if len(data) < MIN_EVAL_IMAGES:  # before any feature extractor is loaded or downloaded, and before training
+        raise DataError(f"--eval-every: {args.data} has {len(data)} readable image, and an evaluation compares the "
+                        f"spread of the real images with the samples', which needs at least {MIN_EVAL_IMAGES}: add "
+                        "images, or leave out --eval-every")
     features, logits, name = choose_features(args.eval_features, device, log)
     real = data.real_images(seed=args.seed)
     # a chunk at a time in float: 10,000 images at 256 px would be 7.9 GB as one float tensor

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import GanAccelError
+from ..errors import GanAccelError, UnsafeFileError
 from ..storage.files import write_bytes_synced
+from ..storage.reading import read_json
 from .image_cache import cache_error
 
 
@@ -102,9 +103,9 @@ def _wait_for(path: Path, builder: Builder) -> None:
     try:
         while True:
             try:
-                if json.loads(path.read_text()).get("state") in ("done", "error"):
+                if read_json(path).get("state") in ("done", "error"):
                     return
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError, UnsafeFileError):  # not written yet, or not ours
                 pass
             if not _alive(builder.pid) or stopped.is_set():
                 break

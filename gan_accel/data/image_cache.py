@@ -38,8 +38,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..errors import DataError
-from ..storage.files import atomic_path, temporary_name, write_bytes_synced
+from ..errors import DataError, UnsafeFileError
+from ..storage.files import atomic_path, remove_entry, temporary_name, write_bytes_synced
+from ..storage.reading import MAX_TENSOR_BYTES, load_array, open_file, read_bytes
+
+MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
 from . import image_decode
 from .image_decode import Preprocessing
 from .image_scan import scan, skip_reason
@@ -90,7 +93,7 @@ def cache_error(error: OSError, root: Path) -> DataError:
 def file_sha256(path: str | os.PathLike) -> str:
     """The SHA-256 of a file's bytes, read in chunks (bounded memory)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_file(path, MAX_TENSOR_BYTES) as handle:
         while chunk := handle.read(8 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -154,11 +157,13 @@ class CacheFolder:
         """The JSON at ``path`` when it is this key's and matches its checksum; None when it is missing, and also
         (with one line to ``say``) when it is damaged, foreign or changed: then it is rebuilt."""
         try:
-            text = path.read_bytes()
+            text = read_bytes(path, MAX_RECORD_BYTES)
         except (FileNotFoundError, NotADirectoryError):  # not there (a cache folder that is a file: said on writing)
             return None
         except OSError as error:
             return self._distrust(path, os.strerror(error.errno) if error.errno else str(error), say)
+        except UnsafeFileError as error:  # a FIFO, a device or a huge file: rebuilt (the write replaces it)
+            return self._distrust(path, str(error), say)
         try:
             data = json.loads(text)
         except ValueError:
@@ -192,8 +197,8 @@ class CacheFolder:
             path = self.file(prep, suffix)
             try:
                 same = file_sha256(path) == expected
-                array = np.load(path, mmap_mode="r", allow_pickle=False) if same else None
-            except (OSError, ValueError) as error:
+                array = load_array(path, mmap=True) if same else None
+            except (OSError, ValueError, UnsafeFileError) as error:
                 same, why = False, f"it cannot be read: {error}"
             else:
                 why = "its bytes do not match the checksum recorded when it was written"
@@ -277,6 +282,16 @@ def preallocate(path: Path) -> None:
         os.close(fd)
 
 
+def fresh_temporaries(final: Path) -> tuple[Path, Path]:
+    """The build's two temporary names beside ``final`` (the array, its compacted copy), each free: this process
+    id's leftovers, or links someone left there, are removed as names, never written through."""
+    tmp = temporary_name(final)
+    compact = tmp.with_name(tmp.name + ".compact")
+    for leftover in (tmp, compact):
+        remove_entry(leftover)
+    return tmp, compact
+
+
 def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, names: Sequence[str], workers: int,
                  progress: Callable[[int], Any] | None = None) -> list[tuple[str, str]]:
     """Decode ``names`` into ``<prep>.npy`` (and ``.strips.npy``); returns the (name, reason) of failures.
@@ -289,8 +304,7 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
     final = folder.file(prep, ".npy")
     final.parent.mkdir(parents=True, exist_ok=True)
     clear_stale_temporaries(final.parent)
-    tmp = temporary_name(final)
-    compact = tmp.with_name(tmp.name + ".compact")
+    tmp, compact = fresh_temporaries(final)
     failed: list[tuple[str, str]] = []
     try:
         shape = (n, prep.channels, prep.resolution, prep.width)

@@ -38,8 +38,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..ending import printable
-from ..errors import DataError
+from ..errors import DataError, UnsafeFileError
 from ..storage.files import free_space, write_bytes_synced
+from ..storage.reading import load_array
 from ..storage.layout import (CHECKPOINTS, CLASS_NAMES, DATA_RECORD, EXPORT_WEIGHTS, GENERATOR, HISTORY, SKIPPED_FILES,
                               read_json)
 from . import image_cache, image_decode
@@ -151,7 +152,7 @@ class ImageData:
         if self._dataset is None:
             if self.cached:
                 random = self.prep.crop == "random"
-                strips = np.load(self.cache.file(self.prep, ".strips.npy"), allow_pickle=False) if random else None
+                strips = load_array(self.cache.file(self.prep, ".strips.npy")) if random else None
                 self._dataset = UInt8ImageDataset(self.cache.file(self.prep, ".npy"), self.labels, strips=strips,
                                                   resolution=self.prep.resolution, seed=seed)
             else:
@@ -199,7 +200,7 @@ class ImageData:
         """Rows of the data set as uint8 (N, C, R, R), centre crops, no flips, and the rows they are (a file
         that turned bad after the scan is left out, as training skips it)."""
         if self.cached and self.prep.crop == "center":  # the memory-mapped cache holds exactly these crops
-            array = np.load(self.cache.file(self.prep, ".npy"), mmap_mode="r", allow_pickle=False)
+            array = load_array(self.cache.file(self.prep, ".npy"), mmap=True)
             return torch.from_numpy(np.ascontiguousarray(array[rows])), [int(row) for row in rows]
         centre, decoded, kept = replace(self.prep, crop="center"), [], []
         for row in rows:
@@ -397,7 +398,7 @@ def check_not_a_run(data: str | os.PathLike) -> None:
         return
     try:
         trained_on = f" ({DATA_RECORD} names {printable(str(read_json(folder / DATA_RECORD)['source']))})"
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, UnsafeFileError):  # only a detail of the message
         trained_on = ""
     raise DataError(f"{printable(str(data))} is a gan_accel run folder, not a folder of training images (its images "
                     f"are the run's sample grids and plots): pass the images the run trained on{trained_on}")

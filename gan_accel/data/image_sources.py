@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import DataError, GanAccelError
+from ..storage.reading import RefusedFile, not_regular, open_checked
 
 MAX_FILE_BYTES = 512 << 20  # the largest image file read (a 64-megapixel 16-bit RGB TIFF is 384 MiB)
 MAX_RATIO = 100  # a ZIP member above BOMB_FLOOR bytes that inflates more than this is no image (zeros: ~1,000x)
@@ -50,44 +51,11 @@ def _ignored(part: str) -> bool:
     return part.startswith(".") or part in IGNORED_NAMES
 
 
-class RefusedFile(OSError):
-    """A file skipped before it is read: its message is the reason the scan lists."""
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
-
-
-def not_regular(mode: int) -> str:
-    """Why a file of this ``st_mode`` is refused ("not a regular file: a FIFO"), or "" for a regular file."""
-    if stat.S_ISREG(mode):
-        return ""
-    kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
-    return f"not a regular file: {kind}"
-
-
 def open_regular(path: str | os.PathLike, limit: int | None = None) -> IO[bytes]:
     """Open ``path`` for reading only when it is a regular file of at most ``limit`` bytes (default
     ``MAX_FILE_BYTES``); raises :class:`RefusedFile` otherwise. Checked before opening (a FIFO would block, a
     device may act on open) and again on the open handle (the file may have been swapped in between)."""
-    limit = MAX_FILE_BYTES if limit is None else limit
-
-    def check(info: os.stat_result) -> None:
-        reason = not_regular(info.st_mode)
-        if not reason and info.st_size > limit:
-            reason = f"too large: {info.st_size:,} bytes, more than the {limit:,} an image file may have"
-        if reason:
-            raise RefusedFile(reason)
-
-    check(os.stat(path))
-    # non-blocking: a FIFO swapped in after the check does not hang the open
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    try:
-        check(os.fstat(fd))
-    except RefusedFile:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
+    return open_checked(path, MAX_FILE_BYTES if limit is None else limit, "an image file")
 
 
 def _inside(path: str, root: str) -> bool:

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..errors import DataError
+from ..storage.reading import load_array
 from . import image_decode
 from .image_decode import Preprocessing
 from .image_scan import skip_reason
@@ -84,7 +85,7 @@ class UInt8ImageDataset(Dataset):
     def array(self) -> Tensor | np.ndarray:
         """The images: the tensor, or the read-only memory map of the file."""
         if self._array is None:
-            self._array = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            self._array = load_array(self.path, mmap=True)
         return self._array
 
     def __len__(self) -> int:

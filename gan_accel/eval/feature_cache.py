@@ -33,16 +33,15 @@ def _sha256(features: Tensor) -> str:
 
 def _read(path: Path, fingerprint: str, space: str, count: int) -> tuple[Tensor | None, str]:
     """The cached features, or None and why they cannot be used."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
-    from ..data.image_sources import open_regular
+    from ..storage.reading import open_safetensors
 
     try:
-        open_regular(path, limit=1 << 31).close()  # a regular file of sane size before safetensors maps it
-        with safe_open(str(path), framework="pt") as handle:
+        with open_safetensors(path) as handle:  # a regular file of sane size before safetensors maps it
             meta: dict[str, Any] = handle.metadata() or {}
             features = handle.get_tensor(KEY)
-    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError) as error:
+    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError) as error:  # UnsafeFileError too
         return None, f"it cannot be read: {str(error).strip().splitlines()[0] if str(error).strip() else error!r}"
     if meta.get("fingerprint") != fingerprint or meta.get("space") != space:
         return None, "it was computed from other data or in another feature space"

@@ -15,9 +15,10 @@ from torch import Tensor, nn
 
 from ..data.loader import uint8_to_float
 from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
-from ..errors import ConfigError, GanAccelError
-from ..storage.files import atomic_path
-from ..storage.safe_tree import check_regular_file
+from ..errors import ConfigError, GanAccelError, NonFiniteWeightsError
+from ..storage.files import write_bytes_synced
+from ..storage.finite import check_finite
+from ..storage.reading import load_safetensors
 from .feature_cache import cache_dir
 from .features import compute_features
 
@@ -88,16 +89,19 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
                              **train_kwargs: Any) -> MnistClassifier:
     """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
     cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save
 
     path = Path(cache_path)
     if path.exists():
         try:
-            check_regular_file(path)
-            state = load_file(str(path))  # safetensors: tensors only, nothing in the file can run
+            state = load_safetensors(path)  # safetensors: tensors only, nothing in the file can run
         except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
             raise ClassifierCacheError(f"cannot read cached MNIST classifier {path} ({_short_reason(exc)}); "
                                        "delete the file to retrain it") from None
+        try:  # a judge with NaN weights would score every generator as nonsense, and say nothing
+            check_finite(state, path, fix="delete the file to retrain it")
+        except NonFiniteWeightsError as error:
+            raise ClassifierCacheError(f"cached MNIST classifier {error}") from None
         model = MnistClassifier()
         try:
             model.load_state_dict(state)
@@ -107,8 +111,8 @@ def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labe
         return model.eval()
 
     model = train_mnist_classifier(images, labels, **train_kwargs)
-    with atomic_path(path) as tmp:  # per-process temporary name: concurrent runs never clash
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    # per-process temporary name (concurrent runs never clash), the umask's mode (safetensors' writer makes 0600)
+    write_bytes_synced(path, save({k: v.contiguous() for k, v in model.state_dict().items()}))
     return model
 
 

@@ -56,7 +56,8 @@ def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, e
     """Write the new folder ``out_dir``: the generator of a run or a checkpoint with its model card and grid.
 
     ``ema=False``: the raw G. ``num_samples``, ``seed``: the card's grid. ``license``: the card's metadata.
-    ``repo_id``: what the card's snippet loads (default: ``out_dir``). Returns ``out_dir``.
+    ``repo_id``: what the card's snippet loads (default: the folder's name, as loaded from beside it; never a
+    path of this machine). Returns ``out_dir``.
     """
     from .load import load_generator
 
@@ -65,7 +66,8 @@ def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, e
     run = checkpoint_run_folder(source) if is_complete(source) else source
     config = {**G.info, "scores": scores_of(run)}  # evaluations written after the run's end count too
     grid = sample_grid(G, config["model"], num_samples, seed)
-    card = model_card(config, repo_id or str(out_dir), sum(p.numel() for p in G.parameters()), license)
+    # The folder's name, not its path: a card is shared, and this machine's folders are no one else's business.
+    card = model_card(config, repo_id or out.name, sum(p.numel() for p in G.parameters()), license)
 
     def fill(folder: Path) -> None:
         save_generator(folder, G, config)

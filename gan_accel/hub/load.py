@@ -16,23 +16,23 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models import build_generator, normalize_spec
 from ..storage.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
-from ..storage.layout import (CHECKPOINTS, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES, EXPORT_WEIGHTS,
-                            GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder, read_json)
+from ..storage.layout import (CHECKPOINTS, EMA_STATE, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES,
+                              EXPORT_WEIGHTS, GENERATOR, RAW_GENERATOR, checkpoint_name, checkpoint_run_folder,
+                              read_json)
 from ..storage.files import first_line
-from ..storage.safe_tree import check_regular_file
+from ..storage.finite import check_finite
+from ..storage.reading import check_regular_file, load_safetensors, open_safetensors
 from ..storage.weights import FORMAT, FORMAT_VERSION, generator_config
 from .export import ExportError
 
 HUB_HINT = "pip install 'gan_accel[hub]'"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-EMA_STATE = "generator_ema"  # the EMA callback's state in a checkpoint
 # What a recorded model spec may ask for (checked before anything is built): far above any model gan_accel
 # trains, far below a size that would exhaust memory by itself.
 SPEC_BOUNDS = {"z_dim": 65_536, "width": 8_192, "d_width": 8_192, "image_size": 8_192, "channels": 64,
@@ -200,9 +200,11 @@ def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None =
         raise CheckpointError(f"{source}: the weights do not fit the model its recorded spec describes ({k}: "
                               f"{shapes.get(k, 'absent')} in the file, {expected.get(k, 'absent')} in the spec): the "
                               "file is damaged, or its config was edited; export the run again")
+    state = load_safetensors(source) if weights is None else weights
+    check_finite(state, source, "tensor" if weights is None else "the EMA of G's tensor")  # never a black grid
     G = build_generator(spec)
     try:
-        G.load_state_dict(load_file(str(source)) if weights is None else weights)
+        G.load_state_dict(state)
     except RuntimeError as error:  # the shapes matched: a dtype or an odd tensor
         raise CheckpointError(f"the weights in {source} do not fit the generator its config describes: "
                               f"{str(error).strip().splitlines()[0]}") from None
@@ -212,8 +214,7 @@ def _build(spec: Any, source: Path, weights: Mapping[str, torch.Tensor] | None =
 def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor of a safetensors file, from its header (no tensor is read)."""
     try:
-        check_regular_file(weights)
-        with safe_open(str(weights), framework="pt") as handle:
+        with open_safetensors(weights) as handle:
             return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{weights} is not a readable safetensors file (truncated or corrupt?): "

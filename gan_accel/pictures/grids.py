@@ -6,12 +6,14 @@ from __future__ import annotations
 import io
 import os
 import struct
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 import torch
 
 from ..storage.files import atomic_path
+from ..storage.reading import MAX_IMAGE_BYTES, open_file
 from .charts import PlotArea
 
 if TYPE_CHECKING:
@@ -124,7 +126,8 @@ def write_gif(out: BinaryIO, frames: list[str | os.PathLike | BinaryIO], frame_m
     from PIL import Image
 
     for index, frame in enumerate(frames):
-        with Image.open(frame) as image:
+        opened = open_file(frame, MAX_IMAGE_BYTES) if isinstance(frame, (str, os.PathLike)) else frame
+        with opened if opened is not frame else nullcontext(), Image.open(opened) as image:
             single = io.BytesIO()
             _gif_ready(image).save(single, format="GIF")
         width, height, table, descriptor, data = _gif_parts(single.getvalue())

@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 from accelerate import Accelerator
+from safetensors import SafetensorError
 from torch import nn
 
 from ..ending import raise_together, run_together
-from ..errors import CheckpointError, RunFolderError, UnsafeFileError
-from .files import first_line, is_write_failure, write_failure_reason
-from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
+from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
+from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
+                    remove_tree, write_failure_reason)
+from .finite import check_finite
+from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
+from .reading import load_safetensors, read_json
 from .safe_tree import load_tree, save_tree
+from .weights import state_dict_reason
 
 SHARED_STATE = "shared: saved by the main process"  # a callback state that only gan_accel_state_0's file holds
 ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
@@ -38,8 +42,8 @@ ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an e
 def read_marker(path: Path) -> dict[str, Any]:
     """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object."""
     try:
-        marker = json.loads((path / COMPLETE).read_text() or "{}")
-    except (OSError, ValueError, RecursionError):
+        marker = read_json(path / COMPLETE) if os.path.getsize(path / COMPLETE) else {}
+    except (OSError, ValueError, UnsafeFileError):  # a FIFO, a device or a huge file there is no marker either
         return {}
     return marker if isinstance(marker, dict) else {}
 
@@ -105,9 +109,9 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
             if os.path.lexists(final):
                 raise RunFolderError(f"cannot write checkpoint {final}: that folder exists, and a run never replaces "
                                      "a checkpoint; move it away, then resume")
-            if tmp.is_dir() and not tmp.is_symlink():  # this run's save of this step, cut short by a crash
-                shutil.rmtree(tmp)
-            root.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(tmp):  # this run's save of this step, cut short by a crash (a link: only the link)
+                remove_tree(tmp)
+            make_own_folder(root, "the run's checkpoints")  # never into a folder a link points to
 
     def write_own_files() -> None:
         accelerator.save_state(str(tmp))
@@ -138,14 +142,16 @@ def written_by(checkpoint: Path, run_id: str | None) -> bool:
 
 def _prune(checkpoint: Path) -> None:
     """Remove an old checkpoint of this run: ``COMPLETE`` first (from then on the folder is no checkpoint), then
-    the files it lists as the save's, then the folders left empty. Anything else in it stays."""
+    the files it lists as the save's, then the folders left empty. Anything else in it stays, and nothing is
+    removed through a link: a listed file below a linked folder is left alone, a listed link goes itself."""
     listed = read_marker(checkpoint).get("files")
     try:
         (checkpoint / COMPLETE).unlink()
         for name in listed if isinstance(listed, list) else []:
-            if isinstance(name, str) and ".." not in Path(name).parts and not Path(name).is_absolute():
-                (checkpoint / name).unlink(missing_ok=True)
-        for folder in sorted((d for d, _, _ in os.walk(checkpoint)), reverse=True):  # the deepest first
+            if isinstance(name, str) and ".." not in Path(name).parts and not Path(name).is_absolute() \
+                    and not has_link_between(checkpoint, Path(name).parent):
+                remove_entry(checkpoint / name)
+        for folder in sorted((d for d, _, _ in os.walk(checkpoint)), reverse=True):  # the deepest first; no links
             try:
                 os.rmdir(folder)  # only ever an empty folder
             except OSError:
@@ -199,7 +205,9 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
             check_checkpoint_files(path)
         except UnsafeFileError as error:
             raise UnsafeFileError(f"{error}; resume from another checkpoint of the run ({_others(path)})") from None
-        return _with_shared_states(path, read_engine_state(path, rank), rank)
+        engine_state = _with_shared_states(path, read_engine_state(path, rank), rank)
+        check_weights_finite(path, engine_state, rank)
+        return engine_state
 
     # Agreed: a file only one process reads (its engine state) must not leave the others waiting in load_state.
     engine_state = run_together(accelerator, read)
@@ -207,9 +215,27 @@ def load_checkpoint(accelerator: Accelerator, path: Path, rank: int) -> dict[str
         accelerator.load_state(str(path))
     except Exception as error:  # safetensors, pickle and load_state_dict errors have no common base
         hint = " (a model of another shape or width?)" if "size mismatch" in str(error) or "Missing key" in str(error) else ""
-        raise CheckpointError(f"cannot restore {path}{hint}: {first_line(error)}") from error
+        raise CheckpointError(f"cannot restore {path}{hint}: {state_dict_reason(error)}") from error
     check_rng_restored(accelerator, path)
     return engine_state
+
+
+def check_weights_finite(path: Path, engine_state: dict[str, Any], rank: int) -> None:
+    """Refuse a checkpoint whose networks' weights (Accelerate's ``model*.safetensors``) or EMA of G hold NaN or
+    inf, naming the file and the tensor: resumed, they would diverge at once and the blame fall elsewhere."""
+    try:
+        for file in sorted(path.glob("model*.safetensors")):
+            try:
+                tensors = load_safetensors(file)
+            except (SafetensorError, OSError, ValueError) as error:  # truncated or foreign
+                raise CheckpointError(f"cannot read {file} (truncated or corrupt?): {first_line(error)}; resume from "
+                                      f"another checkpoint of the run ({_others(path)})") from None
+            check_finite(tensors, file)
+        average = engine_state.get("callbacks", {}).get(EMA_STATE)
+        if isinstance(average, dict) and isinstance(average.get("module"), dict):
+            check_finite(average["module"], path / ENGINE_STATE.format(rank=rank), "the EMA of G's tensor")
+    except NonFiniteWeightsError as error:
+        raise NonFiniteWeightsError(f"{error} ({_others(path)})") from None
 
 
 def _others(path: Path) -> str:
@@ -303,7 +329,7 @@ def non_finite_parts(networks: dict[str, nn.Module], unwrap: Any = None) -> list
 
 
 def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
+    with os.fdopen(create_new(path), "w") as handle:  # a new file in the save's own folder, never through a link
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())

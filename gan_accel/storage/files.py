@@ -1,16 +1,28 @@
-"""Atomic file writes (a reader or a resumed run never sees half a file), and write failures in words."""
+"""Atomic file writes (a reader or a resumed run never sees half a file), and write failures in words.
+
+Nothing is written, truncated or deleted through a symbolic link: a file gan_accel creates is created anew
+(``O_EXCL | O_NOFOLLOW``: never opened through a link someone left under its name), a file it keeps open (the
+lock, the logs) is opened with ``O_NOFOLLOW`` and refused in one line when a link stands there, a rename
+replaces a link itself, and a removal unlinks a link itself, never what it points to.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import re
+import shutil
 import socket
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunFolderError
+
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # 0 on Windows, whose links need privileges to make
+CLOSE_ON_EXEC = getattr(os, "O_CLOEXEC", 0)
+NON_BLOCKING = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not wait for a writer
 
 
 def temporary_name(path: Path) -> Path:
@@ -19,12 +31,82 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
 
 
+def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
+    """A descriptor of a file created at ``path`` for writing; refused (``FileExistsError``) when anything, a link
+    included, stands there. The mode is ``mode`` less the umask, as for any file the user creates."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | CLOSE_ON_EXEC, mode)
+
+
+def open_kept_file(path: str | os.PathLike, flags: int, what: str) -> int:
+    """A descriptor of a file of the run that is opened in place (the lock, an appended log), created when absent.
+    A link, a FIFO, a device or a folder there is refused with :class:`RunFolderError` in one line: writing through
+    it would change a file outside the run (or wait forever on a FIFO)."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | NO_FOLLOW | NON_BLOCKING | CLOSE_ON_EXEC, 0o666)
+    except OSError as error:
+        if error.errno == errno.ELOOP or os.path.islink(path):
+            raise RunFolderError(f"{path} is a symbolic link, and gan_accel never writes {what} through a link (it "
+                                 "would change a file outside the run): remove the link, then run again") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunFolderError(f"{path} is not a regular file (a FIFO, device or folder stands where {what} goes): "
+                             "remove it, then run again")
+    return fd
+
+
+def remove_entry(path: str | os.PathLike) -> None:
+    """Remove the file or link ``path`` (a link itself, never its target); an absent one is no error."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove the folder ``path`` and what it holds; a link is unlinked itself, and a link inside is never
+    descended into (``shutil.rmtree`` removes links as links)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        remove_entry(path)
+    else:
+        shutil.rmtree(path)
+
+
+def has_link_between(root: str | os.PathLike, relative: str | os.PathLike) -> bool:
+    """Whether any part of ``root/relative`` below ``root`` is a symbolic link (so that it may lead out of
+    ``root``); an absent part ends the walk (nothing there to follow)."""
+    path = Path(root)
+    for part in Path(relative).parts:
+        path = path / part
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return True
+        except OSError:
+            return False
+    return False
+
+
+def make_own_folder(path: str | os.PathLike, what: str) -> Path:
+    """Create the folder ``path`` of the run (parents too) when absent; refuse, in one line, a link standing there
+    (the run would write its files into the folder it points to, outside the run)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise RunFolderError(f"{path} is a symbolic link, and gan_accel never writes {what} through a link (they "
+                             "would land outside the run): remove the link, then run again")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``, renamed over ``path`` on success (atomic), removed on failure."""
+    """Yield a temporary path beside ``path``, renamed over ``path`` on success (atomic), removed on failure.
+    The temporary file is created here, anew (a link left under its name is removed first, never followed), so
+    whatever the caller writes lands in it; the rename replaces a link at ``path`` itself, not its target."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
+    remove_entry(tmp)  # a killed writer's leftover of this process id, or a link: its name, never its target
+    os.close(create_new(tmp))
     try:
         yield tmp
         os.replace(tmp, path)
@@ -41,7 +123,7 @@ def first_line(error: BaseException) -> str:
 def write_bytes_synced(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` atomically and flush it to disk; a failure raises ``OSError`` with its errno."""
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as handle:
+        with open(tmp, "r+b") as handle:  # the file atomic_path created: opening it creates nothing
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -119,9 +201,12 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
     except OSError as error:
         raise cannot_write(out, error, flag) from error
     tmp = temporary_name(out)
+    made = False
     try:
         try:
+            remove_tree(tmp)  # a killed export of this process id, or a link: never what a link points to
             tmp.mkdir()
+            made = True
             fill(tmp)
             os.rename(tmp, out)  # replaces only the empty folder claimed above
         except Exception as error:  # safetensors' writer reports a full disk as its own error, not an OSError
@@ -129,10 +214,8 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
                 raise
             raise cannot_write(out, error, flag) from error
     except BaseException:
-        if tmp.is_dir():
-            for file in tmp.iterdir():
-                file.unlink()
-            tmp.rmdir()
+        if made:  # only the folder made here, and what was written into it
+            remove_tree(tmp)
         try:
             out.rmdir()  # the claimed folder, only while it is empty (never someone else's files)
         except OSError:

@@ -37,7 +37,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .files import write_bytes_synced
+from . import reading
+from .files import open_kept_file, write_bytes_synced
+from .reading import MAX_LOG_BYTES, read_text
 
 # -- the run folder -------------------------------------------------------------------------------------
 CONFIG = "config.json"
@@ -67,6 +69,7 @@ COMPLETE = "COMPLETE"
 ENGINE_STATE = "gan_accel_state_{rank}.safetensors"
 RAW_GENERATOR = "model.safetensors"  # Accelerate's name for the first prepared model, which is G
 RNG_STATE = "random_states_{rank}.pkl"  # Accelerate's
+EMA_STATE = "generator_ema"  # the EMA callback's state in an engine state (its "module": the EMA of G's tensors)
 
 # -- an exported generator (gan_accel.hub) --------------------------------------------------------------
 EXPORT_CONFIG = CONFIG
@@ -120,7 +123,8 @@ def is_run_folder(path: str | os.PathLike) -> bool:
 def append_line(path: str | os.PathLike, row: dict[str, Any]) -> None:
     """Append one JSON line and flush it to disk, so a crash loses at most the line being written. A last line
     left without its newline by a crash is completed first, so the new line never joins it."""
-    with open(path, "ab+") as handle:
+    fd = open_kept_file(path, os.O_RDWR | os.O_APPEND, Path(path).name)  # never appended through a link
+    with os.fdopen(fd, "ab+") as handle:
         if handle.seek(0, os.SEEK_END) > 0:
             handle.seek(-1, os.SEEK_END)
             if handle.read(1) != b"\n":
@@ -138,7 +142,7 @@ def read_json_lines(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]
     rows, skipped = [], 0
     if not Path(path).is_file():
         return rows, skipped
-    for line in Path(path).read_text(errors="replace").splitlines():
+    for line in read_text(path, MAX_LOG_BYTES, errors="replace").splitlines():
         if not line.strip():
             continue
         try:
@@ -178,8 +182,6 @@ def write_json(path: str | os.PathLike, value: Any) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """A JSON file of the run (config.json, best.json, eval.json, ...). Raises ``OSError`` or ``ValueError``."""
-    try:
-        return json.loads(Path(path).read_text())
-    except RecursionError:  # nested deeper than the parser goes: not a file gan_accel wrote
-        raise ValueError(f"{path} is nested too deeply to be one of gan_accel's JSON files") from None
+    """A JSON file of the run (config.json, best.json, eval.json, ...), through the one reader. Raises ``OSError``,
+    ``ValueError``, or :class:`~gan_accel.errors.UnsafeFileError` for a FIFO, a device or a file too large."""
+    return reading.read_json(path)

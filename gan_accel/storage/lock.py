@@ -1,7 +1,8 @@
 """One writer per run folder: ``fcntl.flock`` on ``<run>/.lock``, held by the main process for the run's life.
 
 The kernel releases it however the holder exits (crash, SIGKILL), so a dead process's lock is never obeyed.
-The file records the holder (host, pid, start time) for the message a second run gets.
+The file records the holder (host, pid, start time) for the message a second run gets. It is opened without
+following a link: a ``.lock`` that is a link (or a FIFO, a device) is refused in one line, never truncated.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..errors import RunFolderError
-from .files import write_failure_reason
+from .files import open_kept_file, write_failure_reason
 from .layout import LOCK
 
 try:
@@ -38,7 +39,7 @@ class RunLock:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_kept_file(self.path, os.O_RDWR, "the run's lock")
         except OSError as error:  # the first write of a run: an unusable folder stops it before any work
             raise RunFolderError(f"cannot use output folder {self.path.parent}: {write_failure_reason(error)} "
                                  f"(at {error.filename}); choose a writable output_dir") from None

@@ -20,7 +20,8 @@ import torch
 
 from ..errors import UnsafeFileError
 from .files import first_line
-from .safe_tree import check_regular_file, check_tree_file
+from .reading import check_regular_file, load_weights_only
+from .safe_tree import check_tree_file
 
 PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
 SAFE_PICKLES = "tensors, containers and plain values"
@@ -71,11 +72,13 @@ def load_pickle(path: str | Path, numpy: bool = False, mmap: bool = False) -> An
         with warnings.catch_warnings(), _allowed(numpy_globals() if numpy else []):
             warnings.simplefilter("ignore")  # torch notes the pickle protocol; the verdict is ours to say
             try:
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+                return load_weights_only(path, mmap=mmap)
             except RuntimeError as error:
                 if not (mmap and "mmap can only be used" in str(error)):
                     raise
-                return torch.load(path, map_location="cpu", weights_only=True)  # an old (non-zip) torch.save file
+                return load_weights_only(path)  # an old (non-zip) torch.save file
+    except UnsafeFileError:
+        raise
     except Exception as error:
         raise unsafe_or_corrupt(path, error) from None
 

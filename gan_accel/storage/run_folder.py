@@ -27,7 +27,10 @@ def check_new_run(path: str | os.PathLike) -> None:
     """Refuse, in one line, to start a new run in ``path`` unless it is absent or empty (a ``.lock`` alone
     counts as empty: a run stopped before writing anything)."""
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(p.name != LOCK for p in path.iterdir())):
+    if path.exists() and not path.is_dir():  # a file, a FIFO, a device: no run, and no folder for one either
+        raise RunFolderError(f"{path} is a file, not a folder: name a folder for the run's output (absent or empty), "
+                             "e.g. beside it")
+    if path.exists() and any(p.name != LOCK for p in path.iterdir()):
         raise RunFolderError(f"{path} holds a run: {CONTINUE_OR_MOVE}")
 
 
@@ -83,9 +86,32 @@ def managing_run(path: str | os.PathLike) -> tuple[Path, str] | None:
     return None
 
 
+# What a run writes into, appends to or keeps open in place: a link standing there would carry the writes
+# outside the run (files the run replaces whole are renamed over a link, which replaces the link itself).
+WRITTEN_IN_PLACE = (CHECKPOINTS, GENERATOR, TRACKERS, LOCK, HISTORY, METRICS)
+
+
+def link_inside(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot hold a run (one line with the fix) when a link, or for a file a FIFO, device or folder,
+    stands where the run writes in place."""
+    for name in WRITTEN_IN_PLACE:
+        entry = Path(path) / name
+        if entry.is_symlink():
+            return (f"{entry} is a symbolic link, and a run never writes through a link (its files would land outside "
+                    "the run): remove the link; to keep a run on another disk, put the whole output_dir there (the "
+                    "output_dir itself may be a link)")
+        if name in (LOCK, HISTORY, METRICS) and entry.exists() and not entry.is_file():
+            return f"{entry} is not a regular file (a FIFO, device or folder stands where the run writes): remove it"
+    return None
+
+
 def output_dir_refusal(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be a run's ``output_dir`` (one line with the fix), or None: it lies inside another
-    run's ``checkpoints/`` or ``trackers/``, or its own ``checkpoints/`` is another run's folder."""
+    run's ``checkpoints/`` or ``trackers/``, its own ``checkpoints/`` is another run's folder, or a link stands
+    where the run writes in place (:data:`WRITTEN_IN_PLACE`)."""
+    inside = link_inside(path)
+    if inside is not None:
+        return inside
     owner = managing_run(path)
     if owner is not None:
         run, area = owner

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +20,7 @@ import torch
 
 from ..errors import CheckpointError, UnsafeFileError
 from .files import first_line, write_bytes_synced
+from .reading import open_safetensors
 
 TREE_KEY = "gan_accel_tree"
 FORMAT = "gan_accel.tree/1"
@@ -105,11 +105,8 @@ def check_tree_file(path: str | os.PathLike) -> None:
 
 
 def _read(path: Path, with_tensors: bool) -> Any:
-    from safetensors import safe_open
-
-    check_regular_file(path)
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with open_safetensors(path) as handle:  # a regular file of bounded size, or one line naming it
             text = (handle.metadata() or {}).get(TREE_KEY)
             if text is None:
                 raise _refuse(path, f"it has no {TREE_KEY!r} entry in its metadata (not a gan_accel state file)")
@@ -126,18 +123,6 @@ def _read(path: Path, with_tensors: bool) -> Any:
     except Exception as error:  # safetensors' own errors for a truncated or foreign file, OSError
         raise _refuse(path, f"it is not a readable safetensors file (truncated or corrupt?): {first_line(error)}") \
             from None
-
-
-def check_regular_file(path: Path) -> None:
-    """Refuse, in one line, a path that is not a regular file (a FIFO would block a reader forever, a device
-    never ends); a symbolic link to a regular file is read as that file."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as error:
-        raise UnsafeFileError(f"cannot read {path}: {os.strerror(error.errno) if error.errno else error}") from None
-    if not stat.S_ISREG(mode):
-        raise UnsafeFileError(f"{path} is not a regular file (a FIFO, device or folder): gan_accel reads only "
-                              "regular files; replace it with the file it stands for")
 
 
 def _parse(path: Path, text: str) -> Any:

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save
 from torch import nn
 
-from ..errors import CheckpointError
-from .files import atomic_path, first_line
+from ..errors import CheckpointError, UnsafeFileError
+from .files import atomic_path, first_line, make_own_folder, write_bytes_synced
+from .finite import check_finite
+from .reading import load_safetensors
 from .layout import BEST, CLASS_NAMES, DATA_RECORD, EVAL, EXPORT_CONFIG, EXPORT_WEIGHTS, read_json
 
 FORMAT = "gan_accel.generator"
@@ -25,11 +27,23 @@ FORMAT_VERSION = 1
 
 
 def save_weights(module: nn.Module, path: str | os.PathLike) -> Path:
-    """Write ``module``'s state dict atomically as safetensors."""
+    """Write ``module``'s state dict atomically as safetensors, with the mode of any file the user creates (the
+    umask's: 0644 as a rule; safetensors' own writer makes 0600, unreadable to others once copied or served)."""
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_bytes_synced(path, save(state, metadata={"format": "pt"}))
     return Path(path)
+
+
+def state_dict_reason(error: BaseException) -> str:
+    """Why ``load_state_dict`` refused (its first line is only ``Error(s) in loading state_dict for X:``): the first
+    reason, a size mismatch before missing or unexpected keys, and how many more there are."""
+    head, *rest = str(error).strip().splitlines() or [""]
+    lines = [line.strip() for line in rest if line.strip()]
+    if not head.startswith("Error(s) in loading state_dict") or not lines:
+        return first_line(error)
+    lines.sort(key=lambda line: not line.startswith("size mismatch"))  # the shape names the cause best
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return lines[0][:300] + more
 
 
 def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
@@ -39,16 +53,17 @@ def load_weights(module: nn.Module, path: str | os.PathLike) -> nn.Module:
     if not path.is_file():
         raise CheckpointError(f"no weights file at {path}: pass the generator/model.safetensors of a finished run")
     try:
-        state = load_file(str(path))
+        state = load_safetensors(path)
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
                               f"{first_line(error)}") from None
+    check_finite(state, path)
     try:
         module.load_state_dict(state)
     except RuntimeError as error:
         raise CheckpointError(
             f"{path} does not fit {type(module).__name__}: was it saved from a model of another shape or width? "
-            f"{str(error).splitlines()[0]}"
+            f"{state_dict_reason(error)}"
         ) from error
     return module
 
@@ -57,7 +72,7 @@ def _read_optional(path: Path) -> Any:
     """A JSON file of the run, or None when it is missing or unreadable (writing G never fails for it)."""
     try:
         return read_json(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UnsafeFileError):  # a FIFO or a huge file there is no record either
         return None
 
 
@@ -107,7 +122,7 @@ def generator_config(config: dict[str, Any], step: Any, ema: bool, has_ema: bool
 
 def save_generator(folder: Path, G: nn.Module, config: dict[str, Any]) -> None:
     """Write ``model.safetensors`` (G's weights) and then ``config.json`` into ``folder``, each file atomically."""
-    folder.mkdir(exist_ok=True)
+    make_own_folder(folder, "the generator")  # a link there would put G outside the run
     save_weights(G, folder / EXPORT_WEIGHTS)
     with atomic_path(folder / EXPORT_CONFIG) as tmp:
         tmp.write_text(json.dumps(config, indent=2, default=str) + "\n")
