@@ -189,8 +189,9 @@ def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | N
     return recorded_data, args.model
 
 
-def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log: Callable[[str], Any]) -> None:
-    """The settings left out, from the recipe's row (its width only for its own family), said in one line."""
+def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log: Callable[[str], Any]) -> set[str]:
+    """The settings left out, from the recipe's row (its width only for its own family), said in one line that
+    names what the run uses (the flags given marked); returns the names filled."""
     filled = {"loss": recipe.loss, "lr_g": recipe.lr, "lr_d": recipe.lr, "beta1": recipe.beta1,
               "beta2": recipe.beta2, "r1_every": recipe.r1_every, "ema_decay": recipe.ema_decay,
               "augment": recipe.augment}
@@ -201,18 +202,22 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
     if args.width is None and family == recipe.model and recipe.width:
         filled["width"] = recipe.width
     left_out = {name: value for name, value in filled.items() if getattr(args, name) is None}
-    args.given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p") if getattr(args, name) is not None
-                  and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
-    if args.conditional:  # no penalties to ramp
-        args.given |= {"r1_gamma", "r2_gamma"}
+    given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p", "width") if getattr(args, name) is not None
+             and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
+    args.given = given | ({"r1_gamma", "r2_gamma"} if args.conditional else set())  # conditional: no penalties to ramp
     for name, value in left_out.items():
         setattr(args, name, value)
     if args.steps is None and args.epochs is None and args.images is None:
         args.steps = recipe.steps
-    if left_out:
+        left_out["steps"] = recipe.steps
+    if set(left_out) - {"steps"}:
+        settled = {name: getattr(args, name) for name in recipe.settings() if name != "model"}
+        marked = given | ({"model"} if family != recipe.model else set())  # another family: a flag or the run's
         unpenalised = " (conditional: no R1/R2)" if args.conditional else ""
-        log(f"gan_accel: the recipe for {family} at this size and data: {recipe.describe()}{unpenalised}; flags "
-            "given win")
+        log(f"gan_accel: the recipe for {family} at this size and data: "
+            f"{recipe.describe({**settled, 'model': family}, marked)}{unpenalised}"
+            + ("; (flag): a flag given, used instead of the recipe's" if marked else ""))
+    return set(left_out)
 
 
 def default_output_dir(data: str) -> str:
