@@ -47,6 +47,7 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "train", help="train a GAN on a folder of images, a ZIP of them or a Hugging Face dataset",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.remember_given_flags()  # --dry-run names the settings given as such
     data = parser.add_argument_group("data")
     data.add_argument("--data", required=True, metavar="PATH",
                       help="a folder of images (searched recursively), a .zip of them, hf:NAME[:SPLIT] (a Hugging "
@@ -79,6 +80,9 @@ def add_parser(commands: Any) -> None:
                       help="with --resume: go on although the data changed since the run started")
     run = add_run_flags(parser, None, DEFAULT_STEPS,
                         output_help="run folder for samples, logs and weights (default runs/<name of the data>)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the run as it would start (the data, the model and its parameters, every setting "
+                          "with where it came from, the expected time) and exit without writing anything")
     run.add_argument("--eval-features", choices=FEATURES, default="auto",
                      help="--eval-every's feature space: inception (needs torch-fidelity; its weights are downloaded once), "
                           "random (a fixed random network: no download), auto: inception if it can be had, else "
@@ -106,6 +110,8 @@ def add_parser(commands: Any) -> None:
     # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
     parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
                         ema_decay=None, augment=None)
+    parser.set_defaults(option_names={action.dest: action.option_strings[0] for action in parser._actions
+                                      if action.option_strings})  # --dry-run's names for the settings
 
 
 def train(args: argparse.Namespace) -> int:
@@ -118,6 +124,10 @@ def train(args: argparse.Namespace) -> int:
     from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
 
+    if args.dry_run:
+        from .dry_run import dry_run
+
+        return dry_run(args)
     recorded_data, family = settle_run(args)
     # The processes of the launch, before the data (one process per machine builds its cache); the trainer
     # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
