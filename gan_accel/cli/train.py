@@ -32,6 +32,7 @@ from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
 from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
 from .arguments import fraction, nonnegative_float, nonnegative_int, positive_int
+from .choices import default_width, family_sizes, recipe_families, z_defaults
 from .forecast import say_run_time
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
@@ -54,7 +55,7 @@ def add_parser(commands: Any) -> None:
                            "Face dataset) or hf:FOLDER (the imagefolder builder)")
     data.add_argument("--resolution", type=positive_int, default=None,
                       help="the side of the square images trained on, in pixels (default: the largest the model "
-                           "makes at or below the images' median short side; at most 64 unless --model resnet)")
+                           f"makes at or below the images' median short side): {family_sizes()}")
     data.add_argument("--crop", choices=("center", "random"), default=None,
                       help="center (the default; a resume: the run's): the central square of the image resized to "
                            "the resolution (short side); random: a random window of it, chosen anew at every draw")
@@ -88,13 +89,14 @@ def add_parser(commands: Any) -> None:
                           "random (a fixed random network: no download), auto: inception if it can be had, else "
                           "random (said in one line)")
     model = add_model_flags(parser, width=None, z_dim=None, r1_gamma=None,
-                            width_help="channel width (default: the recipe's: dcgan 32 up to 32 px, else the family's, 64)",
-                            z_help="latent size (default: the family's, dcgan 100, resnet 128)",
+                            width_help="channel width (default: 32 where the recipe picks dcgan, else the family's: "
+                                       f"{'; '.join(f'{name} {default_width(name)}' for name in FAMILIES)})",
+                            z_help=f"latent size (default: the family's: {z_defaults()})",
                             r1_help="R1 penalty on D's real images (the recipe's every 16 D steps); 0 disables (default: the "
                                     "recipe's gamma, 0.1 up to 32 px; 0 with --conditional)")
     model.add_argument("--model", choices=tuple(FAMILIES), default=None,
-                       help="the network family (default: the recipe's: dcgan up to 32 px; above, r3gan on a GPU, "
-                            "else dcgan at 64 px and resnet above)")
+                       help=f"the network family (default: the recipe's: on a CPU {recipe_families(gpu=False)}; on a "
+                            f"GPU {recipe_families(gpu=True)})")
     add_conditional_flags(model, d_position=None, d_position_help="dcgan family: how the conditional D sees where "
                           "things are: coordinate channels (the default), spatial moments, or not at all",
                           label_distribution=None, class_weight=None)
