@@ -82,3 +82,19 @@ def test_the_flags_given_are_recorded_by_their_own_name_an_alias_or_underscores(
     args = build_parser().parse_args(["train", "--data", "x", "--output_dir", "o", "--kimg", "2", "--lr-g", "1e-3",
                                       "--no-channels-last"])
     assert {"output_dir", "images", "lr_g", "channels_last", "data"} == set(args.flags_given)
+
+
+def test_a_conditional_dry_run_names_its_classes_and_auto_on_an_empty_folder_is_timed_as_a_new_run(tmp_path, cache,
+                                                                                                    capsys):
+    write_images(tmp_path / "pets", 24, size=(32, 32), classes=("cats", "dogs"))
+    before = files_under(tmp_path)
+    code, out, err = gan_accel(["train", "--data", tmp_path / "pets", "--conditional", "--dry-run", "--batch-size", "8",
+                                "--epochs", "2", "--resume", "auto", "--output-dir", tmp_path / "run"], capsys)
+    assert code == 0, err[-3000:]
+    assert files_under(tmp_path) == before and not cache.exists()
+    assert "2 classes: cats (12), dogs (12)" in out
+    table = settings(out)
+    assert table["--steps"] == ("6", "flag")  # 2 epochs of 24 // 8 batches (fewer than 40 images: none held out)
+    assert table["--label-distribution"] == ("data", "default") and table["--d-position"] == ("coords", "default")
+    assert table["--r1-gamma"] == ("0", "recipe")  # a conditional run's class loss regularises D
+    assert re.search(r"expected time: about .+ \(6 steps at", out)

@@ -30,6 +30,7 @@ def dry_run(args: argparse.Namespace) -> int:
 
     from ..data import Preprocessing, scan_images
     from ..data.image_data import held_out_count
+    from ..engine.run_open import AUTO, resolve_auto
     from ..models import default_spec
 
     given = set(getattr(args, "flags_given", ()))
@@ -63,18 +64,25 @@ def dry_run(args: argparse.Namespace) -> int:
     sources.update(dict.fromkeys(fill_from_recipe(args, recipe, family, log), "recipe"))
     overrides = check_model(args, family)
     spec = default_spec(family, resolution, prep.channels, classes if args.conditional else None, **overrides)
-    for name in ("width", "z_dim"):  # left out by flag and recipe: the family's own
-        if getattr(args, name) is None:
+    for name in ("width", "z_dim", "d_position"):  # left out by flag and recipe: the family's own
+        if getattr(args, name) is None and spec.get(name) is not None:
             setattr(args, name, spec[name])
             sources[name] = "default"
     trained = count - (held_out_count(count, args.batch_size * processes.num_processes)
                        if recorded_data is None else len((recorded_data or {}).get("held_out") or []))
     batches = trained // args.batch_size // processes.num_processes
     config = build_config(args, spec, batches, processes.num_processes, {}, recipe)
+    if args.conditional:  # left out, the config's own (build_config)
+        for name, value in (("label_distribution", config.label_distribution), ("class_weight", config.class_loss_weight)):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    timed = args  # "auto" on a folder without a run starts one: timed as a new run
+    if args.resume == AUTO and recorded_data is None and resolve_auto(args.output_dir) is None:
+        timed = argparse.Namespace(**{**vars(args), "resume": None})
     G, D = throwaway_models(spec)
     for line in describe(args, chosen.report.summary(), classes, prep, spec, G, D, config.max_steps, given, sources):
         log(line)
-    say_run_time(args, spec, overrides, config, on_cpu=processes.device.type == "cpu", log=log, always=True)
+    say_run_time(timed, spec, overrides, config, on_cpu=processes.device.type == "cpu", log=log, always=True)
     return 0
 
 
@@ -110,7 +118,7 @@ def describe(args: argparse.Namespace, summary: str, classes: int, prep: Any, sp
             continue
         lines.append(f"  {flag:<24} {show(value):<24} {source}")
     if unset:
-        lines.append(f"not set (off, or chosen while the run goes): {', '.join(unset)}")
+        lines.append(f"not set (off, or the default their --help names): {', '.join(unset)}")
     return lines
 
 

@@ -225,7 +225,7 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
     if set(left_out) - {"steps"}:
         settled = {name: getattr(args, name) for name in recipe.settings() if name != "model"}
         marked = given | ({"model"} if family != recipe.model else set())  # another family: a flag or the run's
-        unpenalised = " (conditional: no R1/R2)" if args.conditional else ""
+        unpenalised = " (conditional: the class loss regularises D, not R1/R2)" if args.conditional else ""
         log(f"gan_accel: the recipe for {family} at this size and data: "
             f"{recipe.describe({**settled, 'model': family}, marked)}{unpenalised}"
             + ("; (flag): a flag given, used instead of the recipe's" if marked else ""))
