@@ -11,7 +11,7 @@ dataset is still loaded through ``datasets``, which keeps its own download cache
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable
 
 from ..recipes import default_recipe
 from .forecast import say_run_time, throwaway_models
@@ -28,7 +28,6 @@ def dry_run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
 
-    from ..data import Preprocessing, scan_images
     from ..data.image_data import held_out_count
     from ..engine.run_open import AUTO, resolve_auto
     from ..models import default_spec
@@ -42,22 +41,11 @@ def dry_run(args: argparse.Namespace) -> int:
     processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     log = processes.print
     log("gan_accel: dry run: the run as it would start; nothing is written")
-    images = scan_images(args.data, "required" if args.conditional else "none", split=args.split,
-                         image_column=args.image_column, label_column=args.label_column, cache_dir=args.cache_dir,
-                         accelerator=processes, read_only=True)
-    resolution = args.resolution
-    if resolution is None:
-        resolution, why = default_resolution(family, images.sizes)
-        if why:
-            log(why)
-        args.resolution, sources["resolution"] = resolution, "data"
-    chosen, prep = images.preview(Preprocessing(resolution, args.channels, args.crop, args.background),
-                                  batch_size=args.batch_size)
-    if args.channels is None:
-        args.channels, sources["channels"] = prep.channels, "data"
+    chosen, prep = peek_data(args, family, processes, sources, log)
     count = chosen.report.count
     classes = len(chosen.class_names or [])
     gpu = processes.device.type == "cuda"
+    resolution = args.resolution
     recipe = default_recipe(resolution, count, gpu)
     if family is None:
         family, args.model, sources["model"] = recipe.model, recipe.model, "recipe"
@@ -68,8 +56,9 @@ def dry_run(args: argparse.Namespace) -> int:
         if getattr(args, name) is None and spec.get(name) is not None:
             setattr(args, name, spec[name])
             sources[name] = "default"
-    trained = count - (held_out_count(count, args.batch_size * processes.num_processes)
-                       if recorded_data is None else len((recorded_data or {}).get("held_out") or []))
+    held = held_out_count(count, args.batch_size * processes.num_processes) if recorded_data is None else \
+        len(recorded_data.get("held_out") or [])  # a resume keeps the slice its run held out
+    trained = count - held
     batches = trained // args.batch_size // processes.num_processes
     config = build_config(args, spec, batches, processes.num_processes, {}, recipe)
     if args.conditional:  # left out, the config's own (build_config)
@@ -84,6 +73,27 @@ def dry_run(args: argparse.Namespace) -> int:
         log(line)
     say_run_time(timed, spec, overrides, config, on_cpu=processes.device.type == "cpu", log=log, always=True)
     return 0
+
+
+def peek_data(args: argparse.Namespace, family: str | None, processes: Any, sources: dict[str, str],
+              log: Callable[[str], Any]) -> tuple[Any, Any]:
+    """The images the run would use and their preprocessing, from their headers alone (nothing decoded or
+    written); the resolution and channels left out are chosen as :func:`~gan_accel.cli.train.open_data` does."""
+    from ..data import Preprocessing, scan_images
+
+    images = scan_images(args.data, "required" if args.conditional else "none", split=args.split,
+                         image_column=args.image_column, label_column=args.label_column, cache_dir=args.cache_dir,
+                         accelerator=processes, read_only=True)
+    if args.resolution is None:
+        args.resolution, why = default_resolution(family, images.sizes)
+        sources["resolution"] = "data"
+        if why:
+            log(why)
+    chosen, prep = images.preview(Preprocessing(args.resolution, args.channels, args.crop, args.background),
+                                  batch_size=args.batch_size)
+    if args.channels is None:
+        args.channels, sources["channels"] = prep.channels, "data"
+    return chosen, prep
 
 
 def source_of_record(name: str, recorded_data: dict[str, Any] | None) -> str:

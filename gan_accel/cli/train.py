@@ -224,7 +224,8 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
         left_out["steps"] = recipe.steps
     if set(left_out) - {"steps"}:
         settled = {name: getattr(args, name) for name in recipe.settings() if name != "model"}
-        marked = given | ({"model"} if family != recipe.model else set())  # another family: a flag or the run's
+        typed = getattr(args, "flags_given", None)  # the parser's record; without it, another family is a flag
+        marked = given | ({"model"} if ("model" in typed if typed is not None else family != recipe.model) else set())
         unpenalised = " (conditional: the class loss regularises D, not R1/R2)" if args.conditional else ""
         log(f"gan_accel: the recipe for {family} at this size and data: "
             f"{recipe.describe({**settled, 'model': family}, marked)}{unpenalised}"
