@@ -98,3 +98,25 @@ def test_a_conditional_dry_run_names_its_classes_and_auto_on_an_empty_folder_is_
     assert table["--label-distribution"] == ("data", "default") and table["--d-position"] == ("coords", "default")
     assert table["--r1-gamma"] == ("0", "recipe")  # a conditional run's class loss regularises D
     assert re.search(r"expected time: about .+ \(6 steps at", out)
+
+
+def test_the_example_scripts_dry_run_downloads_and_writes_nothing(tmp_path, cache, capsys, monkeypatch):
+    from conftest import reset_accelerate_state
+    from test_user_errors import load_example
+
+    monkeypatch.chdir(tmp_path)
+    example = load_example("conditional_mnist")
+    reset_accelerate_state()
+    try:  # no MNIST in an empty --data-dir: "auto" takes the offline digits, as --dataset digits would
+        code = example.main(["--dry-run", "--data-dir", str(tmp_path / "data"), "--steps", "20", "--seed", "0"])
+    finally:
+        reset_accelerate_state()
+    out = capsys.readouterr().out
+    assert code == 0 and not any(tmp_path.iterdir()) and not cache.exists()  # no download, no run folder
+    table = settings(out)
+    assert table["--steps"] == ("20", "flag") and table["--seed"] == ("0", "flag")
+    assert table["--class-weight"] == ("1", "default") and table["--output-dir"] == ("runs/conditional_mnist", "default")
+    assert "--conditional" not in table  # the script's choice, not a flag
+    G, D = build_models(default_spec("dcgan", 28, 1, 10, width=32))
+    assert f"G {sum(p.numel() for p in G.parameters()):,} parameters, D {sum(p.numel() for p in D.parameters()):,}" in out
+    assert re.search(r"expected time: about .+ \(20 steps at", out)

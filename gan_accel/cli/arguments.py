@@ -57,11 +57,14 @@ class ArgumentParser(argparse.ArgumentParser):
         parsed, extras = super().parse_known_args(tokens, namespace)
         if self.remember_given:
             parsed.flags_given = self.given(tokens)
+            parsed.option_names = {action.dest: action.option_strings[0] for action in self._actions
+                                   if action.option_strings and action.option_strings[0] not in self.options_added()}
         return parsed, extras
 
     def remember_given_flags(self) -> None:
         """Record, as ``flags_given`` in the parsed namespace, the destinations of the options given: a setting
-        a user typed shows as theirs even where its value is the default's (``--seed 0``)."""
+        a user typed shows as theirs even where its value is the default's (``--seed 0``); and, as
+        ``option_names``, each destination's flag (``lr_g``: ``--lr-g``)."""
         self.remember_given = True
 
     def given(self, tokens: Sequence[str]) -> frozenset[str]:

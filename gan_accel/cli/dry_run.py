@@ -69,7 +69,10 @@ def dry_run(args: argparse.Namespace) -> int:
     if args.resume == AUTO and recorded_data is None and resolve_auto(args.output_dir) is None:
         timed = argparse.Namespace(**{**vars(args), "resume": None})
     G, D = throwaway_models(spec)
-    for line in describe(args, chosen.report.summary(), classes, prep, spec, G, D, config.max_steps, given, sources):
+    class_text = f", {classes} classes" if args.conditional else ""
+    data = (f"{chosen.report.summary()} (headers read, nothing decoded) -> {prep.resolution} px, {prep.channels} "
+            f"channel(s){class_text}")
+    for line in describe(args, data, spec, G, D, config.max_steps, given, sources):
         log(line)
     say_run_time(timed, spec, overrides, config, on_cpu=processes.device.type == "cpu", log=log, always=True)
     return 0
@@ -96,6 +99,18 @@ def peek_data(args: argparse.Namespace, family: str | None, processes: Any, sour
     return chosen, prep
 
 
+def report(args: argparse.Namespace, config: Any, spec: dict[str, Any], data: str, on_cpu: bool,
+           log: Callable[[str], Any]) -> int:
+    """The dry run of a script whose settings are its flags (the examples): the data (``data``, said by the script),
+    the model, every setting as given or the script's default, the expected time; returns 0."""
+    G, D = throwaway_models(spec)
+    log("gan_accel: dry run: the run as it would start; nothing is written")
+    for line in describe(args, data, spec, G, D, config.max_steps, set(getattr(args, "flags_given", ())), {}):
+        log(line)
+    say_run_time(args, spec, {}, config, on_cpu=on_cpu, log=log, always=True)
+    return 0
+
+
 def source_of_record(name: str, recorded_data: dict[str, Any] | None) -> str:
     """Where a run-record setting settled before the data came from: the resumed run, else the built-in default."""
     if name in ("crop", "background"):
@@ -103,12 +118,11 @@ def source_of_record(name: str, recorded_data: dict[str, Any] | None) -> str:
     return "resume"
 
 
-def describe(args: argparse.Namespace, summary: str, classes: int, prep: Any, spec: dict[str, Any], G: Any, D: Any,
-             steps: int, given: set[str], sources: dict[str, str]) -> list[str]:
-    """The dry run's lines: the data, the model, then every setting with its source."""
-    class_text = f", {classes} classes" if args.conditional else ""
-    lines = [f"data: {summary} (headers read, nothing decoded) -> {prep.resolution} px, {prep.channels} channel(s)"
-             f"{class_text}",
+def describe(args: argparse.Namespace, data: str, spec: dict[str, Any], G: Any, D: Any, steps: int, given: set[str],
+             sources: dict[str, str]) -> list[str]:
+    """The dry run's lines: the data (``data``, said by the caller), the model, then every setting with its source
+    (``sources``: by destination, for those not given and not built-in defaults)."""
+    lines = [f"data: {data}",
              f"model: {spec['family']} at {spec['image_size']} px, width {spec['width']}, z {spec['z_dim']}: "
              f"G {count_parameters(G):,} parameters, D {count_parameters(D):,}",
              "settings (source: flag = given, recipe = the recipe's row, resume = the run's record, data = chosen "
@@ -116,9 +130,9 @@ def describe(args: argparse.Namespace, summary: str, classes: int, prep: Any, sp
     names = getattr(args, "option_names", {})
     unset = []
     for name, value in sorted(vars(args).items(), key=lambda item: names.get(item[0], item[0])):
-        if name in NOT_SETTINGS:
+        if name in NOT_SETTINGS or name not in names:  # not a flag: what the script set itself
             continue
-        flag = names.get(name, "--" + name.replace("_", "-"))
+        flag = names[name]
         source = "flag" if name in given else sources.get(name, "default")
         if name == "steps" and value is None:
             value = steps  # from --epochs or --images

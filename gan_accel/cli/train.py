@@ -112,8 +112,6 @@ def add_parser(commands: Any) -> None:
     # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
     parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
                         ema_decay=None, augment=None)
-    parser.set_defaults(option_names={action.dest: action.option_strings[0] for action in parser._actions
-                                      if action.option_strings})  # --dry-run's names for the settings
 
 
 def train(args: argparse.Namespace) -> int:
