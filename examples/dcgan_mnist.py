@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
                            "digits: the offline digit set")
     run = add_run_flags(parser, "runs/conditional_mnist" if conditional else "runs/dcgan_mnist",
                         DEFAULT_STEPS[conditional])
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the run as it would start (the data, the model and its parameters, every setting "
+                          "with where it came from, the expected time) and exit: nothing is downloaded or written")
     run.add_argument("--eval", action="store_true", help="after training, score --num-eval samples with an MNIST classifier")
     run.add_argument("--num-eval", type=positive_int, default=10_000,
                      help="samples --eval scores at the end (a conditional run: this many over all classes)")
@@ -57,6 +60,7 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
         add_conditional_flags(model)
     else:  # the own-images recipe's loss, penalties and Adam won here too (docs/benchmarks.md: the ablation)
         parser.set_defaults(loss="rpgan", r2_gamma=0.1, lr_g=3e-3, lr_d=3e-3, beta2=0.99)
+    parser.remember_given_flags()  # --dry-run names the settings given as such
     args = parser.parse_args(argv)
     args.conditional = conditional
     return args
@@ -75,16 +79,11 @@ def train(args: argparse.Namespace) -> int:
         label_distribution=getattr(args, "label_distribution", "uniform"),
         class_loss_weight=getattr(args, "class_weight", 0.0),
     )
+    if args.dry_run:
+        return dry_run(args, config)
     accelerator = build_accelerator(config)
     dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
-    loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
-    config.max_steps = steps_for(args, len(loader) // accelerator.num_processes, DEFAULT_STEPS[args.conditional],
-                                 accelerator.num_processes)
-    model = default_spec("dcgan", 28, 1, 10 if args.conditional else None, z_dim=args.z_dim, width=args.width,
-                         spectral_norm=args.spectral_norm, **({"d_position": args.d_position} if args.conditional else {}))
-    config.model = model  # what gan-accel sample rebuilds G from; fixed on resume
-    config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes}
-    config.validate()
+    loader, model = settle(args, config, dataset, accelerator.num_processes)
 
     torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
     G, D = build_models(model)  # conditional: G(z, y) and a projection D(x, y); the loader's labels reach both
@@ -112,6 +111,31 @@ def train(args: argparse.Namespace) -> int:
         accelerator.print(result["summary"])
     accelerator.wait_for_everyone()
     return 0
+
+
+def settle(args: argparse.Namespace, config: TrainConfig, dataset, num_processes: int):
+    """The loader, the run's length and the networks' spec, once the data is known; returns (loader, spec)."""
+    loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
+    config.max_steps = steps_for(args, len(loader) // num_processes, DEFAULT_STEPS[args.conditional], num_processes)
+    model = default_spec("dcgan", 28, 1, 10 if args.conditional else None, z_dim=args.z_dim, width=args.width,
+                         spectral_norm=args.spectral_norm, **({"d_position": args.d_position} if args.conditional else {}))
+    config.model = model  # what gan-accel sample rebuilds G from; fixed on resume
+    config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": num_processes}
+    config.validate()
+    return loader, model
+
+
+def dry_run(args: argparse.Namespace, config: TrainConfig) -> int:
+    """--dry-run: the run as it would start, printed; MNIST is read when it is there, never downloaded (else the
+    offline digits, said in one line), and nothing is written."""
+    from accelerate import PartialState
+    from gan_accel.cli.dry_run import report
+
+    state = PartialState()
+    dataset = resolve_dataset(args.dataset, args.data_dir, download=False, log=state.print)
+    _, model = settle(args, config, dataset, state.num_processes)
+    data = f"{dataset.name}, {len(dataset.images):,} images from {dataset.source}"
+    return report(args, config, model, data, on_cpu=state.device.type == "cpu", log=state.print)
 
 
 def mnist_evaluator(args: argparse.Namespace, dataset, accelerator):

@@ -17,8 +17,9 @@ published values, 2 at 64 px and 150 at 256 px, between which it grows as a powe
 from __future__ import annotations
 
 import math
-
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .config import Ramp
 from .errors import ConfigError
@@ -48,13 +49,40 @@ class Recipe:
     # "lr", "beta2", "gamma" (R1 and R2), "augment_p" (from 0).
     ramp_to: dict[str, float] = field(default_factory=dict)
 
-    def describe(self) -> str:
-        """One line for the run's log: what was chosen, and where it comes from."""
-        width = f" width {self.width}" if self.width else ""
-        ends = {name: f" -> {value:g}" for name, value in self.ramp_to.items()}
-        return (f"{self.model}{width}, {self.loss} loss with R1/R2 gamma {self.r1_gamma:g}{ends.get('gamma', '')}, "
-                f"lr {self.lr:g}{ends.get('lr', '')}, betas ({self.beta1:g}, {self.beta2:g}{ends.get('beta2', '')}), "
-                f"augment {self.augment} ({self.source})")
+    def settings(self) -> dict[str, Any]:
+        """The row's value of each flag it fills, by the flag's name (``lr_g``, ``r1_gamma``, ...)."""
+        return {"model": self.model, "width": self.width, "loss": self.loss, "r1_gamma": self.r1_gamma,
+                "r2_gamma": self.r2_gamma, "r1_every": self.r1_every, "lr_g": self.lr, "lr_d": self.lr,
+                "beta1": self.beta1, "beta2": self.beta2, "ema_decay": self.ema_decay, "augment": self.augment}
+
+    def describe(self, settled: Mapping[str, Any] | None = None, given: Collection[str] = ()) -> str:
+        """One line for the run's log: what the run uses and where it comes from. ``settled``: the run's values
+        by flag name (those missing are the row's); the flags in ``given`` are marked "(flag)" and ramp no more."""
+        values = {**self.settings(), **(settled or {})}
+
+        def shown(names: tuple[str, ...], text: str, ramp: str = "") -> str:
+            if any(name in given for name in names):  # a flag replaces the row's value, ramp included (ramps)
+                return f"{text} (flag)"
+            end = self.ramp_to.get(ramp)
+            return f"{text} -> {end:g}" if end is not None else text
+
+        def pair(first: str, second: str, both: str, one: str, two: str, ramp: str) -> str:
+            """G's and D's (R1's and R2's) value as one when they agree, else each (None: not used)."""
+            a, b = values[first], values[second]
+            if a == b and (first in given) == (second in given):
+                return shown((first,), f"{both} {a:g}", ramp)
+            return ", ".join(shown((name,), f"{label} {value:g}", ramp)
+                             for name, label, value in ((first, one, a), (second, two, b)) if value is not None)
+
+        width = f" width {values['width']}" if values["width"] else ""
+        model = shown(("model", "width"), f"{values['model']}{width}")
+        gamma = "no R1/R2" if not values["r1_gamma"] and not values["r2_gamma"] else \
+            pair("r1_gamma", "r2_gamma", "R1/R2 gamma", "R1 gamma", "R2 gamma", "gamma")
+        betas = f"{shown(('beta1',), format(values['beta1'], 'g'))}, " \
+                f"{shown(('beta2',), format(values['beta2'], 'g'), 'beta2')}"
+        return (f"{model}, {shown(('loss',), values['loss'] + ' loss')} with {gamma}, "
+                f"{pair('lr_g', 'lr_d', 'lr', 'lr G', 'lr D', 'lr')}, betas ({betas}), "
+                f"{shown(('augment',), 'augment ' + values['augment'])} ({self.source})")
 
     def ramps(self, total_images: float, given: set[str]) -> dict[str, Ramp]:
         """The config fields that ramp over ``total_images`` (the run's), leaving out the flags in ``given``."""

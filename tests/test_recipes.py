@@ -88,6 +88,9 @@ def test_left_out_settings_come_from_the_recipe_and_given_flags_win(tmp_path, ca
                                 "--loss", "hinge", "--lr-g", "5e-4", "--augment", "none", "--width", "8",
                                 *tiny], capsys)
     assert code == 0, err[-3000:]
+    # the line says what the run uses: the flags given, marked, not the recipe's values they replace
+    assert "dcgan width 8 (flag), hinge loss (flag) with R1 gamma 0.1, lr G 0.0005 (flag), lr D 0.003, " \
+           "betas (0.5, 0.99), augment none (flag) (measured on 2 CPU cores); (flag): a flag given" in out
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert (config["loss"], config["lr_G"], config["lr_D"], config["augment"]) == ("hinge", 5e-4, 3e-3, "none")
     assert config["r2_gamma"] is None and config["model"]["width"] == 8  # R2 partners only the relativistic loss

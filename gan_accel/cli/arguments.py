@@ -25,6 +25,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_argument("--debug", action="store_true", help="show the full traceback of any error")
         self.aliases: list[Any] = []  # gan_accel.cli.aliases.Alias, registered at the first parse
         self.alias_names: set[str] | None = None  # the names registered, once they are
+        self.remember_given = False  # remember_given_flags(): the parse also records which options were given
 
     def read_aliases(self, aliases: Sequence[Any]) -> None:
         """Also read these other tools' names for flags (registered once every flag is added, at the first parse)."""
@@ -52,9 +53,34 @@ class ArgumentParser(argparse.ArgumentParser):
         from .aliases import normalise
 
         self.options()  # the aliases, registered once every flag is added
-        tokens = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args(normalise(tokens, lambda name: name in self._option_string_actions),
-                                        namespace)
+        tokens = normalise(sys.argv[1:] if args is None else list(args), lambda name: name in self._option_string_actions)
+        parsed, extras = super().parse_known_args(tokens, namespace)
+        if self.remember_given:
+            parsed.flags_given = self.given(tokens)
+            parsed.option_names = {action.dest: action.option_strings[0] for action in self._actions
+                                   if action.option_strings and action.option_strings[0] not in self.options_added()}
+        return parsed, extras
+
+    def remember_given_flags(self) -> None:
+        """Record, as ``flags_given`` in the parsed namespace, the destinations of the options given: a setting
+        a user typed shows as theirs even where its value is the default's (``--seed 0``); and, as
+        ``option_names``, each destination's flag (``lr_g``: ``--lr-g``)."""
+        self.remember_given = True
+
+    def given(self, tokens: Sequence[str]) -> frozenset[str]:
+        """The destinations ``tokens`` set: the same parse with every default left out (``tokens`` already parsed
+        once, so this one cannot fail)."""
+        saved = [(action, action.default) for action in self._actions]
+        defaults, self._defaults = self._defaults, {}
+        try:
+            for action in self._actions:
+                action.default = argparse.SUPPRESS
+            seen, _ = super().parse_known_args(list(tokens), argparse.Namespace())
+        finally:
+            for action, default in saved:
+                action.default = default
+            self._defaults = defaults
+        return frozenset(vars(seen))
 
     def error(self, message: str) -> NoReturn:
         if _prints():

@@ -30,12 +30,16 @@ LIMIT = 3600.0  # the --max-time offered
 
 
 def say_run_time(args: argparse.Namespace, spec: dict[str, Any], overrides: dict[str, Any], config: TrainConfig,
-                 on_cpu: bool, log: Callable[[str], Any]) -> None:
+                 on_cpu: bool, log: Callable[[str], Any], always: bool = False) -> None:
     """On a CPU and a new run: time the run's step (``spec``'s networks; ``overrides``: the model flags given), and
-    say how long the run will take when that is long."""
+    say how long the run will take when that is long (``always``: also when it is short, or why it is not timed:
+    a dry run)."""
     from ..engine.step_timing import time_steps
 
     if not on_cpu or args.resume is not None:
+        if always:
+            why = "a GPU's first steps choose kernels" if not on_cpu else "a resume's step is known once it opens"
+            log(f"gan_accel: expected time: not timed ({why}); the progress line measures it within seconds")
         return
     seconds = time_steps(*throwaway_models(spec), config).seconds
     smaller = None
@@ -44,7 +48,8 @@ def say_run_time(args: argparse.Namespace, spec: dict[str, Any], overrides: dict
         if small_spec is not None:
             small_config = dataclasses.replace(config, model=small_spec, z_dim=small_spec["z_dim"])
             smaller = (SMALLER_SIDE, time_steps(*throwaway_models(small_spec), small_config, budget=1.0).seconds)
-    for line in run_time_lines(config.max_steps, seconds, config.max_time, smaller):
+    lines = run_time_lines(config.max_steps, seconds, config.max_time, smaller)
+    for line in lines or ([expected_line(config.max_steps, seconds, config.max_time)] if always else []):
         log(f"gan_accel: {line}")
 
 
@@ -75,12 +80,7 @@ def run_time_lines(steps: int, seconds: float, max_time: float | None,
     total = steps * seconds
     if total <= SAY_ABOVE:
         return []
-    line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at "
-            f"{describe_step(seconds)} each, timed just now on a few steps of this model)")
-    if max_time is not None and max_time < total:
-        stop = about(max(1, max_time / seconds))
-        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {stop:,}, then --resume "
-                 "latest continues")
+    line = expected_line(steps, seconds, max_time)
     if total <= ALTERNATIVES_ABOVE:
         return [line]
     faster = []
@@ -90,6 +90,18 @@ def run_time_lines(steps: int, seconds: float, max_time: float | None,
         faster.append(f"--max-time 1h (about {about(LIMIT / seconds):,} of the {steps:,} steps)")
     faster.append("a GPU (typically much faster; not measured here)")
     return [line, "faster: " + ", ".join(faster[:-1]) + (", or " if len(faster) > 1 else "") + faster[-1]]
+
+
+def expected_line(steps: int, seconds: float, max_time: float | None) -> str:
+    """The run's expected time: ``steps`` of ``seconds`` each, and where the time limit stops it."""
+    total = steps * seconds
+    line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at "
+            f"{describe_step(seconds)} each, timed just now on a few steps of this model)")
+    if max_time is not None and max_time < total:
+        stop = about(max(1, max_time / seconds))
+        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {stop:,}, then --resume "
+                 "latest continues")
+    return line
 
 
 def describe_step(seconds: float) -> str:

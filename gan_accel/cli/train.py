@@ -31,6 +31,7 @@ from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
 from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
 from .arguments import fraction, nonnegative_float, nonnegative_int, positive_int
+from .choices import default_width, family_sizes, recipe_families, z_defaults
 from .forecast import say_run_time
 from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
 
@@ -46,13 +47,14 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "train", help="train a GAN on a folder of images, a ZIP of them or a Hugging Face dataset",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.remember_given_flags()  # --dry-run names the settings given as such
     data = parser.add_argument_group("data")
     data.add_argument("--data", required=True, metavar="PATH",
                       help="a folder of images (searched recursively), a .zip of them, hf:NAME[:SPLIT] (a Hugging "
                            "Face dataset) or hf:FOLDER (the imagefolder builder)")
     data.add_argument("--resolution", type=positive_int, default=None,
                       help="the side of the square images trained on, in pixels (default: the largest the model "
-                           "makes at or below the images' median short side; at most 64 unless --model resnet)")
+                           f"makes at or below the images' median short side): {family_sizes()}")
     data.add_argument("--crop", choices=("center", "random"), default=None,
                       help="center (the default; a resume: the run's): the central square of the image resized to "
                            "the resolution (short side); random: a random window of it, chosen anew at every draw")
@@ -78,18 +80,22 @@ def add_parser(commands: Any) -> None:
                       help="with --resume: go on although the data changed since the run started")
     run = add_run_flags(parser, None, DEFAULT_STEPS,
                         output_help="run folder for samples, logs and weights (default runs/<name of the data>)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the run as it would start (the data, the model and its parameters, every setting "
+                          "with where it came from, the expected time) and exit without writing anything")
     run.add_argument("--eval-features", choices=FEATURES, default="auto",
                      help="--eval-every's feature space: inception (needs torch-fidelity; its weights are downloaded once), "
                           "random (a fixed random network: no download), auto: inception if it can be had, else "
                           "random (said in one line)")
     model = add_model_flags(parser, width=None, z_dim=None, r1_gamma=None,
-                            width_help="channel width (default: the recipe's: dcgan 32 up to 32 px, else the family's, 64)",
-                            z_help="latent size (default: the family's, dcgan 100, resnet 128)",
+                            width_help="channel width (default: 32 where the recipe picks dcgan, else the family's: "
+                                       f"{'; '.join(f'{name} {default_width(name)}' for name in FAMILIES)})",
+                            z_help=f"latent size (default: the family's: {z_defaults()})",
                             r1_help="R1 penalty on D's real images (the recipe's every 16 D steps); 0 disables (default: the "
                                     "recipe's gamma, 0.1 up to 32 px; 0 with --conditional)")
     model.add_argument("--model", choices=tuple(FAMILIES), default=None,
-                       help="the network family (default: the recipe's: dcgan up to 32 px; above, r3gan on a GPU, "
-                            "else dcgan at 64 px and resnet above)")
+                       help=f"the network family (default: the recipe's: on a CPU {recipe_families(gpu=False)}; on a "
+                            f"GPU {recipe_families(gpu=True)})")
     add_conditional_flags(model, d_position=None, d_position_help="dcgan family: how the conditional D sees where "
                           "things are: coordinate channels (the default), spatial moments, or not at all",
                           label_distribution=None, class_weight=None)
@@ -117,6 +123,10 @@ def train(args: argparse.Namespace) -> int:
     from ..engine.launch import check_launch, describe_launch
     from ..models import build_models
 
+    if args.dry_run:
+        from .dry_run import dry_run
+
+        return dry_run(args)
     recorded_data, family = settle_run(args)
     # The processes of the launch, before the data (one process per machine builds its cache); the trainer
     # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
@@ -188,8 +198,9 @@ def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | N
     return recorded_data, args.model
 
 
-def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log: Callable[[str], Any]) -> None:
-    """The settings left out, from the recipe's row (its width only for its own family), said in one line."""
+def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log: Callable[[str], Any]) -> set[str]:
+    """The settings left out, from the recipe's row (its width only for its own family), said in one line that
+    names what the run uses (the flags given marked); returns the names filled."""
     filled = {"loss": recipe.loss, "lr_g": recipe.lr, "lr_d": recipe.lr, "beta1": recipe.beta1,
               "beta2": recipe.beta2, "r1_every": recipe.r1_every, "ema_decay": recipe.ema_decay,
               "augment": recipe.augment}
@@ -200,18 +211,23 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
     if args.width is None and family == recipe.model and recipe.width:
         filled["width"] = recipe.width
     left_out = {name: value for name, value in filled.items() if getattr(args, name) is None}
-    args.given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p") if getattr(args, name) is not None
-                  and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
-    if args.conditional:  # no penalties to ramp
-        args.given |= {"r1_gamma", "r2_gamma"}
+    given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p", "width") if getattr(args, name) is not None
+             and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
+    args.given = given | ({"r1_gamma", "r2_gamma"} if args.conditional else set())  # conditional: no penalties to ramp
     for name, value in left_out.items():
         setattr(args, name, value)
     if args.steps is None and args.epochs is None and args.images is None:
         args.steps = recipe.steps
-    if left_out:
-        unpenalised = " (conditional: no R1/R2)" if args.conditional else ""
-        log(f"gan_accel: the recipe for {family} at this size and data: {recipe.describe()}{unpenalised}; flags "
-            "given win")
+        left_out["steps"] = recipe.steps
+    if set(left_out) - {"steps"}:
+        settled = {name: getattr(args, name) for name in recipe.settings() if name != "model"}
+        typed = getattr(args, "flags_given", None)  # the parser's record; without it, another family is a flag
+        marked = given | ({"model"} if ("model" in typed if typed is not None else family != recipe.model) else set())
+        unpenalised = " (conditional: the class loss regularises D, not R1/R2)" if args.conditional else ""
+        log(f"gan_accel: the recipe for {family} at this size and data: "
+            f"{recipe.describe({**settled, 'model': family}, marked)}{unpenalised}"
+            + ("; (flag): a flag given, used instead of the recipe's" if marked else ""))
+    return set(left_out)
 
 
 def default_output_dir(data: str) -> str:

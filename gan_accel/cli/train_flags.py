@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from .arguments import bounded_int, duration, fraction, nonnegative_float, positive_float, positive_int, seed_int
+from .choices import loss_names
 
 TRACKERS_HELP = ("also log metrics and sample grids to these trackers through Accelerate (space or comma separated): "
                  "tensorboard, wandb, mlflow, trackio, aim, comet_ml, clearml, dvclive, swanlab, or all (the installed "
@@ -90,7 +91,7 @@ def add_model_flags(parser: argparse.ArgumentParser, width: int | None, z_dim: i
     model.add_argument("--lr-d", type=positive_float, default=1e-3)
     model.add_argument("--beta1", type=fraction, default=0.5)
     model.add_argument("--beta2", type=fraction, default=0.999)
-    model.add_argument("--loss", default="nonsaturating", help="nonsaturating, hinge, wasserstein, least_squares or rpgan (relativistic pairing)")
+    model.add_argument("--loss", default="nonsaturating", help=loss_names())
     model.add_argument("--n-critic", type=positive_int, default=1, help="D updates per G update")
     model.add_argument("--ema-decay", type=fraction, default=0.99, help="EMA of G for samples (decay per step); 0 disables")
     model.add_argument("--ema-half-life", type=positive_float, default=None,

@@ -211,17 +211,21 @@ class CacheFolder:
                 return False
         return True
 
-    def scan(self, source: ImageSource, entries: list[Entry]) -> dict[str, Any]:
-        """The scan of ``entries`` (:func:`~gan_accel.data.image_scan.scan`), read from the cache or made and cached:
+    def scan(self, source: ImageSource, entries: list[Entry], write: bool = True) -> dict[str, Any]:
+        """The scan of ``entries`` (:func:`~gan_accel.data.image_scan.scan`), read from the cache or made and cached
+        (``write=False``: made and not cached):
         ``{"source", "items": [(entry index, width, height, mode, grey), ...], "skipped": [[name, reason], ...]}``."""
-        scan_data = self.read_json(self.scan_json, say=print)
+        say = print if write else None  # a file distrusted is said where it is built again
+        scan_data = self.read_json(self.scan_json, say=say)
         if scan_data is not None and not _valid_scan(scan_data, len(entries)):
-            scan_data = self._distrust(self.scan_json, "its content is not a scan of this data", print)
+            scan_data = self._distrust(self.scan_json, "its content is not a scan of this data", say)
         if scan_data is None:
-            clear_stale_temporaries(self.path)
+            if write:
+                clear_stale_temporaries(self.path)
             items, skipped = scan(source, entries)
             scan_data = {"source": source.description, "items": items, "skipped": [[s.name, s.reason] for s in skipped]}
-            self.write_json(self.scan_json, scan_data)
+            if write:
+                self.write_json(self.scan_json, scan_data)
         return scan_data
 
 

@@ -59,6 +59,13 @@ EVAL_IMAGES = 10_000  # real images evaluation compares samples with (gan-accel 
 HOLD_OUT_FRACTION, HOLD_OUT_CAP, HOLD_OUT_MIN_IMAGES = 0.05, 64, 40
 
 
+def held_out_count(images: int, batch_size: int = 1) -> int:
+    """How many of ``images`` a new run holds out of training (:meth:`ImageData.hold_out`)."""
+    if images < HOLD_OUT_MIN_IMAGES:
+        return 0
+    return max(0, min(HOLD_OUT_CAP, math.ceil(HOLD_OUT_FRACTION * images), images - batch_size))
+
+
 def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -127,8 +134,7 @@ class ImageData:
             rows = [row for row, name in enumerate(self.names) if name in wanted]
         else:
             n = len(self)
-            count = min(HOLD_OUT_CAP, math.ceil(HOLD_OUT_FRACTION * n), n - batch_size)
-            count = count if n >= HOLD_OUT_MIN_IMAGES else 0
+            count = held_out_count(n, batch_size)
             # its own generator, offset from the seed: not the first images of real_images' (evaluation's) choice
             order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919))
             rows = order[:max(0, count)].tolist()
@@ -296,9 +302,7 @@ class ImageScan:
         speaker = log is not None and (acc is None or acc.is_main_process)
         say = log if speaker else (lambda _line: None)
         names = [e.name for e in self.entries]
-        chosen = select(self.scan, self.source, names, self.labels, prep.resolution)
-        self._check(chosen, batch_size)  # on every process: the same scan, the same line
-        prep = prep.for_data(chosen.report.grey)
+        chosen, prep = self.preview(prep, batch_size=batch_size)  # on every process: the same scan, the same line
         within, note = within_budget(prep, chosen.report.count, memory_budget)
         cached = False
         if within:
@@ -324,6 +328,14 @@ class ImageScan:
             if line:  # the summary, and the one warning line when files were skipped (names escaped)
                 say(printable(line))
         return data
+
+    def preview(self, prep: Preprocessing, *, batch_size: int | None = None) -> tuple[Selection, Preprocessing]:
+        """The images ``prep`` would use, checked as :meth:`open` checks them, and ``prep`` with its channels
+        settled; from the scan alone: nothing is decoded or written (a file that fails to decode is found only
+        by :meth:`open`)."""
+        chosen = select(self.scan, self.source, [e.name for e in self.entries], self.labels, prep.resolution)
+        self._check(chosen, batch_size)
+        return chosen, prep.for_data(chosen.report.grey)
 
     def _check(self, chosen: Selection, batch_size: int | None) -> None:
         report, where = chosen.report, self.source.description
@@ -406,9 +418,12 @@ def check_not_a_run(data: str | os.PathLike) -> None:
 
 def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split: str | None = None,
                 image_column: str | None = None, label_column: str | None = None,
-                cache_dir: str | os.PathLike | None = None, accelerator: Any = None) -> ImageScan:
+                cache_dir: str | os.PathLike | None = None, accelerator: Any = None,
+                read_only: bool = False) -> ImageScan:
     """List ``source`` and scan every candidate's header, once (the scan is cached); the arguments are
-    :func:`open_image_data`'s. Raises :class:`DataError` for a missing or empty source."""
+    :func:`open_image_data`'s. ``read_only``: a cached scan is read when there is one, else the headers are read
+    again, and nothing is written (``gan-accel train --dry-run``; :meth:`ImageScan.open` would write). Raises
+    :class:`DataError` for a missing or empty source."""
     if labels not in LABEL_MODES:
         raise DataError(f"labels {labels!r} is unknown: choose {', '.join(LABEL_MODES)}")
     if isinstance(source, (str, os.PathLike)):
@@ -427,6 +442,8 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
     key = image_cache.scan_key(src.identity(), entries)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     cache, builder = CacheFolder(root, key), builder_of(accelerator)
+    if read_only:
+        return ImageScan(src, entries, cache, key, cache.scan(src, entries, write=False), labels, accelerator, builder)
     build_once(accelerator, builder, "scan", lambda: cache.scan(src, entries), root)
     scan = cache.read_json(cache.scan_json)
     if scan is None:
