@@ -48,36 +48,7 @@ def add_parser(commands: Any) -> None:
         "train", help="train a GAN on a folder of images, a ZIP of them or a Hugging Face dataset",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.remember_given_flags()  # --dry-run names the settings given as such
-    data = parser.add_argument_group("data")
-    data.add_argument("--data", required=True, metavar="PATH",
-                      help="a folder of images (searched recursively), a .zip of them, hf:NAME[:SPLIT] (a Hugging "
-                           "Face dataset) or hf:FOLDER (the imagefolder builder)")
-    data.add_argument("--resolution", type=positive_int, default=None,
-                      help="the side of the square images trained on, in pixels (default: the largest the model "
-                           f"makes at or below the images' median short side): {family_sizes()}")
-    data.add_argument("--crop", choices=("center", "random"), default=None,
-                      help="center (the default; a resume: the run's): the central square of the image resized to "
-                           "the resolution (short side); random: a random window of it, chosen anew at every draw")
-    data.add_argument("--channels", type=int, choices=(1, 3), default=None,
-                      help="1 (grayscale) or 3 (RGB) (default: 1 when every image is grayscale, else 3)")
-    data.add_argument("--random-flip", action="store_true", help="mirror each image left-right with probability 1/2")
-    data.add_argument("--num-workers", type=nonnegative_int, default=None, metavar="N",
-                      help="data loading worker processes (default: none for cached images, whose batch is one "
-                           "memory copy; else the cores per process, at most 8)")
-    data.add_argument("--background", choices=("white", "black"), default=None,
-                      help="what transparent pixels become (default white; a resume: the run's)")
-    data.add_argument("--image-column", default=None, help="a Hugging Face dataset's image column (default: the "
-                      "column of type Image)")
-    data.add_argument("--label-column", default=None, help="with --conditional: a Hugging Face dataset's class "
-                      "column (default: the column of type ClassLabel)")
-    data.add_argument("--split", default=None, help="a Hugging Face dataset's split (default: train, or the only one)")
-    data.add_argument("--conditional", action="store_true",
-                      help="class-conditional G and D; labels from class subfolders (or the class column)")
-    data.add_argument("--cache-dir", default=None,
-                      help="where the decoded images are cached (default $GAN_ACCEL_CACHE/images, else "
-                           "~/.cache/gan_accel/images)")
-    data.add_argument("--allow-data-change", action="store_true",
-                      help="with --resume: go on although the data changed since the run started")
+    add_data_flags(parser)
     run = add_run_flags(parser, None, DEFAULT_STEPS,
                         output_help="run folder for samples, logs and weights (default runs/<name of the data>)")
     run.add_argument("--dry-run", action="store_true",
@@ -111,6 +82,41 @@ def add_parser(commands: Any) -> None:
     # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
     parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
                         ema_decay=None, augment=None)
+
+
+
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
+    """`gan-accel train`'s data flags: where the images are and how they become training batches."""
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", required=True, metavar="PATH",
+                      help="a folder of images (searched recursively), a .zip of them, hf:NAME[:SPLIT] (a Hugging "
+                           "Face dataset) or hf:FOLDER (the imagefolder builder)")
+    data.add_argument("--resolution", type=positive_int, default=None,
+                      help="the side of the square images trained on, in pixels (default: the largest the model "
+                           f"makes at or below the images' median short side): {family_sizes()}")
+    data.add_argument("--crop", choices=("center", "random"), default=None,
+                      help="center (the default; a resume: the run's): the central square of the image resized to "
+                           "the resolution (short side); random: a random window of it, chosen anew at every draw")
+    data.add_argument("--channels", type=int, choices=(1, 3), default=None,
+                      help="1 (grayscale) or 3 (RGB) (default: 1 when every image is grayscale, else 3)")
+    data.add_argument("--random-flip", action="store_true", help="mirror each image left-right with probability 1/2")
+    data.add_argument("--num-workers", type=nonnegative_int, default=None, metavar="N",
+                      help="data loading worker processes (default: none for cached images, whose batch is one "
+                           "memory copy; else the cores per process, at most 8)")
+    data.add_argument("--background", choices=("white", "black"), default=None,
+                      help="what transparent pixels become (default white; a resume: the run's)")
+    data.add_argument("--image-column", default=None, help="a Hugging Face dataset's image column (default: the "
+                      "column of type Image)")
+    data.add_argument("--label-column", default=None, help="with --conditional: a Hugging Face dataset's class "
+                      "column (default: the column of type ClassLabel)")
+    data.add_argument("--split", default=None, help="a Hugging Face dataset's split (default: train, or the only one)")
+    data.add_argument("--conditional", action="store_true",
+                      help="class-conditional G and D; labels from class subfolders (or the class column)")
+    data.add_argument("--cache-dir", default=None,
+                      help="where the decoded images are cached (default $GAN_ACCEL_CACHE/images, else "
+                           "~/.cache/gan_accel/images)")
+    data.add_argument("--allow-data-change", action="store_true",
+                      help="with --resume: go on although the data changed since the run started")
 
 
 def train(args: argparse.Namespace) -> int:
