@@ -134,6 +134,8 @@ class _StepLoop:
             frozen = [p for name, net in self.nets.items() if name != phase.net for p in net.parameters()]
             for param in frozen:
                 param.requires_grad_(False)
+            # A bare backward on purpose: a throwaway fp32 copy timed on the CPU, outside Accelerate (no loss scaling
+            # or accumulation to honour); the run itself goes through accelerator.backward.
             (phase.loss(self.ctx) * phase.gain).backward()
             for param in frozen:
                 param.requires_grad_(True)
