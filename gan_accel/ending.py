@@ -213,6 +213,17 @@ def stop_here(trainer: "GANTrainer") -> None:
     raise TrainingInterrupted(f"stopped by {name} at step {step}; {trainer.checkpoint_note()}", signum)
 
 
+def time_limit_clause(max_time: float, stop: int, warmup_steps: float = 0.0) -> str:
+    """What a run's lines add when ``max_time`` ends it near step ``stop``, before its last step: where, how to go
+    on, and whether it ends inside the learning-rate warmup of its first ``warmup_steps`` (the schedules follow
+    the steps asked for, not the time: a run ended there trains at a fraction of its learning rate throughout)."""
+    clause = f"; the time limit ({describe_duration(max_time)}) stops it near step {stop:,}, then --resume latest continues"
+    if stop < warmup_steps:
+        clause += (f"; it would still be in the learning-rate warmup ({warmup_steps:,.0f} steps) there: ask for "
+                   f"--steps near {stop:,} so that the schedules fit the time")
+    return clause
+
+
 def describe_duration(seconds: float) -> str:
     """``45 s``, ``14 min``, ``2 h 5 min``: a duration as a person reads it."""
     if seconds < 59.5:  # rounds to a whole second below a minute; 59.7 s reads "1 min", not "60 s"

@@ -11,7 +11,7 @@ import torch
 
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.cli import forecast
-from gan_accel.cli.forecast import run_time_lines
+from gan_accel.cli.forecast import expected_line, run_time_lines
 from gan_accel.config import TrainConfig
 from gan_accel.engine import step_timing
 from gan_accel.engine.step_timing import StepTiming, _extrapolate, time_steps
@@ -131,3 +131,26 @@ def run_contents(out) -> tuple[dict[str, bytes], list[dict]]:
             contents[path.relative_to(out).as_posix()] = path.read_bytes()
     rows = [{k: v for k, v in row.items() if k != "images/s"} for row in read_metrics(out / "metrics.jsonl")]
     return contents, rows
+
+
+def test_a_time_limit_inside_the_warmup_is_said_with_the_steps_that_fit():
+    # --steps 1000000 --max-time 2h at 0.36 s a step: the limit stops it at 7200 / 0.36 = 20,000 steps, inside a
+    # warmup of 5% of a million steps (50,000), so the learning rate never reaches its value
+    inside = expected_line(1_000_000, 0.36, 7200.0, warmup_steps=50_000)
+    assert "stops it near step 20,000" in inside
+    assert "still be in the learning-rate warmup (50,000 steps) there: ask for --steps near 20,000" in inside
+    assert "warmup" not in expected_line(1_000_000, 0.36, 7200.0, warmup_steps=10_000)  # leaves it at step 10,000
+    assert "warmup" not in expected_line(10_000, 0.36, 7200.0, warmup_steps=500)  # the run ends before the limit
+
+
+def test_the_progress_line_says_so_too_from_the_measured_rate():
+    from types import SimpleNamespace
+
+    from gan_accel.callbacks.progress import estimate
+
+    trainer = SimpleNamespace(config=TrainConfig(max_steps=1_000_000, max_time=7200.0, warmup_ratio=0.05),
+                              accelerator=SimpleNamespace(num_processes=1), step=100, images_per_step=64)
+    slow = estimate(trainer, steps_per_second=2.0, time_left=7000.0)  # stops near 100 + 14,000 = 14,100
+    assert "stops it near step 14,100" in slow and "warmup (50,000 steps)" in slow and "--steps near 14,100" in slow
+    fast = estimate(trainer, steps_per_second=10.0, time_left=7000.0)  # near 70,100: past the warmup
+    assert "stops it near step 70,100" in fast and "warmup" not in fast

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ..ending import describe_duration
+from ..ending import describe_duration, time_limit_clause
 from .base import Callback
 
 if TYPE_CHECKING:
@@ -74,6 +74,6 @@ def estimate(trainer: "GANTrainer", steps_per_second: float, time_left: float | 
             f"{'es' if processes > 1 else ''} (training steps alone, measured over the last ones); {left:,} to go, "
             f"about {describe_duration(left / steps_per_second)}")
     if time_left is not None and left / steps_per_second > time_left:
-        line += (f"; the time limit ({describe_duration(cfg.max_time)}) stops it near step "
-                 f"{trainer.step + int(max(time_left, 0) * steps_per_second):,}, then --resume latest continues")
+        line += time_limit_clause(cfg.max_time, trainer.step + int(max(time_left, 0) * steps_per_second),
+                                  cfg.warmup_ratio * cfg.max_steps)
     return line

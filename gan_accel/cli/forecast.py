@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any, Callable
 
 from ..config import TrainConfig
-from ..ending import describe_duration
+from ..ending import describe_duration, time_limit_clause
 from ..models import build_models, default_spec, supported_resolutions
 from ..recipes import default_recipe, family_for
 
@@ -48,8 +48,9 @@ def say_run_time(args: argparse.Namespace, spec: dict[str, Any], overrides: dict
         if small_spec is not None:
             small_config = dataclasses.replace(config, model=small_spec, z_dim=small_spec["z_dim"])
             smaller = (SMALLER_SIDE, time_steps(*throwaway_models(small_spec), small_config, budget=1.0).seconds)
-    lines = run_time_lines(config.max_steps, seconds, config.max_time, smaller)
-    for line in lines or ([expected_line(config.max_steps, seconds, config.max_time)] if always else []):
+    warmup = config.warmup_ratio * config.max_steps
+    lines = run_time_lines(config.max_steps, seconds, config.max_time, smaller, warmup)
+    for line in lines or ([expected_line(config.max_steps, seconds, config.max_time, warmup)] if always else []):
         log(f"gan_accel: {line}")
 
 
@@ -63,7 +64,7 @@ def throwaway_models(spec: dict[str, Any]) -> tuple[Any, Any]:
 
 def smaller_spec(args: argparse.Namespace, overrides: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any] | None:
     """The networks the same command trains with ``--resolution 32`` (None when its family makes no 32 px):
-    ``overrides`` are the model flags given (above 32 px the CPU recipe leaves the width to the family)."""
+    ``overrides`` are the model flags given."""
     family = args.model or family_for(SMALLER_SIDE, gpu=False)
     if SMALLER_SIDE not in supported_resolutions(family):
         return None
@@ -74,13 +75,13 @@ def smaller_spec(args: argparse.Namespace, overrides: dict[str, Any], spec: dict
 
 
 def run_time_lines(steps: int, seconds: float, max_time: float | None,
-                   smaller: tuple[int, float] | None = None) -> list[str]:
+                   smaller: tuple[int, float] | None = None, warmup_steps: float = 0.0) -> list[str]:
     """What to say about a run of ``steps`` steps of ``seconds`` each (none when short; the time limit's stop;
     over an hour, what is faster: ``smaller`` is (side, seconds per step) of a smaller resolution)."""
     total = steps * seconds
     if total <= SAY_ABOVE:
         return []
-    line = expected_line(steps, seconds, max_time)
+    line = expected_line(steps, seconds, max_time, warmup_steps)
     if total <= ALTERNATIVES_ABOVE:
         return [line]
     faster = []
@@ -92,15 +93,14 @@ def run_time_lines(steps: int, seconds: float, max_time: float | None,
     return [line, "faster: " + ", ".join(faster[:-1]) + (", or " if len(faster) > 1 else "") + faster[-1]]
 
 
-def expected_line(steps: int, seconds: float, max_time: float | None) -> str:
-    """The run's expected time: ``steps`` of ``seconds`` each, and where the time limit stops it."""
+def expected_line(steps: int, seconds: float, max_time: float | None, warmup_steps: float = 0.0) -> str:
+    """The run's expected time: ``steps`` of ``seconds`` each, and where the time limit stops it (and whether
+    inside the warmup of the first ``warmup_steps``)."""
     total = steps * seconds
     line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at "
             f"{describe_step(seconds)} each, timed just now on a few steps of this model)")
     if max_time is not None and max_time < total:
-        stop = about(max(1, max_time / seconds))
-        line += (f"; the time limit ({describe_duration(max_time)}) stops it near step {stop:,}, then --resume "
-                 "latest continues")
+        line += time_limit_clause(max_time, about(max(1, max_time / seconds)), warmup_steps)
     return line
 
 
