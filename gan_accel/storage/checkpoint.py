@@ -27,7 +27,7 @@ from ..ending import raise_together, run_together
 from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
 from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
                     remove_tree, write_failure_reason)
-from .finite import check_finite
+from .finite import check_finite, non_finite_tensors
 from .layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EMA_STATE, ENGINE_STATE, RNG_STATE, TMP_PREFIX,
                      checkpoint_name, checkpoint_root, checkpoint_run_folder)
 from .pickles import check_checkpoint_files, load_pickle
@@ -321,7 +321,7 @@ def non_finite_parts(networks: dict[str, nn.Module], unwrap: Any = None) -> list
     for name, net in networks.items():
         module = unwrap(net) if unwrap is not None else net
         for kind, tensors in (("weights", module.named_parameters()), ("buffers", module.named_buffers())):
-            bad = [key for key, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+            bad = [key for key, _, _ in non_finite_tensors(dict(tensors))]
             if bad:
                 shown = ", ".join(bad[:4]) + (f", ... ({len(bad)} in all)" if len(bad) > 4 else "")
                 parts.append(f"{name}'s {kind} {shown}")
