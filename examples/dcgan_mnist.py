@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
         add_conditional_flags(model)
     else:  # the own-images recipe's loss, penalties and Adam won here too (docs/benchmarks.md: the ablation)
         parser.set_defaults(loss="rpgan", r2_gamma=0.1, lr_g=3e-3, lr_d=3e-3, beta2=0.99)
+        model.add_argument("--d-position", choices=("coords", "moments", "profiles", "none"), default=None,
+                           help="how D sees where strokes sit besides its convs: coordinate channels, or the "
+                                "image's centre of mass and spread")
     parser.remember_given_flags()  # --dry-run names the settings given as such
     args = parser.parse_args(argv)
     args.conditional = conditional
@@ -118,7 +121,7 @@ def settle(args: argparse.Namespace, config: TrainConfig, dataset, num_processes
     loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
     config.max_steps = steps_for(args, len(loader) // num_processes, DEFAULT_STEPS[args.conditional], num_processes)
     model = default_spec("dcgan", 28, 1, 10 if args.conditional else None, z_dim=args.z_dim, width=args.width,
-                         spectral_norm=args.spectral_norm, **({"d_position": args.d_position} if args.conditional else {}))
+                         spectral_norm=args.spectral_norm, **({"d_position": args.d_position} if args.d_position else {}))
     config.model = model  # what gan-accel sample rebuilds G from; fixed on resume
     config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": num_processes}
     config.validate()

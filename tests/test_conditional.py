@@ -381,3 +381,46 @@ def test_class_loss_needs_a_conditional_run_and_a_d_that_gives_every_class(tmp_p
                          output_dir=str(tmp_path / "run"), progress_bar=False, num_samples=4)
     with pytest.raises(PreflightError, match="this D does not take all_classes"):
         GANTrainer(G, PlainCondD(), make_loader(images, 4, make_labels(16)), config)
+
+
+def test_image_moments_by_hand():
+    """The centre of mass, in pixels from the frame's centre, with its squares and product, of a one-pixel image
+    and of a two-pixel one."""
+    from gan_accel.models.dcgan import image_moments
+
+    x = torch.full((2, 1, 5, 5), -1.0)
+    x[0, 0, 1, 3] = 1.0  # row 1, column 3: (x, y) = (1, -1) from the centre (2, 2)
+    x[1, 0, 0, 4] = 1.0
+    x[1, 0, 0, 2] = 0.0  # mass 1 at (2, -2), mass 0.5 at (0, -2): centre ((2 * 1 + 0 * 0.5) / 1.5, -2)
+    m = image_moments(x)
+    assert m[0].tolist() == pytest.approx([1.0, -1.0, 1.0, 1.0, -1.0], abs=1e-6)
+    cx = (2 * 1 + 0 * 0.5) / 1.5
+    assert m[1].tolist() == pytest.approx([cx, -2.0, cx * cx, 4.0, -2 * cx], abs=1e-6)
+
+
+@pytest.mark.parametrize("size", [28, 32, 64])
+def test_unconditional_d_positions_see_where_the_content_sits(size):
+    """An unconditional D with "moments" or "profiles" gives the same square at two places two logits through
+    those reads alone (its convs zeroed), and "profiles" also tells a taller square from a shorter one with
+    the same centre; "coords" feeds two coordinate channels; a conditional D refuses "profiles" in one line."""
+    from gan_accel.errors import ConfigError
+    from gan_accel.models import build_discriminator, default_spec, normalize_spec
+
+    x = torch.full((3, 1, size, size), -1.0)
+    x[0, 0, 2:5, 2:5] = x[1, 0, -5:-2, -5:-2] = 1.0  # the same square, top left and bottom right
+    x[2, 0, 1:6, 2:5] = 1.0  # taller, the same centre as the first
+    for position in ("moments", "profiles"):
+        torch.manual_seed(0)
+        D = build_discriminator(default_spec("dcgan", size, 1, None, width=4, d_position=position)).eval()
+        with torch.no_grad():
+            for p in D.net.parameters():
+                p.zero_()
+            logits = D(x)
+        assert logits[0] != logits[1]
+        assert bool(logits[0] != logits[2]) is (position == "profiles")  # the moments read only the centre
+    D = build_discriminator(default_spec("dcgan", size, 1, None, width=4, d_position="coords"))
+    assert D.net[0].in_channels == 3 and D(x).shape == (3,)
+    old = {k: v for k, v in default_spec("dcgan", size, 1, None).items() if k != "d_position"}
+    assert normalize_spec(old)["d_position"] is None  # a spec recorded before the key builds the same D
+    with pytest.raises(ConfigError, match="d_position='profiles': choose one of coords, moments, none"):
+        default_spec("dcgan", size, 1, 10, d_position="profiles")

@@ -16,7 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
-from .dcgan import _plan, dcgan_init, generator_stack
+from .dcgan import _plan, coordinate_grid, dcgan_init, generator_stack
+
+POSITIONS = ("coords", "moments", "none")  # how the projection D sees where strokes are
 
 
 class ConditionalDCGANGenerator(nn.Module):
@@ -37,7 +39,6 @@ class ConditionalDCGANGenerator(nn.Module):
         return self.net(h.reshape(h.shape[0], -1, 1, 1))
 
 
-POSITIONS = ("coords", "moments", "none")
 
 
 class ProjectionDiscriminator(nn.Module):
@@ -86,14 +87,6 @@ class ProjectionDiscriminator(nn.Module):
         if all_classes:
             return self.psi(h) + h @ self.embed.weight.t()
         return self.psi(h).reshape(x.shape[0]) + (self.embed(y) * h).sum(dim=1)
-
-
-def coordinate_grid(x: Tensor) -> Tensor:
-    """(1, 2, H, W): the column and the row of each pixel of ``x``'s frame, scaled to [-1, 1]."""
-    h, w = x.shape[2:]
-    rows = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype).view(1, 1, h, 1).expand(1, 1, h, w)
-    cols = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype).view(1, 1, 1, w).expand(1, 1, h, w)
-    return torch.cat([cols, rows], dim=1)
 
 
 def within_class_stddev(features: Tensor, labels: Tensor, num_classes: int) -> Tensor:

@@ -22,8 +22,9 @@ from torch import nn
 
 from ..errors import ConfigError
 from . import dcgan, r3gan, resnet
-from .conditional import POSITIONS, ConditionalDCGANGenerator, ProjectionDiscriminator
-from .dcgan import DCGANDiscriminator, DCGANGenerator
+from .conditional import POSITIONS as CONDITIONAL_POSITIONS
+from .conditional import ConditionalDCGANGenerator, ProjectionDiscriminator
+from .dcgan import POSITIONS, DCGANDiscriminator, DCGANGenerator
 from .resnet import ResNetDiscriminator, ResNetGenerator
 
 COMMON = ("family", "z_dim", "width", "image_size", "channels", "num_classes")
@@ -58,7 +59,7 @@ def _dcgan_G(s: dict[str, Any]) -> nn.Module:
 def _dcgan_D(s: dict[str, Any]) -> nn.Module:
     sizes = dict(width=s["width"], image_size=s["image_size"], channels=s["channels"], spectral_norm=s["spectral_norm"])
     if s["num_classes"] is None:
-        return DCGANDiscriminator(**sizes)
+        return DCGANDiscriminator(position=s["d_position"], **sizes)
     return ProjectionDiscriminator(s["num_classes"], class_stddev=s["class_stddev"], position=s["d_position"], **sizes)
 
 
@@ -175,13 +176,15 @@ def _check_values(fam: Family, spec: dict[str, Any]) -> None:
         raise ConfigError(f"spectral_norm={spec['spectral_norm']!r} must be true or false")
     if "norm" in spec and spec["norm"] not in resnet.NORMS:
         raise ConfigError(f"norm={spec['norm']!r} is not a normalisation of G: choose one of {', '.join(resnet.NORMS)}")
-    if "d_position" in spec and conditional and spec["d_position"] not in POSITIONS:
-        raise ConfigError(f"d_position={spec['d_position']!r}: choose one of {', '.join(POSITIONS)}")
+    positions = CONDITIONAL_POSITIONS if conditional else POSITIONS
+    if spec.get("d_position") is not None and spec["d_position"] not in positions:
+        raise ConfigError(f"d_position={spec['d_position']!r}: choose one of {', '.join(positions)}"
+                          + (" (a conditional D)" if conditional else ""))
     if "class_stddev" in spec and conditional and not isinstance(spec["class_stddev"], bool):
         raise ConfigError(f"class_stddev={spec['class_stddev']!r} must be true or false")
-    if not conditional and any(spec.get(k) is not None for k in ("d_position", "class_stddev")):
-        raise ConfigError("d_position and class_stddev describe the conditional DCGAN's D: leave them out "
-                          "(or null) when num_classes is null")
+    if not conditional and spec.get("class_stddev") is not None:
+        raise ConfigError("class_stddev describes the conditional DCGAN's D: leave it out (or null) when "
+                          "num_classes is null")
 
 
 def _positive_int(value: Any) -> bool:
