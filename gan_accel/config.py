@@ -23,6 +23,7 @@ MAX_SEED = 2**31 - 1  # numpy's seed must be < 2**32, and Accelerate's set_seed 
 LR_SCHEDULE_CHOICES = ("linear", "constant")
 LABEL_DISTRIBUTIONS = ("uniform", "data")
 RAMP_SHAPES = ("cosine", "linear")
+ADA_SIGNALS = ("rt", "heldout")  # what steers ADA's p: its r_t, or D's held-out overfitting (OverfitSteering)
 RAMPED_FIELDS = ("lr_G", "lr_D", "r1_gamma", "r2_gamma", "ema_half_life", "augment_p")  # and each of the betas
 
 
@@ -105,6 +106,7 @@ class TrainConfig:
     augment: str = "none"  # differentiable augmentation of every image D sees: "none", "diffaugment" or "ada"
     augment_p: float | Ramp | None = None  # diffaugment: each transform's probability (default 1); ada: the first p (0)
     ada_target: float = 0.6  # ada: the E[sign(D(real))] (rpgan: of D(real) - D(fake)) that p steers towards (higher: D overfits, p rises)
+    ada_signal: str = "rt"  # ada: what steers p: "rt" (ADA's sign of D(real)) or "heldout" (D's held-out gap, see OverfitSteering)
     ada_interval: int = 4  # ada: steps between updates of p
     ada_kimg: float = 100.0  # ada: thousands of real images over which p can move from 0 to 1
     sample_every: int = 500
@@ -208,6 +210,8 @@ class TrainConfig:
             raise ConfigError("augment_p is set but augment='none': choose augment='diffaugment' or 'ada'")
         if not (_is_number(self.ada_target) and -1.0 < self.ada_target < 1.0):
             raise ConfigError(f"ada_target={self.ada_target!r} is invalid: expected a number in (-1, 1), e.g. 0.6")
+        if self.ada_signal not in ADA_SIGNALS:
+            raise ConfigError(f"ada_signal={self.ada_signal!r} is invalid: choose one of {', '.join(ADA_SIGNALS)}")
         _require_int("ada_interval", self.ada_interval, minimum=1)
         _require_positive_float("ada_kimg", self.ada_kimg, hint="thousands of images, e.g. 100")
         if isinstance(self.loss, str):

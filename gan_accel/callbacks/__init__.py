@@ -13,13 +13,14 @@ from .evaluation import Evaluator
 from .export import WeightsExporter
 from .health import HealthMonitor
 from .metrics_log import MetricsLogger, read_metrics
+from .overfit_steering import OverfitSteering
 from .progress import ProgressBar
 from .sample_saver import SampleSaver
 from .trackers import TrackerLogger
 from .training_plot import TrainingPlot
 
 __all__ = ["EVENTS", "Callback", "CallbackList", "Checkpointer", "EMA", "GeneratorEMA", "Evaluator",
-           "WeightsExporter", "HealthMonitor", "MetricsLogger", "read_metrics", "ProgressBar",
+           "WeightsExporter", "HealthMonitor", "MetricsLogger", "read_metrics", "OverfitSteering", "ProgressBar",
            "SampleSaver", "SignalHandler", "TrackerLogger", "TrainingPlot", "default_callbacks", "BUILTIN_CALLBACKS"]
 
 # The built-in callbacks, in the order they run (each is named after its class: see Callback.name).

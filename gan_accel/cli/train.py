@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..augment import AUGMENTS
 from ..callbacks import Callback
-from ..config import TrainConfig
+from ..config import ADA_SIGNALS, TrainConfig
 from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
 from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
@@ -78,7 +78,10 @@ def add_parser(commands: Any) -> None:
     augment.add_argument("--augment-p", type=nonnegative_float, default=None,
                          help="diffaugment: each transform's probability (default 1); ada: the first p (default 0)")
     augment.add_argument("--ada-target", type=fraction, default=0.6,
-                         help="ada: the E[sign(D(real))] (rpgan: of D(real) - D(fake)) that p steers towards")
+                         help="ada: the E[sign(D(real))] (rpgan: of D(real) - D(fake)) that p steers towards; "
+                              "with --ada-signal heldout: D's held-out overfit ratio")
+    augment.add_argument("--ada-signal", choices=ADA_SIGNALS, default="rt",
+                         help="ada: what steers p: ADA's r_t, or D's gap between training and held-out images")
     # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
     parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
                         ema_decay=None, augment=None)
@@ -153,7 +156,7 @@ def train(args: argparse.Namespace) -> int:
     monitor = held_out_monitor(args, data, recorded_data, processes.num_processes, log)
     loader = data.dataloader(args.batch_size, random_flip=args.random_flip, num_workers=args.num_workers,
                              seed=args.seed)
-    callbacks: list[Any] = [RunDataFiles(data), monitor]
+    callbacks: list[Any] = [RunDataFiles(data), monitor, *overfit_steering(args, monitor)]
     extra = {**data_extra(data), "num_processes": processes.num_processes}
     if args.eval_every:
         evaluator, extra["eval_features"] = build_evaluator(args, data, processes.device, log)
@@ -371,6 +374,19 @@ def held_out_monitor(args: argparse.Namespace, data: ImageData, recorded: dict[s
     return HealthMonitor(held_out=(held, labels) if args.conditional else held)
 
 
+def overfit_steering(args: argparse.Namespace, monitor: Any) -> list[Callback]:
+    """ADA steered by the held-out gap (``--augment ada --ada-signal heldout``): its callback, on the
+    monitor's held-out images; one line when there are none."""
+    if args.augment != "ada" or args.ada_signal != "heldout":
+        return []
+    from ..callbacks import OverfitSteering
+
+    if monitor.held_out is None:
+        raise ConfigError("--ada-signal heldout steers ADA by D's held-out images, but this run holds none out "
+                          "(too few images, or a run that started without): use --ada-signal rt")
+    return [OverfitSteering((monitor.held_out, monitor.held_labels) if args.conditional else monitor.held_out)]
+
+
 def data_extra(data: ImageData) -> dict[str, Any]:
     """What the run's config records about its data (``config.extra``)."""
     return {"dataset": Path(data.report.source).name or data.report.source, "data_source": data.report.source,
@@ -390,7 +406,8 @@ def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, p
                       label_distribution=args.label_distribution or "data",
                       class_loss_weight=1.0 if args.class_weight is None else args.class_weight)
     fields.update(z_dim=spec["z_dim"], max_steps=steps_for(args, batches, DEFAULT_STEPS, processes), model=spec,
-                  extra=extra, augment=args.augment, augment_p=args.augment_p, ada_target=args.ada_target)
+                  extra=extra, augment=args.augment, augment_p=args.augment_p, ada_target=args.ada_target,
+                  ada_signal=args.ada_signal)
     images = fields["max_steps"] * args.batch_size * args.grad_accum * processes
     for name, ramp in recipe.ramps(images, args.given).items():
         if name == "beta2":

@@ -30,7 +30,7 @@ class RunAugmentation:
             return
         options = {} if config.augment_p is None else {"p": config.augment_p.start if self.ramp else config.augment_p}
         self.augment = build_augment(config.augment, **options)
-        if config.augment == "ada":
+        if config.augment == "ada" and config.ada_signal == "rt":  # "heldout": the OverfitSteering callback moves p
             # ticks count steps (the controller updates every `interval` of them, on every process alike)
             self.controller = AdaptiveP(self.augment, target=config.ada_target, interval=config.ada_interval,
                                         ada_kimg=config.ada_kimg, p=config.augment_p or 0.0,
