@@ -139,6 +139,36 @@ def stop_on_signals(flag: StopFlag, signums: tuple[int, ...] = (signal.SIGINT, s
             signal.signal(s, h)
 
 
+@contextmanager
+def interrupt_on_signals(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM alike raise ``KeyboardInterrupt`` named after the signal, so that
+    every stage outside training (scan, cache build, export, evaluation) unwinds through its ``finally`` blocks
+    (temporaries removed) and :func:`run_script` prints one line; without it SIGTERM ends the process on the spot,
+    leaving them. A signal ignored (``nohup``, a background job) stays ignored; a duplicate delivery within
+    :data:`DUPLICATE_SIGNAL_WINDOW` (a launcher forwarding it) is one request, so it cannot cut short that clean-up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in signums}
+    last = [-1.0]
+
+    def handler(signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] < DUPLICATE_SIGNAL_WINDOW:
+            return
+        last[0] = now
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for s, h in previous.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 class SignalHandler:
     """The built-in callback ``signal_handler``: SIGINT/SIGTERM become a checkpoint and a clean stop.
 
@@ -318,7 +348,8 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
     expected failure exit 2; a stop on a signal 128 + the signal; another process silent or gone exit 75;
     a closed pipe (``| head``) quietly 141. A traceback only for a bug, or with ``debug``."""
     try:
-        code = body()
+        with interrupt_on_signals():
+            code = body()
         sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
         leave_process_group()
         return code

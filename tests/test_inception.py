@@ -4,6 +4,7 @@ The download itself: tests/test_inception_fetch.py."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import gan_accel.eval.inception as inception
 from gan_accel.data.loader import uint8_to_float
 from gan_accel.eval.features import compute_features
 from gan_accel.eval.frechet import frechet_distance_from_features
@@ -149,6 +151,7 @@ def test_weights_found_through_env_var_and_hub_cache(monkeypatch, no_weights_any
     cached = no_weights_anywhere / "checkpoints" / WEIGHTS_FILE
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"stand-in")
+    monkeypatch.setattr(inception, "WEIGHTS_SHA256", hashlib.sha256(b"stand-in").hexdigest())  # the cache's check
     inception_extractor(_backend=factory)
     monkeypatch.setenv(WEIGHTS_ENV, str(weights_file))
     inception_extractor(_backend=factory)

@@ -198,6 +198,7 @@ def test_first_use_downloads_then_later_runs_read_the_cache(serve, monkeypatch, 
         return real_fetch(dest, sha256_prefix=PREFIX, timeout=1, progress=False)
 
     monkeypatch.setattr(inception, "fetch_weights", fetch)
+    monkeypatch.setattr(inception, "WEIGHTS_SHA256", hashlib.sha256(PAYLOAD).hexdigest())  # what the cache is held to
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]

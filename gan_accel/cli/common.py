@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, Callable
 
 from ..errors import GanAccelError
 from ..storage.checkpoint import is_complete, list_checkpoints
-from ..storage.files import cannot_write, create_new, remove_entry, temporary_name
+from ..storage.files import cannot_write, clear_dead_temporaries, create_new, remove_entry, temporary_name
 from ..storage.run_folder import managing_run
 from ..storage.layout import (CHECKPOINT_PREFIX, CHECKPOINTS, COMPLETE, EXPORT_WEIGHTS, GENERATOR, RUN_FILES, RUN_MARKS,
                             RUN_PATTERNS, TMP_PREFIX, checkpoint_run_folder, checkpoint_step, is_run_folder)
@@ -127,6 +127,7 @@ def write_new_file_with(out: Path, write: Callable[[BinaryIO], Any], flag: str =
     """:func:`write_new_file` of what ``write(handle)`` writes, as it goes (a file larger than memory)."""
     tmp = temporary_name(out)
     try:
+        clear_dead_temporaries(out)  # what a killed earlier try of this command left
         remove_entry(tmp)  # this process id's name: a leftover or a link goes as a name, never followed
         _write_new_file(out, tmp, write, flag)
     except OSError as error:

@@ -81,18 +81,59 @@ def resolve_weights(weights_path: PathLike | None = None, download: bool = True)
     if weights_path is not None or env:
         path = Path(weights_path if weights_path is not None else env).expanduser()
         if not path.is_file():
+            from ..storage.reading import not_regular
+
             given = "" if weights_path is not None else f" (from ${WEIGHTS_ENV})"
             fix = "pass weights_path=" if weights_path is not None else f"point {WEIGHTS_ENV} at"
-            raise InceptionUnavailable(f"Inception weights file {path}{given} does not exist; {fix} a local copy of "
+            # something that stands there (a FIFO, a folder, a link to a device) is named as what it is
+            what = f"is {not_regular(path.stat().st_mode)}" if path.exists() else "does not exist"
+            raise InceptionUnavailable(f"Inception weights file {path}{given} {what}; {fix} a local copy of "
                                        f"{WEIGHTS_FILE}")
         return path
     cached = Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE  # where torch-fidelity would download it
-    if cached.is_file():
-        return cached
+    if os.path.lexists(cached):  # anything standing there is judged, never downloaded over
+        return verify_cached(cached, WEIGHTS_SHA256)
     if not download:
         raise InceptionUnavailable(f"Inception weights {WEIGHTS_FILE} are not in {cached.parent} (downloads are off); "
                                    f"get them from {WEIGHTS_URL} and put them there, or point {WEIGHTS_ENV} at a copy")
     return fetch_weights(cached, sha256_prefix=WEIGHTS_SHA256)
+
+
+_VERIFIED: set[tuple[str, int, int, int, int]] = set()  # (path, device, inode, size, mtime) hashed this process
+
+
+def verify_cached(path: Path, sha256: str) -> Path:
+    """``path``, a download kept in torch hub's cache, once it is a regular file whose SHA-256 is ``sha256``:
+    hashed once per process (and again when the file changes); checked to be the same file on every use.
+    Anything else raises :class:`InceptionUnavailable` in one line that names it as corrupt and says to delete it."""
+    from ..errors import UnsafeFileError
+    from ..storage.pickles import pickled_call
+    from ..storage.reading import file_sha256, not_regular
+
+    fix = (f"delete it (rm {'-r ' if path.is_dir() and not path.is_symlink() else ''}{path}) and run again to "
+           f"download it again, or put a good copy from {WEIGHTS_URL} there")
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise InceptionUnavailable(f"the cached Inception weights {path} are corrupt (a link to nothing: "
+                                   f"{os.strerror(error.errno)}); {fix}") from None
+    kind = not_regular(info.st_mode)
+    if kind:
+        raise InceptionUnavailable(f"the cached Inception weights {path} are corrupt ({kind}); {fix}")
+    key = (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key in _VERIFIED:
+        return path
+    try:
+        digest = file_sha256(path)
+    except (OSError, UnsafeFileError) as error:
+        raise InceptionUnavailable(f"the cached Inception weights {path} cannot be read ({error}); {fix}") from None
+    if digest != sha256:
+        call = pickled_call(path)  # read without running it: only a file that names a callable could run code
+        what = (f"it is not the file: it holds pickled code (GLOBAL {call}) that could run if loaded" if call
+                else f"{info.st_size:,} bytes whose SHA-256 starts {digest[:8]}, not {sha256[:8]}: truncated or damaged")
+        raise InceptionUnavailable(f"the cached Inception weights {path} are corrupt ({what}); {fix}")
+    _VERIFIED.add(key)
+    return path
 
 
 def fetch_weights(dest: PathLike, url: str | None = None, sha256_prefix: str | None = None,

@@ -15,10 +15,9 @@ from torch import Tensor, nn
 
 from ..data.loader import uint8_to_float
 from ..data.mnist import MNIST_FILES, DatasetUnavailableError, _short_reason, _socket_timeout, load_mnist_uint8
-from ..errors import ConfigError, GanAccelError, NonFiniteWeightsError
+from ..errors import ConfigError, GanAccelError, NonFiniteWeightsError, UnsafeFileError
 from ..storage.files import write_bytes_synced
 from ..storage.finite import check_finite
-from ..storage.reading import load_safetensors
 from .feature_cache import cache_dir
 from .features import compute_features
 
@@ -85,35 +84,69 @@ def train_mnist_classifier(images: Tensor, labels: Tensor, epochs: int = 2, batc
     return model.eval()
 
 
+def weights_sha256(state: dict[str, Tensor]) -> str:
+    """A SHA-256 of a state dict's names, dtypes, shapes and bytes: what a cached classifier records of itself."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().contiguous().cpu()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
 def load_or_train_classifier(cache_path: str | os.PathLike, images: Tensor, labels: Tensor,
                              **train_kwargs: Any) -> MnistClassifier:
     """Load a cached :class:`MnistClassifier` from ``cache_path`` (safetensors), or train (``train_kwargs``) and
-    cache one, written atomically. Raises ClassifierCacheError when the file is unreadable or does not fit."""
+    cache one, written atomically with a SHA-256 of its weights. The cache is verified on every use: a file that
+    is not regular, cannot be read, does not match its checksum or does not fit raises ClassifierCacheError in
+    one line naming it as corrupt and saying to delete it (a file written before the checksum is checked for fit
+    and finite weights only)."""
     from safetensors.torch import save
 
     path = Path(cache_path)
-    if path.exists():
-        try:
-            state = load_safetensors(path)  # safetensors: tensors only, nothing in the file can run
-        except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
-            raise ClassifierCacheError(f"cannot read cached MNIST classifier {path} ({_short_reason(exc)}); "
-                                       "delete the file to retrain it") from None
-        try:  # a judge with NaN weights would score every generator as nonsense, and say nothing
-            check_finite(state, path, fix="delete the file to retrain it")
-        except NonFiniteWeightsError as error:
-            raise ClassifierCacheError(f"cached MNIST classifier {error}") from None
-        model = MnistClassifier()
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as exc:
-            raise ClassifierCacheError(f"cached MNIST classifier {path} does not fit MnistClassifier "
-                                       f"({_short_reason(exc)}); delete the file to retrain it") from None
-        return model.eval()
-
+    if os.path.lexists(path):
+        return _cached_classifier(path)
     model = train_mnist_classifier(images, labels, **train_kwargs)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
     # per-process temporary name (concurrent runs never clash), the umask's mode (safetensors' writer makes 0600)
-    write_bytes_synced(path, save({k: v.contiguous() for k, v in model.state_dict().items()}))
+    write_bytes_synced(path, save(state, metadata={"sha256": weights_sha256(state)}))
     return model
+
+
+def _cached_classifier(path: Path) -> MnistClassifier:
+    """The classifier cached at ``path``, verified (see :func:`load_or_train_classifier`)."""
+    from ..storage.pickles import pickled_call
+    from ..storage.reading import open_safetensors
+
+    def corrupt(why: str) -> ClassifierCacheError:
+        return ClassifierCacheError(f"the cached MNIST classifier {path} is corrupt ({why}); delete the file to "
+                                    f"retrain it (rm {'-r ' if path.is_dir() and not path.is_symlink() else ''}"
+                                    f"{path}, then run again: about 30 s)")
+
+    try:
+        with open_safetensors(path) as handle:  # a regular file of sane size, then safetensors: tensors only
+            meta = handle.metadata() or {}
+            state = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as exc:  # safetensors raises its own error types for truncated/garbage files
+        if isinstance(exc, UnsafeFileError) and "not a regular file (" in str(exc):
+            raise corrupt(str(exc).split("not a regular file (", 1)[1].split(")", 1)[0]) from None
+        call = pickled_call(path)  # read without running it: a pickle is never loaded here, only named
+        raise corrupt(f"it holds pickled code (GLOBAL {call}) that could run if unpickled, not safetensors" if call
+                      else f"it cannot be read: {_short_reason(exc)}") from None
+    if "sha256" in meta and meta["sha256"] != weights_sha256(state):
+        raise corrupt("its weights do not match the checksum recorded when it was written")
+    try:  # a judge with NaN weights would score every generator as nonsense, and say nothing
+        check_finite(state, path, fix="delete the file to retrain it")
+    except NonFiniteWeightsError as error:
+        raise ClassifierCacheError(f"cached MNIST classifier {error}") from None
+    model = MnistClassifier()
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise corrupt(f"it does not fit MnistClassifier: {_short_reason(exc)}") from None
+    return model.eval()
 
 
 def evaluate_mnist_samples(

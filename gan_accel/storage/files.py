@@ -31,6 +31,60 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine still runs (another user's counts as running: it may be a writer)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_dead_temporaries(path: Path) -> None:
+    """Remove what writers of ``path`` on this host that were killed (SIGKILL, out of memory) left beside it: its
+    :func:`temporary_name` with the id of a process no longer running, a file or a folder (an export's), removed
+    as a name, never through a link. A live writer's, another host's and anything else are kept."""
+    prefix = f".{path.name}.{socket.gethostname()}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
+        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
+            continue
+        try:
+            remove_tree(path.parent / name)
+        except OSError:
+            pass  # another process cleared it first, or it is not ours to remove: it is never read
+
+
+def rename_new(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst`` in one step that refuses (``FileExistsError``) when anything stands at ``dst``
+    (Linux's ``renameat2(RENAME_NOREPLACE)``); elsewhere ``dst`` is claimed by creating it first, which leaves a
+    moment in which a killed process leaves an empty ``dst`` behind."""
+    try:
+        import ctypes
+
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28
+        renameat2 = None
+    if renameat2 is not None:
+        at_cwd, no_replace = -100, 1  # AT_FDCWD, RENAME_NOREPLACE
+        if renameat2(at_cwd, os.fsencode(src), at_cwd, os.fsencode(dst), no_replace) == 0:
+            return
+        number = ctypes.get_errno()
+        if number not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # a file system without the flag
+            raise OSError(number, os.strerror(number), str(dst))
+    if src.is_dir():
+        dst.mkdir()  # the claim: FileExistsError when taken; the rename replaces only this empty folder
+    elif os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
 def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
     """A descriptor of a file created at ``path`` for writing; refused (``FileExistsError``) when anything, a link
     included, stands there. The mode is ``mode`` less the umask, as for any file the user creates."""
@@ -104,6 +158,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     whatever the caller writes lands in it; the rename replaces a link at ``path`` itself, not its target."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clear_dead_temporaries(path)
     tmp = temporary_name(path)
     remove_entry(tmp)  # a killed writer's leftover of this process id, or a link: its name, never its target
     os.close(create_new(tmp))
@@ -192,14 +247,14 @@ def cannot_write(out: Path, error: BaseException, flag: str) -> ConfigError:
 
 
 def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out") -> None:
-    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all. The name is claimed
-    first (``mkdir``), the files go to a temporary folder that then replaces the claimed empty one in one rename."""
-    try:
-        out.mkdir()
-    except FileExistsError:
-        raise ConfigError(f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path") from None
-    except OSError as error:
-        raise cannot_write(out, error, flag) from error
+    """Create the folder ``out`` holding what ``fill(folder)`` writes: complete or not at all, never over anything.
+    The files go to a hidden temporary folder beside it, renamed to ``out`` in one step that refuses an ``out``
+    that appeared meanwhile (:func:`rename_new`). Interrupted, it removes that folder; killed, it leaves only the
+    folder, which the next write of ``out`` on this host removes: never an ``out`` that refuses the retry."""
+    exists = f"{flag} {out} exists, and gan-accel never replaces anything; choose a new path"
+    if os.path.lexists(out):
+        raise ConfigError(exists)
+    clear_dead_temporaries(out)
     tmp = temporary_name(out)
     made = False
     try:
@@ -208,17 +263,17 @@ def write_new_folder(out: Path, fill: Callable[[Path], None], flag: str = "--out
             tmp.mkdir()
             made = True
             fill(tmp)
-            os.rename(tmp, out)  # replaces only the empty folder claimed above
         except Exception as error:  # safetensors' writer reports a full disk as its own error, not an OSError
             if not is_write_failure(error):
                 raise
             raise cannot_write(out, error, flag) from error
+        try:
+            rename_new(tmp, out)
+        except FileExistsError:
+            raise ConfigError(f"{exists} (it appeared while gan-accel wrote; nothing was written over it)") from None
+        except OSError as error:
+            raise cannot_write(out, error, flag) from error
     except BaseException:
         if made:  # only the folder made here, and what was written into it
             remove_tree(tmp)
-        try:
-            out.rmdir()  # the claimed folder, only while it is empty (never someone else's files)
-        except OSError:
-            pass
         raise
-

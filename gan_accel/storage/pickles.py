@@ -20,7 +20,7 @@ import torch
 
 from ..errors import UnsafeFileError
 from .files import first_line
-from .reading import check_regular_file, load_weights_only
+from .reading import MAX_TENSOR_BYTES, check_regular_file, load_weights_only, open_file
 from .safe_tree import check_tree_file
 
 PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
@@ -83,16 +83,42 @@ def load_pickle(path: str | Path, numpy: bool = False, mmap: bool = False) -> An
         raise unsafe_or_corrupt(path, error) from None
 
 
+def pickled_call(path: str | Path) -> str | None:
+    """The first callable a plain pickle file names (``posix.system``), read opcode by opcode without running
+    anything; None when it names none, or is no well-formed pickle (random or damaged bytes)."""
+    import pickletools
+
+    strings: list[str] = []
+    try:
+        with open_file(path, MAX_TENSOR_BYTES) as handle:
+            for opcode, argument, _ in pickletools.genops(handle):
+                if opcode.name in ("GLOBAL", "INST"):
+                    return str(argument).replace(" ", ".")
+                if opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    return f"{strings[-2]}.{strings[-1]}"
+                if isinstance(argument, str):
+                    strings.append(argument)
+    except Exception:  # not a pickle: what weights_only refused was damage, not code
+        return None
+    return None
+
+
 def unsafe_or_corrupt(path: Path, error: BaseException) -> UnsafeFileError:
-    """The one line for a pickle-based file that ``weights_only=True`` would not load."""
+    """The one line for a pickle-based file that ``weights_only=True`` would not load: "could run code" only for a
+    file that names a callable (a refused global), "truncated or corrupt" for bytes that are no pickle at all."""
     text = str(error)
-    if "Weights only load failed" in text or type(error).__name__ == "UnpicklingError":
-        found = _REASON.search(text)
-        what = f" ({found.group(1).strip()})" if found else ""
+    found = _REASON.search(text)
+    names_global = found is not None and "operand" not in found.group(1)
+    call = None if names_global else pickled_call(path)
+    if names_global or call is not None:
+        what = f" ({found.group(1).strip()})" if names_global else f" (GLOBAL {call})"
         return UnsafeFileError(
             f"{path} holds more than {SAFE_PICKLES}{what}: unpickling it could run code, so gan_accel does not load "
             "it; use checkpoints you or gan_accel wrote (see docs/security.md to convert one you trust)")
-    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {first_line(error)}")
+    # torch's own text for a refusal speaks of code execution: not the story for bytes that are no pickle
+    reason = (found.group(1).strip() if found else "no pickle") if "Weights only load failed" in text \
+        else first_line(error)
+    return UnsafeFileError(f"cannot read {path} (truncated or corrupt?): {reason}")
 
 
 def check_checkpoint_files(folder: str | Path) -> None:

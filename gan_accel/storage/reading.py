@@ -116,6 +116,17 @@ def read_json(path: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> Any:
         raise ValueError(f"{path} is nested too deeply to be one of gan_accel's JSON files") from None
 
 
+def file_sha256(path: str | os.PathLike, limit: int = MAX_TENSOR_BYTES) -> str:
+    """The SHA-256 of a regular file of at most ``limit`` bytes, read in chunks (bounded memory)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open_file(path, limit) as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 # -- files a library reads by name: checked first ------------------------------------------------------------
 def load_safetensors(path: str | os.PathLike) -> dict[str, Any]:
     """Every tensor of a safetensors file (on the CPU)."""

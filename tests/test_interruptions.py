@@ -1,0 +1,132 @@
+"""Every interruption ends in one line and leaves nothing that blocks the retry: ``gan-accel`` in a process of its
+own, paused at a stage by tests/stage_driver.py, gets a real SIGTERM or SIGINT there (scan, image-cache build,
+training, checkpoint write, export, evaluation), or a SIGKILL followed by the same command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--batch-size", "8", "--width", "4", "--sample-every", "2", "--log-every", "1", "--checkpoint-every", "2",
+        "--no-progress"]
+
+
+def hidden_temporaries(*folders: Path) -> list[Path]:
+    """The temporaries a writer leaves when it is not cleaned up (``.<name>.<host>.<pid>.tmp``, ``.tmp-...``)."""
+    return [p for folder in folders if folder.exists() for p in folder.rglob(".*")
+            if p.name.endswith((".tmp", ".compact")) or p.name.startswith(".tmp-")]
+
+
+def command(stage: str, signum: int | None, argv: list, base: Path) -> tuple[int, list[str]]:
+    """``gan-accel ARGV`` paused at ``stage`` and sent ``signum`` there (None: let it run): (exit code, the
+    non-empty lines of its stderr)."""
+    ready = base / f"ready-{stage}-{signum}-{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", GAN_ACCEL_CACHE=str(base / "cache"), HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "stage_driver.py"), stage, str(ready), "--",
+                             *map(str, argv)], env=env, cwd=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 240
+    while signum is not None and not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if signum is not None:
+        assert ready.exists(), f"stage {stage} never reached:\n{proc.communicate(timeout=60)[1][-3000:]}"
+        proc.send_signal(signum)
+    _, err = proc.communicate(timeout=240)
+    return proc.returncode, [line for line in err.splitlines() if line.strip()]
+
+
+def write_images(folder: Path, count: int = 24) -> None:
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize((40, 36)).save(folder / f"{i}.png")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """Images, and a finished 4-step run on them (the source of the export and evaluation cases)."""
+    base = tmp_path_factory.mktemp("interruptions")
+    write_images(base / "photos")
+    code, lines = command("none", None, ["train", "--data", base / "photos", "--output-dir", base / "run", "--steps",
+                                         4, *TINY], base)
+    assert code == 0, lines[-20:]
+    return base
+
+
+def one_line(code: int, lines: list[str], signum: int) -> str:
+    assert code == 128 + signum and len(lines) == 1, (code, lines[-20:])
+    assert "Traceback" not in lines[0]
+    return lines[0]
+
+
+SIGNALS = [signal.SIGTERM, signal.SIGINT]
+NAME = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+
+@pytest.mark.parametrize("stage", ["scan", "cache"])
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_before_training_is_one_line_and_the_same_command_then_runs(base, tmp_path, stage, signum):
+    out = tmp_path / "run"
+    argv = ["train", "--data", base / "photos", "--output-dir", out, "--steps", 2, "--cache-dir", tmp_path / "c",
+            *TINY]
+    line = one_line(*command(stage, signum, argv, tmp_path), signum)
+    assert line == f"error: interrupted ({NAME[signum]}) outside training; the complete checkpoints written so far, " \
+                   "if any, are untouched."
+    assert hidden_temporaries(tmp_path / "c") == [] and not out.exists()
+    if stage == "cache" and signum == signal.SIGTERM:  # the retry: the same command, to the end
+        code, lines = command("none", None, argv, tmp_path)
+        assert code == 0, lines[-20:]
+
+
+@pytest.mark.parametrize("stage", ["train", "checkpoint"])
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_in_training_checkpoints_and_says_how_to_go_on(base, tmp_path, stage, signum):
+    out = tmp_path / "run"
+    argv = ["train", "--data", base / "photos", "--output-dir", out, "--steps", 8, *TINY]
+    line = one_line(*command(stage, signum, argv, tmp_path), signum)
+    name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}[signum]
+    assert line.startswith(f"gan_accel: stopped by {name} at step ") and "--resume latest" in line, line
+    step = int(line.split(" at step ")[1].split(";")[0])
+    assert (out / "checkpoints" / f"checkpoint_{step:08d}" / "COMPLETE").is_file()
+    assert hidden_temporaries(out) == []
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_during_export_leaves_nothing_and_the_same_command_then_runs(base, tmp_path, signum):
+    target = tmp_path / "shared"
+    line = one_line(*command("export", signum, ["export", base / "run", target], tmp_path), signum)
+    assert line.startswith(f"error: interrupted ({NAME[signum]})"), line
+    assert not os.path.lexists(target) and hidden_temporaries(tmp_path) == []
+
+
+def test_sigkill_during_export_leaves_no_target_and_the_retry_removes_its_temporary(base, tmp_path):
+    target = tmp_path / "shared"
+    code, _ = command("export", signal.SIGKILL, ["export", base / "run", target], tmp_path)
+    assert code == -signal.SIGKILL and not os.path.lexists(target)  # no empty folder that refuses the retry
+    assert len(hidden_temporaries(tmp_path)) == 1
+    code, lines = command("none", None, ["export", base / "run", target], tmp_path)
+    assert code == 0, lines[-20:]
+    assert (target / "model.safetensors").is_file() and hidden_temporaries(tmp_path) == []
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_during_evaluation_is_one_line(base, tmp_path, signum):
+    argv = ["eval", base / "run", "--data", base / "photos", "--features", "random", "--num", 16,
+            "--out", tmp_path / "scores.json"]
+    line = one_line(*command("eval", signum, argv, tmp_path), signum)
+    assert line.startswith(f"error: interrupted ({NAME[signum]})"), line
+    assert not (tmp_path / "scores.json").exists() and hidden_temporaries(tmp_path) == []
