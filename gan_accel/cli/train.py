@@ -231,7 +231,7 @@ def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log:
         marked = given | ({"model"} if ("model" in typed if typed is not None else family != recipe.model) else set())
         unpenalised = " (conditional: the class loss regularises D, not R1/R2)" if args.conditional else ""
         log(f"gan_accel: the recipe for {family} at this size and data: "
-            f"{recipe.describe({**settled, 'model': family}, marked)}{unpenalised}"
+            f"{recipe.describe({**settled, 'model': family}, dict.fromkeys(marked, 'flag'))}{unpenalised}"
             + ("; (flag): a flag given, used instead of the recipe's" if marked else ""))
     return set(left_out)
 
