@@ -7,12 +7,60 @@ a finished run wrote into its folder, and TrainConfig's own field defaults."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from gan_accel import DataFacts, TrainConfig, settle
 from gan_accel.errors import ConfigError
 from gan_accel.recipes import default_recipe
+from test_train_cli import gan_accel
+from test_user_errors import load_example
+
+SMALL = {"steps": 1, "batch_size": 8, "sample_every": 1, "log_every": 1, "checkpoint_every": 1, "no_progress": True}
+
+
+def flags(settings: dict) -> list[str]:
+    """The command line of ``settings``."""
+    line = []
+    for name, value in settings.items():
+        line += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return line
+
+
+def written_config(folder: Path) -> TrainConfig:
+    """The config a run wrote into its folder, without the notes each caller adds about its data."""
+    return TrainConfig.from_dict({**json.loads((folder / "config.json").read_text()), "extra": {}})
+
+
+def test_the_command_line_the_example_and_the_api_settle_the_same_run(tmp_path, capsys):
+    # 210 grey 28-px images: the recipe's row for MNIST's size (more than a few-shot set, as MNIST's 60,000 are)
+    rng = np.random.default_rng(0)
+    (tmp_path / "digits").mkdir()
+    for index in range(210):
+        Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(tmp_path / "digits" / f"{index}.png")
+    given = {**SMALL, "output_dir": str(tmp_path / "run"), "lr_g": 1e-3, "seed": 3}
+    code, out, err = gan_accel(["train", "--data", tmp_path / "digits", *flags(given)], capsys)
+    assert code == 0, err[-3000:]
+    command_line = written_config(tmp_path / "run")
+
+    example = load_example("dcgan_mnist")
+    args = example.parse_args(flags(given))
+    from gan_accel.cli.train_flags import given_settings
+
+    assert given_settings(args) == given  # the example reads only what was typed
+    by_example = example.settle_mnist(given_settings(args), conditional=False).config
+    by_api = settle(given, DataFacts(side=28, count=60_000, channels=1)).config
+    for config in (by_example, by_api):
+        assert dataclasses.replace(config, extra={}) == command_line
+    row = default_recipe(28, 60_000)  # independently: the row's values, the flag given instead of its lr G
+    assert (by_api.loss, by_api.lr_G, by_api.lr_D, by_api.r1_gamma, by_api.betas_G) == \
+        (row.loss, 1e-3, row.lr, row.r1_gamma, (row.beta1, row.beta2))
+    assert "lr G 0.001 (flag), lr D 0.003" in out  # the recipe line says what the run uses
+
 
 def test_a_flag_beats_the_recipe_and_r2_partners_only_the_relativistic_loss():
     data = DataFacts(side=32, count=5_000)
@@ -42,6 +90,22 @@ def test_a_resume_keeps_the_recorded_settings_and_a_flag_still_wins():
         {"resume"}
     longer = settle({"steps": 80}, data, recorded=first.config)
     assert longer.config == dataclasses.replace(first.config, max_steps=80) and longer.sources["steps"] == "flag"
+
+
+def test_a_resume_on_the_command_line_keeps_the_flags_the_run_started_with(tmp_path, capsys):
+    from test_train_cli import write_images
+
+    write_images(tmp_path / "pics", 12, size=(32, 32))
+    base = ["train", "--data", tmp_path / "pics", "--output-dir", tmp_path / "run", "--width", "4",
+            *flags({**SMALL, "checkpoint_every": 2})]
+    code, _, err = gan_accel([*base, "--loss", "hinge", "--seed", "3", "--steps", "2"], capsys)
+    assert code == 0, err[-3000:]
+    # the same command without --loss and --seed: the run's own, not the recipe's rpgan (which a resume refuses)
+    code, out, err = gan_accel([*base, "--steps", "4", "--resume", "latest"], capsys)
+    assert code == 0, err[-3000:]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["loss"], config["seed"], config["max_steps"]) == ("hinge", 3, 4)
+    assert "the recipe for" not in out  # every setting is the run's or a flag
 
 
 def test_a_conditional_run_has_no_penalties_and_its_own_defaults():
