@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +16,14 @@ import pytest
 from PIL import Image
 
 from gan_accel import DataFacts, TrainConfig, settle
+from gan_accel.cli import build_parser
 from gan_accel.errors import ConfigError
 from gan_accel.recipes import default_recipe
+from gan_accel.settle import COMMAND_DEFAULTS, DEFAULTS, settings_of
 from test_train_cli import gan_accel
 from test_user_errors import load_example
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 SMALL = {"steps": 1, "batch_size": 8, "sample_every": 1, "log_every": 1, "checkpoint_every": 1, "no_progress": True}
 
 
@@ -120,3 +124,24 @@ def test_a_conditional_run_has_no_penalties_and_its_own_defaults():
         settle({"class_weight": 1.0}, DataFacts(side=32, count=5_000))
     with pytest.raises(ConfigError, match="unknown setting"):
         settle({"lr": 1e-3}, DataFacts(side=32, count=5_000))
+
+
+def test_one_default_per_setting_the_flags_read_it_and_the_docs_say_why_the_command_line_differs():
+    config_defaults = settings_of(TrainConfig())
+    differ = {name for name in DEFAULTS if DEFAULTS[name] != config_defaults[name]}
+    assert differ == set(COMMAND_DEFAULTS)  # every other default is TrainConfig's own
+    table = (DOCS / "config.md").read_text().split("## The command line's defaults")[1]
+    fields = {"lr_g": "lr_G", "class_weight": "class_loss_weight"}
+    for name in differ:
+        row = next((line for line in table.splitlines() if f"`{fields.get(name, name)}`" in line), None)
+        assert row is not None and row.rstrip().endswith(". |"), f"docs/config.md: say why {name} differs"
+    parser = build_parser()
+    train = next(a for a in parser._subparsers._group_actions).choices["train"]
+    defaults = {action.dest: action.default for action in train._actions if action.dest in DEFAULTS}
+    # the flags the recipe or the data fill in have none of their own; every other flag's default is the table's
+    filled = {"model", "width", "z_dim", "loss", "lr_g", "lr_d", "beta1", "beta2", "r1_every", "r1_gamma", "r2_gamma",
+              "ema_decay", "augment", "augment_p", "label_distribution", "class_weight", "d_position", "steps",
+              "output_dir"}
+    mismatched = {name: value for name, value in defaults.items() if name not in filled and value != DEFAULTS[name]}
+    assert mismatched == {}
+    assert re.search(r"\| `batch_size` \| 128 \| 64 \|", table)
