@@ -19,19 +19,25 @@ from pathlib import Path
 
 import torch
 
-from gan_accel import GANTrainer, TrainConfig, build_accelerator
+from gan_accel import DataFacts, GANTrainer, SettledRun, build_accelerator, settle
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.engine.launch import describe_launch
-from gan_accel.models import build_models, default_spec
-from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_run_flags,
-                                       config_fields, steps_for)
+from gan_accel.models import build_models
+from gan_accel.cli.train_flags import (add_conditional_flags, add_model_flags, add_position_flag, add_run_flags,
+                                       given_settings)
 from gan_accel.cli.arguments import ArgumentParser, positive_int
 from gan_accel.ending import run_script
 
-
-# (conditional) chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the ablation)
-DEFAULT_STEPS = {False: 5000, True: 4000}
-DEFAULT_R1_GAMMA = {False: 0.1, True: 0.0}
+# MNIST and the offline digits alike: 60,000 grey 28-px digits of 10 classes, known before they are loaded.
+MNIST = {"side": 28, "count": 60_000, "channels": 1}
+# This script's own defaults, which win over the recipe's row for 28-px images (the rest of the run is the row's).
+# The lengths were chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the
+# ablation); the conditional run keeps the loss and Adam it was measured with.
+SCRIPT_DEFAULTS = {
+    False: {"steps": 5000, "output_dir": "runs/dcgan_mnist"},
+    True: {"steps": 4000, "output_dir": "runs/conditional_mnist", "loss": "nonsaturating", "lr_g": 1e-3,
+           "lr_d": 1e-3, "beta2": 0.999, "num_samples": 100},  # samples: a row of 10 per digit
+}
 
 
 def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argparse.Namespace:
@@ -47,23 +53,22 @@ def parse_args(argv: list[str] | None = None, conditional: bool = False) -> argp
     data.add_argument("--dataset", choices=("auto", "mnist", "digits"), default="auto",
                       help="auto: MNIST, else the built-in offline digits with a message; mnist: MNIST or exit; "
                            "digits: the offline digit set")
-    run = add_run_flags(parser, "runs/conditional_mnist" if conditional else "runs/dcgan_mnist",
-                        DEFAULT_STEPS[conditional])
+    run = add_run_flags(parser, None, SCRIPT_DEFAULTS[conditional]["steps"])
     run.add_argument("--dry-run", action="store_true",
                      help="print the run as it would start (the data, the model and its parameters, every setting "
                           "with where it came from, the expected time) and exit: nothing is downloaded or written")
     run.add_argument("--eval", action="store_true", help="after training, score --num-eval samples with an MNIST classifier")
     run.add_argument("--num-eval", type=positive_int, default=10_000,
                      help="samples --eval scores at the end (a conditional run: this many over all classes)")
-    model = add_model_flags(parser, width=32, z_dim=100, r1_gamma=DEFAULT_R1_GAMMA[conditional])
+    model = add_model_flags(parser, width=None, z_dim=None, r1_gamma=None)
     if conditional:
         add_conditional_flags(model)
-    else:  # the own-images recipe's loss, penalties and Adam won here too (docs/benchmarks.md: the ablation)
-        parser.set_defaults(loss="rpgan", r2_gamma=0.1, lr_g=3e-3, lr_d=3e-3, beta2=0.99)
-        model.add_argument("--d-position", choices=("coords", "moments", "profiles", "none"), default=None,
-                           help="how D sees where strokes sit besides its convs: coordinate channels, or the "
-                                "image's centre of mass and spread")
-    parser.remember_given_flags()  # --dry-run names the settings given as such
+    add_position_flag(model)
+    # --help shows what a run given no flags uses (settle reads only the flags given)
+    flags = {action.dest for action in parser._actions}
+    parser.set_defaults(**{name: value for name, value in settle_mnist({}, conditional).settings.items()
+                           if name in flags and name != "steps"})
+    parser.remember_given_flags()  # settle and --dry-run read the settings given as such
     args = parser.parse_args(argv)
     args.conditional = conditional
     return args
@@ -74,33 +79,42 @@ def main(argv: list[str] | None = None, conditional: bool = False) -> int:
     return run_script(lambda: train(args), debug=args.debug)
 
 
+def settle_mnist(given: dict, conditional: bool, processes: int = 1, gpu: bool = False) -> SettledRun:
+    """The run, settled as `gan-accel train` settles one (the flags given, this script's defaults, the recipe's row)."""
+    data = DataFacts(**MNIST, classes=10 if conditional else None)
+    return settle(given, data, gpu=gpu, processes=processes, defaults=SCRIPT_DEFAULTS[conditional])
+
+
 def train(args: argparse.Namespace) -> int:
-    # The config is validated first, so a bad flag fails before any data or model work.
-    config = TrainConfig(
-        **config_fields(args),
-        num_classes=10 if args.conditional else None, num_samples=100 if args.conditional else 64,
-        label_distribution=getattr(args, "label_distribution", "uniform"),
-        class_loss_weight=getattr(args, "class_weight", 0.0),
-    )
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    # Settled first, so a bad flag fails before any data or model work; the Accelerator comes on these processes.
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    run = settle_mnist(given_settings(args), args.conditional, state.num_processes, state.device.type == "cuda")
+    config = run.config
     if args.dry_run:
-        return dry_run(args, config)
+        return dry_run(args, run, state)
     accelerator = build_accelerator(config)
     dataset = resolve_dataset(args.dataset, args.data_dir, accelerator=accelerator, log=accelerator.print)
-    loader, model = settle(args, config, dataset, accelerator.num_processes)
+    loader = make_dataloader(dataset.images, dataset.labels, config.batch_size, shuffle=True, drop_last=True)
+    config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": accelerator.num_processes}
 
-    torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
-    G, D = build_models(model)  # conditional: G(z, y) and a projection D(x, y); the loader's labels reach both
+    torch.manual_seed(config.seed)  # the same initial weights on every process (DDP also broadcasts them)
+    G, D = build_models(run.spec)  # conditional: G(z, y) and a projection D(x, y); the loader's labels reach both
     callbacks = [mnist_evaluator(args, dataset, accelerator)] if args.eval_every else []
     trainer = GANTrainer(G, D, loader, config, accelerator=accelerator, callbacks=callbacks)
     accelerator.print(
         f"gan_accel: {dataset.name} ({len(dataset.images)} images from {dataset.source}); {config.max_steps} steps of "
-        f"{args.batch_size} x {args.grad_accum} images per process; {describe_launch(accelerator)}; output in "
-        f"{config.output_dir}"
+        f"{config.batch_size} x {config.grad_accum_steps} images per process; {describe_launch(accelerator)}; output "
+        f"in {config.output_dir}"
     )
+    for note in run.notes:  # the recipe line: what the run uses, and where each setting came from
+        accelerator.print(note)
     metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {accelerator.process_index}/{accelerator.num_processes}: {trainer.step} steps, "
-          f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)
+          f"{trainer.images_seen} images in batches of {config.batch_size}", flush=True)
     accelerator.print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
 
     if args.eval and accelerator.is_main_process:
@@ -108,7 +122,7 @@ def train(args: argparse.Namespace) -> int:
 
         score = evaluate_conditional_generator if args.conditional else evaluate_generator
         size = {"per_class": max(1, args.num_eval // 10)} if args.conditional else {"num_samples": args.num_eval}
-        result = score(trainer.sampling_generator(), args.data_dir, z_dim=args.z_dim, device=accelerator.device,
+        result = score(trainer.sampling_generator(), args.data_dir, z_dim=config.z_dim, device=accelerator.device,
                        fallback=dataset, **size)
         (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         accelerator.print(result["summary"])
@@ -116,29 +130,14 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def settle(args: argparse.Namespace, config: TrainConfig, dataset, num_processes: int):
-    """The loader, the run's length and the networks' spec, once the data is known; returns (loader, spec)."""
-    loader = make_dataloader(dataset.images, dataset.labels, args.batch_size, shuffle=True, drop_last=True)
-    config.max_steps = steps_for(args, len(loader) // num_processes, DEFAULT_STEPS[args.conditional], num_processes)
-    model = default_spec("dcgan", 28, 1, 10 if args.conditional else None, z_dim=args.z_dim, width=args.width,
-                         spectral_norm=args.spectral_norm, **({"d_position": args.d_position} if args.d_position else {}))
-    config.model = model  # what gan-accel sample rebuilds G from; fixed on resume
-    config.extra = {"dataset": dataset.name, "data_source": dataset.source, "num_processes": num_processes}
-    config.validate()
-    return loader, model
-
-
-def dry_run(args: argparse.Namespace, config: TrainConfig) -> int:
+def dry_run(args: argparse.Namespace, run: SettledRun, state) -> int:
     """--dry-run: the run as it would start, printed; MNIST is read when it is there, never downloaded (else the
     offline digits, said in one line), and nothing is written."""
-    from accelerate import PartialState
     from gan_accel.cli.dry_run import report
 
-    state = PartialState()
     dataset = resolve_dataset(args.dataset, args.data_dir, download=False, log=state.print)
-    _, model = settle(args, config, dataset, state.num_processes)
     data = f"{dataset.name}, {len(dataset.images):,} images from {dataset.source}"
-    return report(args, config, model, data, on_cpu=state.device.type == "cpu", log=state.print)
+    return report(args, run, data, on_cpu=state.device.type == "cpu", log=state.print)
 
 
 def mnist_evaluator(args: argparse.Namespace, dataset, accelerator):

@@ -55,21 +55,24 @@ class Recipe:
                 "r2_gamma": self.r2_gamma, "r1_every": self.r1_every, "lr_g": self.lr, "lr_d": self.lr,
                 "beta1": self.beta1, "beta2": self.beta2, "ema_decay": self.ema_decay, "augment": self.augment}
 
-    def describe(self, settled: Mapping[str, Any] | None = None, given: Collection[str] = ()) -> str:
+    def describe(self, settled: Mapping[str, Any] | None = None, marks: Mapping[str, str] | None = None) -> str:
         """One line for the run's log: what the run uses and where it comes from. ``settled``: the run's values
-        by flag name (those missing are the row's); the flags in ``given`` are marked "(flag)" and ramp no more."""
+        by flag name (those missing are the row's); ``marks``: the source of each value that is not the row's
+        (``flag``, ``resume``, ...), shown after it; those no longer ramp."""
         values = {**self.settings(), **(settled or {})}
+        marks = marks or {}
 
         def shown(names: tuple[str, ...], text: str, ramp: str = "") -> str:
-            if any(name in given for name in names):  # a flag replaces the row's value, ramp included (ramps)
-                return f"{text} (flag)"
+            mark = next((marks[name] for name in names if name in marks), None)
+            if mark:  # a value chosen instead of the row's, ramp included (ramps)
+                return f"{text} ({mark})"
             end = self.ramp_to.get(ramp)
             return f"{text} -> {end:g}" if end is not None else text
 
         def pair(first: str, second: str, both: str, one: str, two: str, ramp: str) -> str:
             """G's and D's (R1's and R2's) value as one when they agree, else each (None: not used)."""
             a, b = values[first], values[second]
-            if a == b and (first in given) == (second in given):
+            if a == b and marks.get(first) == marks.get(second):
                 return shown((first,), f"{both} {a:g}", ramp)
             return ", ".join(shown((name,), f"{label} {value:g}", ramp)
                              for name, label, value in ((first, one, a), (second, two, b)) if value is not None)
@@ -84,14 +87,14 @@ class Recipe:
                 f"{pair('lr_g', 'lr_d', 'lr', 'lr G', 'lr D', 'lr')}, betas ({betas}), "
                 f"{shown(('augment',), 'augment ' + values['augment'])} ({self.source})")
 
-    def ramps(self, total_images: float, given: set[str]) -> dict[str, Ramp]:
-        """The config fields that ramp over ``total_images`` (the run's), leaving out the flags in ``given``."""
+    def ramps(self, total_images: float, given: Collection[str]) -> dict[str, Ramp]:
+        """The config fields that ramp over ``total_images`` (the run's), leaving out the settings in ``given``."""
         # config field: (the ramp_to key, the start, the flags that set it by hand)
         fields = {"lr_G": ("lr", self.lr, {"lr_g"}), "lr_D": ("lr", self.lr, {"lr_d"}),
                   "r1_gamma": ("gamma", self.r1_gamma, {"r1_gamma"}), "r2_gamma": ("gamma", self.r2_gamma, {"r2_gamma"}),
                   "beta2": ("beta2", self.beta2, {"beta2"}), "augment_p": ("augment_p", 0.0, {"augment_p", "augment"})}
         return {name: Ramp(start, self.ramp_to[key], total_images) for name, (key, start, flags) in fields.items()
-                if key in self.ramp_to and not flags & given}
+                if key in self.ramp_to and not flags & set(given)}
 
 
 def penalty_gamma(side: int) -> float:

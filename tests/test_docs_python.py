@@ -67,6 +67,10 @@ def check_models_and_augmentation(runs: Path, namespace: dict) -> None:
 def check_api(runs: Path, namespace: dict) -> None:
     assert (runs / "api" / "samples_final.png").exists()
     assert namespace["samples"].shape == (16, 1, 28, 28)
+    # settle: the flag given, the recipe's row beside it, and a resume that keeps the run's own
+    run, again = namespace["run"], namespace["again"]
+    assert (run.config.lr_G, run.config.lr_D, run.sources["lr_g"], run.sources["lr_d"]) == (1e-3, 3e-3, "flag", "recipe")
+    assert again.config.lr_G == 1e-3 and again.sources["lr_g"] == "resume" and again.config.max_steps == 80
     # the phase example: its extra phases ran and were logged
     assert {"loss/D", "loss/R1", "loss/G", "loss/brightness"} <= set(rows(runs / "api_phases" / "metrics.jsonl")[-1])
 

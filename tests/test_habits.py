@@ -22,7 +22,7 @@ from PIL import Image
 from conftest import reset_accelerate_state
 from gan_accel.cli import build_parser
 from gan_accel.cli.aliases import SAME_NAME, SAMPLING, TRAINING
-from gan_accel.cli.train_flags import steps_for
+from gan_accel.settle import steps_for
 from test_train_cli import TINY, error_line, gan_accel, write_images
 from test_user_errors import load_example
 
@@ -120,8 +120,8 @@ def test_nvlabs_flags_parse_as_gan_accels_own_spelling():
         assert parse(["train", "--data", "d", *flags]).random_flip is flip, flags
     # --kimg is thousands of real images over all processes: steps of the batch from them
     args = parse(["train", "--data", "d", "--kimg", "1.5", "--batch-size", "8"])
-    assert steps_for(args, batches_per_epoch=10, default_steps=99) == math.ceil(1500 / 8)
-    assert steps_for(args, batches_per_epoch=10, default_steps=99, num_processes=2) == math.ceil(1500 / 16)
+    assert steps_for(vars(args), batches_per_epoch=10) == math.ceil(1500 / 8)
+    assert steps_for(vars(args), batches_per_epoch=10, processes=2) == math.ceil(1500 / 16)
     assert parse(["sample", "run", "--outdir", "out", "--seeds", "1"]).out == "out"
 
 

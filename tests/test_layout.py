@@ -32,11 +32,12 @@ ALLOWED = {
                "engine"},
     "sampling": {"errors", "config", "models", "storage"},
     "recipes": {"errors", "config"},  # the table of defaults by resolution and data size
+    "settle": {"errors", "config", "models", "recipes"},  # one place settles a run: given, recorded, recipe, defaults
     "hub": {"errors", "ending", "models", "pictures", "sampling", "storage", "hub"},  # exported generators, the Hugging Face Hub
     # the command line is the top: `gan-accel train` composes the engine, the callbacks and the data
     # (objectives and tracking: the help texts and aliases list the registered losses and trackers)
     "cli": {"errors", "ending", "config", "objectives", "tracking", "storage", "pictures", "sampling", "data", "eval",
-            "models", "augment", "engine", "callbacks", "hub", "recipes", "cli"},
+            "models", "augment", "engine", "callbacks", "hub", "recipes", "settle", "cli"},
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.
 ENGINE_MAY_IMPORT_CALLBACKS = {"trainer.py", "snapshot.py"}

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import pytest
 
-from gan_accel import Ramp
-from gan_accel.cli.train import build_config, fill_from_recipe
+from gan_accel import DataFacts, Ramp, settle
 from gan_accel.errors import ConfigError
-from gan_accel.models import default_spec
 from gan_accel.recipes import FEW_IMAGES, default_recipe, family_for, penalty_gamma
 from test_train_cli import TINY, gan_accel, write_images
 
@@ -51,26 +48,14 @@ def test_the_published_row_ramps_over_the_runs_images_and_leaves_given_flags_alo
     assert ramps["r1_gamma"] == Ramp(150.0, 15.0, 1_000_000) == ramps["r2_gamma"]
     assert ramps["beta2"] == Ramp(0.9, 0.99, 1_000_000) and ramps["augment_p"] == Ramp(0.0, 0.3, 1_000_000)
     assert set(recipe.ramps(1_000_000, given={"lr_g", "beta2"})) == {"lr_D", "r1_gamma", "r2_gamma", "augment_p"}
-    args = argparse.Namespace(
-        steps=10, epochs=None, images=None, batch_size=8, grad_accum=2, n_critic=1, loss="rpgan", z_dim=64,
-        lr_g=2e-4, lr_d=2e-4, beta1=0.0, beta2=0.9, lr_schedule="constant", warmup_ratio=0.0, ema_decay=0.999,
-        ema_half_life=None, ema_rampup=None, ema_batchnorm="copy", r1_gamma=150.0, r2_gamma=150.0, r1_every=1,
-        mixed_precision="no", channels_last=False, keep_freed_memory=False, sample_every=5, log_every=5,
-        output_dir="unused", seed=0, log_with=[], tracker_project=None, no_progress=True, checkpoint_every=5,
-        keep_checkpoints=1, keep_samples=None, gif_frames=2, max_bad_updates=3, collective_timeout=60.0,
-        max_time=None, conditional=False, augment="diffaugment", augment_p=None, ada_target=0.6, given={"lr_g"})
-    config = build_config(args, default_spec("r3gan", 256, width=4), 5, 2, {}, recipe)
+    given = {"steps": 10, "batch_size": 8, "grad_accum": 2, "width": 4, "lr_g": 2e-4}
+    config = settle(given, DataFacts(256, 5_000), gpu=True, processes=2).config
     images = 10 * 8 * 2 * 2  # steps x batch x accumulation x processes
     assert config.lr_G == 2e-4 and config.lr_D == Ramp(2e-4, 5e-5, images)  # --lr-g given: constant
     assert config.betas_G == (0.0, Ramp(0.9, 0.99, images)) and config.augment_p == Ramp(0.0, 0.3, images)
     assert config.r1_gamma == Ramp(150.0, 15.0, images)
     # a conditional run has no penalties: the gamma ramps stay off
-    args.r1_gamma = args.r2_gamma = 0.0
-    args.conditional, args.label_distribution, args.class_weight = True, None, None
-    args.given = set()
-    args.width = 4
-    fill_from_recipe(args, recipe, "r3gan", lambda line: None)
-    config = build_config(args, default_spec("r3gan", 256, num_classes=3, width=4), 5, 2, {}, recipe)
+    config = settle(given, DataFacts(256, 5_000, classes=3), gpu=True, processes=2).config
     assert config.r1_gamma is None and config.r2_gamma is None
 
 

@@ -29,11 +29,12 @@ from ..callbacks import Callback
 from ..config import ADA_SIGNALS, TrainConfig
 from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
-from ..recipes import FEW_IMAGES, Recipe, default_recipe, family_for
+from ..recipes import FEW_IMAGES, default_recipe, family_for
+from ..settle import DEFAULTS, DataFacts, SettledRun, check_given, setting, settle, spec_overrides
 from .arguments import fraction, nonnegative_float, nonnegative_int, positive_int
 from .choices import default_width, family_sizes, recipe_families, z_defaults
 from .forecast import say_run_time
-from .train_flags import add_conditional_flags, add_model_flags, add_run_flags, config_fields, steps_for
+from .train_flags import add_conditional_flags, add_model_flags, add_position_flag, add_run_flags, given_settings
 
 if TYPE_CHECKING:
     from ..data import ImageData
@@ -67,9 +68,8 @@ def add_parser(commands: Any) -> None:
     model.add_argument("--model", choices=tuple(FAMILIES), default=None,
                        help=f"the network family (default: the recipe's: on a CPU {recipe_families(gpu=False)}; on a "
                             f"GPU {recipe_families(gpu=True)})")
-    add_conditional_flags(model, d_position=None, d_position_help="dcgan family: how the conditional D sees where "
-                          "things are: coordinate channels (the default), spatial moments, or not at all",
-                          label_distribution=None, class_weight=None)
+    add_conditional_flags(model, label_distribution=None, class_weight=None)
+    add_position_flag(model)
     augment = parser.add_argument_group("augmentation of what D sees")
     augment.add_argument("--augment", choices=AUGMENTS, default=None,
                          help="diffaugment: colour, translation, cutout on every image D sees; ada: the same kind, "
@@ -77,12 +77,12 @@ def add_parser(commands: Any) -> None:
                               f"{FEW_IMAGES:,} images, else none)")
     augment.add_argument("--augment-p", type=nonnegative_float, default=None,
                          help="diffaugment: each transform's probability (default 1); ada: the first p (default 0)")
-    augment.add_argument("--ada-target", type=fraction, default=0.6,
+    augment.add_argument("--ada-target", type=fraction, default=DEFAULTS["ada_target"],
                          help="ada: the E[sign(D(real))] (rpgan: of D(real) - D(fake)) that p steers towards; "
                               "with --ada-signal heldout: D's held-out overfit ratio")
-    augment.add_argument("--ada-signal", choices=ADA_SIGNALS, default="rt",
+    augment.add_argument("--ada-signal", choices=ADA_SIGNALS, default=DEFAULTS["ada_signal"],
                          help="ada: what steers p: ADA's r_t, or D's gap between training and held-out images")
-    # Left out, these come from the recipe table (gan_accel.recipes), chosen once the data is known.
+    # Left out, the recipe's settings come from its table (gan_accel.settle), chosen once the data is known.
     parser.set_defaults(run=train, loss=None, lr_g=None, lr_d=None, beta1=None, beta2=None, r1_every=None,
                         ema_decay=None, augment=None)
 
@@ -136,7 +136,7 @@ def train(args: argparse.Namespace) -> int:
         from .dry_run import dry_run
 
         return dry_run(args)
-    recorded_data, family = settle_run(args)
+    recorded, recorded_data, family = settle_run(args)
     # The processes of the launch, before the data (one process per machine builds its cache); the trainer
     # builds the Accelerator on this same state once the config is known (cpu: as Accelerator reads it).
     # torch's collective timeout bounds the data build's waits too (gan_accel.ending).
@@ -144,38 +144,36 @@ def train(args: argparse.Namespace) -> int:
                              timeout=timedelta(seconds=args.collective_timeout))
     check_launch(processes)
     log = processes.print
-    gpu = processes.device.type == "cuda"
-    data = open_data(args, family, processes, log)
+    given = given_settings(args)
+    batch_size = setting("batch_size", given, recorded)  # before the data: how many images to hold out
+    data = open_data(args, family, processes, log, batch_size)
     data.check_resume(recorded_data, allow_changed=args.allow_data_change, log=log)
-    recipe = default_recipe(data.prep.resolution, len(data), gpu)
-    family = family or recipe.model
-    fill_from_recipe(args, recipe, family, log)
-    overrides = check_model(args, family)
-    spec = default_spec(family, data.prep.resolution, data.prep.channels,
-                        len(data.class_names) if args.conditional else None, **overrides)
-    monitor = held_out_monitor(args, data, recorded_data, processes.num_processes, log)
-    loader = data.dataloader(args.batch_size, random_flip=args.random_flip, num_workers=args.num_workers,
-                             seed=args.seed)
-    callbacks: list[Any] = [RunDataFiles(data), monitor, *overfit_steering(args, monitor)]
-    extra = {**data_extra(data), "num_processes": processes.num_processes}
+    monitor = held_out_monitor(args, data, recorded_data, processes.num_processes, log,
+                               setting("seed", given, recorded), batch_size)
+    run = settle_data(args, given, recorded, data, processes, log)
+    config, spec = run.config, run.spec
+    loader = data.dataloader(config.batch_size, random_flip=args.random_flip, num_workers=args.num_workers,
+                             seed=config.seed)
+    callbacks: list[Any] = [RunDataFiles(data), monitor, *overfit_steering(config, monitor, args.conditional)]
+    config.extra = {**data_extra(data), "num_processes": processes.num_processes}
     if args.eval_every:
-        evaluator, extra["eval_features"] = build_evaluator(args, data, processes.device, log)
+        evaluator, config.extra["eval_features"] = build_evaluator(args, data, processes.device, log, config.seed)
         callbacks.append(evaluator)
-    config = build_config(args, spec, len(loader) // processes.num_processes, processes.num_processes, extra,
-                          recipe)
 
-    torch.manual_seed(args.seed)  # the same initial weights on every process (DDP also broadcasts them)
+    torch.manual_seed(config.seed)  # the same initial weights on every process (DDP also broadcasts them)
     G, D = build_models(spec)
     trainer = GANTrainer(G, D, loader, config, callbacks=callbacks)
     classes = f", {spec['num_classes']} classes" if args.conditional else ""
-    log(f"gan_accel: {family} G and D (width {spec['width']}, z {spec['z_dim']}) at {spec['image_size']} px, "
-        f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {args.batch_size} x {args.grad_accum} "
-        f"images per process; {describe_launch(trainer.accelerator)}; output in {config.output_dir}")
-    say_run_time(args, spec, overrides, config, on_cpu=trainer.accelerator.device.type == "cpu", log=log)
+    log(f"gan_accel: {spec['family']} G and D (width {spec['width']}, z {spec['z_dim']}) at {spec['image_size']} px, "
+        f"{spec['channels']} channel(s){classes}; {config.max_steps} steps of {config.batch_size} x "
+        f"{config.grad_accum_steps} images per process; {describe_launch(trainer.accelerator)}; output in "
+        f"{config.output_dir}")
+    say_run_time(args, spec, spec_overrides(given, spec["family"]), config,
+                 on_cpu=trainer.accelerator.device.type == "cpu", log=log)
     metrics = trainer.fit(resume_from=args.resume)
     # One line per process, so a multi-process launch shows that every rank trained its share.
     print(f"process {processes.process_index}/{processes.num_processes}: {trainer.step} steps, "
-          f"{trainer.images_seen} images in batches of {args.batch_size}", flush=True)
+          f"{trainer.images_seen} images in batches of {config.batch_size}", flush=True)
     log("final: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
     log(f"next: gan-accel sample {config.output_dir} --num 64 --out grid.png; share it: gan-accel export "
         f"{config.output_dir} EXPORT_DIR")
@@ -183,10 +181,10 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | None]:
-    """Before any data is read: the run folder looked at once, the flags a resume leaves out filled in from the
-    run's records, the model flags checked when the family is known; returns the data record and the model
-    family (None until the images give the resolution)."""
+def settle_run(args: argparse.Namespace) -> tuple[TrainConfig | None, dict[str, Any] | None, str | None]:
+    """Before any data is read: the run folder looked at once, the data flags a resume leaves out filled in from the
+    run's records, the model flags checked when the family is known; returns the resumed run's config and data
+    record (None for a new run), and the model family (None until the images give the resolution)."""
     from ..data.image_data import check_outside_data
 
     if not args.data.strip():
@@ -194,7 +192,8 @@ def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | N
                         "current folder)")
     args.output_dir = args.output_dir or default_output_dir(args.data)
     check_outside_data(args.data, args.output_dir, "the run folder", "pass --output-dir outside it")
-    recorded_spec, recorded_data = check_run_folder(args)
+    recorded, recorded_data = check_run_folder(args)
+    recorded_spec = recorded.model if recorded is not None else None
     check_same_run(args, recorded_spec or {}, recorded_data or {})
     args.crop = args.crop or (recorded_data or {}).get("crop") or "center"
     args.background = args.background or (recorded_data or {}).get("background") or "white"
@@ -204,39 +203,20 @@ def settle_run(args: argparse.Namespace) -> tuple[dict[str, Any] | None, str | N
         args.channels = args.channels or recorded_spec.get("channels")
     if args.model or args.resolution:  # the flags' mistakes before the data (checked again once it is read)
         check_model(args, args.model or family_for(args.resolution, gpu=False))
-    return recorded_data, args.model
+    return recorded, recorded_data, args.model
 
 
-def fill_from_recipe(args: argparse.Namespace, recipe: Recipe, family: str, log: Callable[[str], Any]) -> set[str]:
-    """The settings left out, from the recipe's row (its width only for its own family), said in one line that
-    names what the run uses (the flags given marked); returns the names filled."""
-    filled = {"loss": recipe.loss, "lr_g": recipe.lr, "lr_d": recipe.lr, "beta1": recipe.beta1,
-              "beta2": recipe.beta2, "r1_every": recipe.r1_every, "ema_decay": recipe.ema_decay,
-              "augment": recipe.augment}
-    if args.r1_gamma is None:  # a conditional run's auxiliary class loss already regularises D (measured)
-        filled["r1_gamma"] = 0.0 if args.conditional else recipe.r1_gamma
-    if args.r2_gamma is None and args.loss in (None, "rpgan"):  # R2 is the relativistic loss's partner
-        filled["r2_gamma"] = 0.0 if args.conditional else recipe.r2_gamma
-    if args.width is None and family == recipe.model and recipe.width:
-        filled["width"] = recipe.width
-    left_out = {name: value for name, value in filled.items() if getattr(args, name) is None}
-    given = {name for name in (*filled, "r1_gamma", "r2_gamma", "augment_p", "width") if getattr(args, name) is not None
-             and name not in left_out}  # what the user set: a recipe's ramp leaves these alone
-    args.given = given | ({"r1_gamma", "r2_gamma"} if args.conditional else set())  # conditional: no penalties to ramp
-    for name, value in left_out.items():
-        setattr(args, name, value)
-    if args.steps is None and args.epochs is None and args.images is None:
-        args.steps = recipe.steps
-        left_out["steps"] = recipe.steps
-    if set(left_out) - {"steps"}:
-        settled = {name: getattr(args, name) for name in recipe.settings() if name != "model"}
-        typed = getattr(args, "flags_given", None)  # the parser's record; without it, another family is a flag
-        marked = given | ({"model"} if ("model" in typed if typed is not None else family != recipe.model) else set())
-        unpenalised = " (conditional: the class loss regularises D, not R1/R2)" if args.conditional else ""
-        log(f"gan_accel: the recipe for {family} at this size and data: "
-            f"{recipe.describe({**settled, 'model': family}, marked)}{unpenalised}"
-            + ("; (flag): a flag given, used instead of the recipe's" if marked else ""))
-    return set(left_out)
+def settle_data(args: argparse.Namespace, given: dict[str, Any], recorded: TrainConfig | None, data: ImageData,
+                processes: Any, log: Callable[[str], Any]) -> SettledRun:
+    """The run settled (:func:`gan_accel.settle.settle`) once the data is known, and its notes said; the run folder
+    is the command's own default."""
+    facts = DataFacts(data.prep.resolution, len(data), data.prep.channels,
+                      len(data.class_names) if args.conditional else None, trained=data.trained_on)
+    run = settle(given, facts, gpu=processes.device.type == "cuda", processes=processes.num_processes,
+                 recorded=recorded, defaults={"output_dir": args.output_dir})
+    for note in run.notes:
+        log(note)
+    return run
 
 
 def default_output_dir(data: str) -> str:
@@ -261,9 +241,10 @@ def check_same_run(args: argparse.Namespace, spec: dict[str, Any], record: dict[
                           f"{args.output_dir} as it is, or start a new run in another --output-dir")
 
 
-def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def check_run_folder(args: argparse.Namespace) -> tuple[TrainConfig | None, dict[str, Any] | None]:
     """The one look at ``--output-dir``, read-only and before the data: a new run does not land on another; a
-    resume names a checkpoint, and gives the networks' spec and the data record (``data.json``) the run kept."""
+    resume names a checkpoint, and gives the run's config (with the networks' spec) and the data record
+    (``data.json``) the run kept."""
     from ..engine.run_open import AUTO, resolve_auto, resume_target
     from ..storage.layout import CONFIG, DATA_RECORD, read_json
     from ..storage.run_folder import check_new_run
@@ -276,38 +257,28 @@ def check_run_folder(args: argparse.Namespace) -> tuple[dict[str, Any] | None, d
         return None, None
     folder = Path(args.output_dir)
     try:
-        spec = read_json(folder / CONFIG).get("model")
-    except (OSError, ValueError, AttributeError):
-        spec = None
+        config = TrainConfig.from_dict(read_json(folder / CONFIG))
+    except (OSError, ValueError, TypeError, ConfigError):
+        config = None  # unreadable, or another version's: the run is settled as a new one, and fit() compares
     try:
         record = read_json(folder / DATA_RECORD)  # the one reader: a FIFO or a huge file is one line, not a hang
     except FileNotFoundError:
         record = None  # trained on something else: nothing to compare
     except (OSError, ValueError) as error:
         raise DataError(f"{folder / DATA_RECORD} cannot be read ({error}): restore it, or start a new run") from None
-    return (spec if isinstance(spec, dict) and "family" in spec else None), record
+    spec = config.model if config is not None else None
+    return (config if isinstance(spec, dict) and "family" in spec else None), record
 
 
 def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
     """Before the data: the model flags that fit ``family`` (as spec keys), and the family makes
     ``--resolution`` when it is given; one line for a flag that does not fit."""
-    if not args.conditional:
-        for flag, value in (("--label-column", args.label_column), ("--label-distribution", args.label_distribution),
-                            ("--class-weight", args.class_weight), ("--d-position", args.d_position)):
-            if value is not None:
-                raise ConfigError(f"{flag} is a setting of a class-conditional run: add --conditional (labels from "
-                                  "class subfolders or a class column), or leave it out")
-    overrides: dict[str, Any] = {key: value for key, value in (("width", args.width), ("z_dim", args.z_dim))
-                                 if value is not None}
-    if family == "dcgan":
-        if args.spectral_norm:
-            overrides["spectral_norm"] = True
-        if args.d_position is not None:
-            overrides["d_position"] = args.d_position
-    elif args.spectral_norm:
-        raise ConfigError(f"--spectral-norm sets the dcgan family's D ({family}'s is fixed): leave the flag out")
-    elif args.d_position is not None:
-        raise ConfigError(f"--d-position sets the dcgan family's conditional D: leave it out with --model {family}")
+    if not args.conditional and args.label_column is not None:
+        raise ConfigError("--label-column is a setting of a class-conditional run: add --conditional (labels from "
+                          "class subfolders or a class column), or leave it out")
+    given = given_settings(args)
+    check_given(given, args.conditional)
+    overrides = spec_overrides(given, family)
     if args.resolution is not None:
         default_spec(family, args.resolution, args.channels or 3, 2 if args.conditional else None, **overrides)
     return overrides
@@ -328,8 +299,10 @@ def default_resolution(family: str | None, sizes: list[tuple[int, int]]) -> tupl
                     f"side is {side} px (choose with --resolution)")
 
 
-def open_data(args: argparse.Namespace, family: str | None, processes: Any, log: Callable[[str], Any]) -> ImageData:
-    """List and scan the data once, choose the resolution when it is not given, and open it."""
+def open_data(args: argparse.Namespace, family: str | None, processes: Any, log: Callable[[str], Any],
+              batch_size: int) -> ImageData:
+    """List and scan the data once, choose the resolution when it is not given, and open it (fewer images than one
+    batch of ``batch_size`` refused before decoding)."""
     from ..data import Preprocessing, scan_images
 
     images = scan_images(args.data, "required" if args.conditional else "none", split=args.split,
@@ -341,7 +314,7 @@ def open_data(args: argparse.Namespace, family: str | None, processes: Any, log:
         if why:
             log(why)
     data = images.open(Preprocessing(resolution, args.channels, args.crop, args.background),
-                       batch_size=args.batch_size, log=log)
+                       batch_size=batch_size, log=log)
     if args.conditional and len(data.class_names or []) < 2:
         raise DataError(f"a conditional run needs at least 2 classes, and {data.report.source} has "
                         f"{len(data.class_names or [])}: add classes, or train unconditionally")
@@ -349,7 +322,7 @@ def open_data(args: argparse.Namespace, family: str | None, processes: Any, log:
 
 
 def held_out_monitor(args: argparse.Namespace, data: ImageData, recorded: dict[str, Any] | None, processes: int,
-                     log: Callable[[str], Any]) -> Callback:
+                     log: Callable[[str], Any], seed: int, batch_size: int) -> Callback:
     """The health monitor, with a slice of the images held out of training for D's overfitting check
     (:meth:`ImageData.hold_out`): a new run chooses it from ``--seed``; a resumed one keeps the names its
     ``data.json`` recorded (none for a run that started training on every image)."""
@@ -361,7 +334,7 @@ def held_out_monitor(args: argparse.Namespace, data: ImageData, recorded: dict[s
         names = recorded.get("held_out")
         count = data.hold_out(recorded=[str(n) for n in names] if isinstance(names, list) else [])
     else:
-        count = data.hold_out(args.seed, batch_size=args.batch_size * processes)
+        count = data.hold_out(seed, batch_size=batch_size * processes)
     if not count:
         why = "the run started training on every image" if recorded is not None else \
             f"fewer than {HOLD_OUT_MIN_IMAGES} images, each one is trained on"
@@ -374,17 +347,17 @@ def held_out_monitor(args: argparse.Namespace, data: ImageData, recorded: dict[s
     return HealthMonitor(held_out=(held, labels) if args.conditional else held)
 
 
-def overfit_steering(args: argparse.Namespace, monitor: Any) -> list[Callback]:
+def overfit_steering(config: TrainConfig, monitor: Any, conditional: bool) -> list[Callback]:
     """ADA steered by the held-out gap (``--augment ada --ada-signal heldout``): its callback, on the
     monitor's held-out images; one line when there are none."""
-    if args.augment != "ada" or args.ada_signal != "heldout":
+    if config.augment != "ada" or config.ada_signal != "heldout":
         return []
     from ..callbacks import OverfitSteering
 
     if monitor.held_out is None:
         raise ConfigError("--ada-signal heldout steers ADA by D's held-out images, but this run holds none out "
                           "(too few images, or a run that started without): use --ada-signal rt")
-    return [OverfitSteering((monitor.held_out, monitor.held_labels) if args.conditional else monitor.held_out)]
+    return [OverfitSteering((monitor.held_out, monitor.held_labels) if conditional else monitor.held_out)]
 
 
 def data_extra(data: ImageData) -> dict[str, Any]:
@@ -395,33 +368,11 @@ def data_extra(data: ImageData) -> dict[str, Any]:
             "resolution": data.prep.resolution, "crop": data.prep.crop}
 
 
-def build_config(args: argparse.Namespace, spec: dict[str, Any], batches: int, processes: int,
-                 extra: dict[str, Any], recipe: Recipe) -> TrainConfig:
-    """The run's config, once, from the flags, the data (the networks' spec, the batches per epoch) and the
-    recipe's ramps over the run's images."""
-    fields = config_fields(args)
-    if args.conditional:
-        classes = spec["num_classes"]
-        fields.update(num_classes=classes, num_samples=classes * max(1, min(8, 256 // classes)),  # a row per class
-                      label_distribution=args.label_distribution or "data",
-                      class_loss_weight=1.0 if args.class_weight is None else args.class_weight)
-    fields.update(z_dim=spec["z_dim"], max_steps=steps_for(args, batches, DEFAULT_STEPS, processes), model=spec,
-                  extra=extra, augment=args.augment, augment_p=args.augment_p, ada_target=args.ada_target,
-                  ada_signal=args.ada_signal)
-    images = fields["max_steps"] * args.batch_size * args.grad_accum * processes
-    for name, ramp in recipe.ramps(images, args.given).items():
-        if name == "beta2":
-            fields.update(betas_G=(args.beta1, ramp), betas_D=(args.beta1, ramp))
-        elif name != "augment_p" or args.augment == "diffaugment":
-            fields[name] = ramp
-    return TrainConfig(**fields)
-
-
 MIN_EVAL_IMAGES = 2  # the Fréchet distance needs the covariance of the real features
 
 
-def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any,
-                    log: Callable[[str], Any]) -> tuple[Any, str]:
+def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any, log: Callable[[str], Any],
+                    seed: int) -> tuple[Any, str]:
     """The :class:`~gan_accel.callbacks.Evaluator` of ``--eval-every``, and the name of its feature space: real
     features computed once, from up to :data:`REFERENCE_IMAGES` images (a fixed, seeded choice, centre crops)."""
     from ..callbacks import Evaluator
@@ -434,7 +385,7 @@ def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any,
                         f"spread of the real images with the samples', which needs at least {MIN_EVAL_IMAGES}: add "
                         "images, or leave out --eval-every")
     features, logits, name = choose_features(args.eval_features, device, log)
-    real = data.real_images(seed=args.seed)
+    real = data.real_images(seed=seed)
     # a chunk at a time in float: 10,000 images at 256 px would be 7.9 GB as one float tensor
     reference = compute_features(features, (uint8_to_float(part) for part in real.split(250)))
     log(f"gan_accel: evaluation every {args.eval_every} steps: {args.eval_samples} samples against {len(real)} real "
