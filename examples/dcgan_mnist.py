@@ -34,7 +34,9 @@ MNIST = {"side": 28, "count": 60_000, "channels": 1}
 # The lengths were chosen by measurement to finish within 8 minutes on 2 CPU cores (docs/benchmarks.md: the
 # ablation); the conditional run keeps the loss and Adam it was measured with.
 SCRIPT_DEFAULTS = {
-    False: {"steps": 5000, "output_dir": "runs/dcgan_mnist"},
+    # D reads where and how big each digit is drawn ("profiles") and sees 128 digits a step: MNIST centres every
+    # digit by its mass in a 20-pixel box, and the reader's precision follows that (docs/benchmarks.md).
+    False: {"steps": 5000, "output_dir": "runs/dcgan_mnist", "d_position": "profiles", "batch_size": 128},
     True: {"steps": 4000, "output_dir": "runs/conditional_mnist", "loss": "nonsaturating", "lr_g": 1e-3,
            "lr_d": 1e-3, "beta2": 0.999, "num_samples": 100},  # samples: a row of 10 per digit
 }

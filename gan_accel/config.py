@@ -212,6 +212,9 @@ class TrainConfig:
             raise ConfigError(f"ada_target={self.ada_target!r} is invalid: expected a number in (-1, 1), e.g. 0.6")
         if self.ada_signal not in ADA_SIGNALS:
             raise ConfigError(f"ada_signal={self.ada_signal!r} is invalid: choose one of {', '.join(ADA_SIGNALS)}")
+        if self.ada_signal != "rt" and self.augment != "ada":
+            raise ConfigError(f"ada_signal={self.ada_signal!r} steers ADA's p, but augment={self.augment!r}: add "
+                              "augment='ada' (--augment ada), or leave ada_signal out")
         _require_int("ada_interval", self.ada_interval, minimum=1)
         _require_positive_float("ada_kimg", self.ada_kimg, hint="thousands of images, e.g. 100")
         if isinstance(self.loss, str):
@@ -325,7 +328,8 @@ def _require_positive_float(name: str, value: Any, hint: str = "") -> None:
 # list or what the checkpoint holds. Everything else (rates, betas, schedule, max_steps, intervals,
 # clipping, penalty weights, ...) may change on resume and is applied from that step on.
 FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "seed", "mixed_precision",
-                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model", "augment")
+                   "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model", "augment",
+                   "ada_signal")
 NOT_COMPARED = ("output_dir",)  # where the run is, not what it trains
 _PRESENCE = ("r1_gamma", "r2_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
 

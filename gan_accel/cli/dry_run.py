@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..settle import DataFacts, SettledRun, setting, settle, spec_overrides
 from .forecast import say_run_time, throwaway_models
-from .train import default_resolution, settle_run
+from .train import check_steering, default_resolution, settle_run
 from .train_flags import given_settings
 
 # The namespace's entries that are not settings: the command's plumbing, and what the dry run prints itself.
@@ -49,6 +49,7 @@ def dry_run(args: argparse.Namespace) -> int:
                       trained=count - held)
     run = settle(given, facts, gpu=processes.device.type == "cuda", processes=processes.num_processes,
                  recorded=recorded, defaults={"output_dir": args.output_dir})
+    check_steering(run.config, held)
     for note in run.notes:
         log(note)
     timed = args  # "auto" on a folder without a run starts one: timed as a new run

@@ -350,14 +350,21 @@ def held_out_monitor(args: argparse.Namespace, data: ImageData, recorded: dict[s
 def overfit_steering(config: TrainConfig, monitor: Any, conditional: bool) -> list[Callback]:
     """ADA steered by the held-out gap (``--augment ada --ada-signal heldout``): its callback, on the
     monitor's held-out images; one line when there are none."""
-    if config.augment != "ada" or config.ada_signal != "heldout":
+    if not check_steering(config, 0 if monitor.held_out is None else len(monitor.held_out)):
         return []
     from ..callbacks import OverfitSteering
 
-    if monitor.held_out is None:
+    return [OverfitSteering((monitor.held_out, monitor.held_labels) if conditional else monitor.held_out)]
+
+
+def check_steering(config: TrainConfig, held_out: int) -> bool:
+    """Whether the run steers ADA by the held-out gap; one line when it would but holds no images out."""
+    if config.augment != "ada" or config.ada_signal != "heldout":
+        return False
+    if not held_out:
         raise ConfigError("--ada-signal heldout steers ADA by D's held-out images, but this run holds none out "
                           "(too few images, or a run that started without): use --ada-signal rt")
-    return [OverfitSteering((monitor.held_out, monitor.held_labels) if conditional else monitor.held_out)]
+    return True
 
 
 def data_extra(data: ImageData) -> dict[str, Any]:
