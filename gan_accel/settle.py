@@ -171,6 +171,9 @@ def check_given(given: Mapping[str, Any], conditional: bool) -> None:
                           f"(known: {', '.join(sorted(DEFAULTS))}, epochs, images)")
     if sum(given.get(name) is not None for name in LENGTHS) > 1:
         raise ConfigError("steps, epochs and images each give the run's length: give one of them")
+    if conditional and given.get("d_position") == "profiles":  # checked before the data is read
+        raise ConfigError("--d-position profiles is a read of an unconditional D: with --conditional choose coords, "
+                          "moments or none")
     for name in () if conditional else CONDITIONAL_SETTINGS:
         if given.get(name) is not None:
             raise ConfigError(f"--{name.replace('_', '-')} is a setting of a class-conditional run: add "

@@ -62,6 +62,8 @@ def check_models_and_augmentation(runs: Path, namespace: dict) -> None:
     assert tuple(namespace["images"].shape) == (4, 3, 128, 128) and tuple(namespace["logits"].shape) == (4,)
     assert namespace["spec"]["family"] == "resnet" and namespace["spec"]["width"] == 16
     assert namespace["config"].augment == "ada" and namespace["config"].ada_interval == 4
+    rows = [json.loads(line) for line in (runs / "steered" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "augment/overfit" in row] == [25, 50]
 
 
 def check_api(runs: Path, namespace: dict) -> None:

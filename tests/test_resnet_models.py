@@ -383,7 +383,8 @@ def test_every_default_spec_builds_models_of_its_size_and_survives_json(family):
     (dict(family="resnet", depth=3), "unknown key.*depth in a resnet model spec"),
     (dict(family="resnet", width=0), "width=0 in the resnet model spec must be an integer >= 1"),
     (dict(family="resnet", norm="layer"), "norm='layer' is not a normalisation of G"),
-    (dict(family="dcgan", d_position="coords"), "leave them out"),
+    (dict(family="dcgan", class_stddev=True), "leave it out"),
+    (dict(family="dcgan", d_position="corners"), "d_position='corners': choose one of coords, moments, profiles"),
 ])
 def test_specs_a_family_cannot_build_are_refused_in_one_line(spec, message):
     full = {"family": "resnet", "z_dim": 8, "width": 2, "image_size": 32, "channels": 3, "num_classes": None, **spec}

@@ -19,7 +19,7 @@ from gan_accel import DataFacts, TrainConfig, settle
 from gan_accel.cli import build_parser
 from gan_accel.errors import ConfigError
 from gan_accel.recipes import default_recipe
-from gan_accel.settle import COMMAND_DEFAULTS, DEFAULTS, settings_of
+from gan_accel.settle import COMMAND_DEFAULTS, DEFAULTS, check_given, settings_of
 from test_train_cli import gan_accel
 from test_user_errors import load_example
 
@@ -46,7 +46,8 @@ def test_the_command_line_the_example_and_the_api_settle_the_same_run(tmp_path, 
     (tmp_path / "digits").mkdir()
     for index in range(210):
         Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(tmp_path / "digits" / f"{index}.png")
-    given = {**SMALL, "output_dir": str(tmp_path / "run"), "lr_g": 1e-3, "seed": 3}
+    # d_position given: the example's own default D reads where MNIST's digits sit (its SCRIPT_DEFAULTS)
+    given = {**SMALL, "output_dir": str(tmp_path / "run"), "lr_g": 1e-3, "seed": 3, "d_position": "none"}
     code, out, err = gan_accel(["train", "--data", tmp_path / "digits", *flags(given)], capsys)
     assert code == 0, err[-3000:]
     command_line = written_config(tmp_path / "run")
@@ -145,3 +146,9 @@ def test_one_default_per_setting_the_flags_read_it_and_the_docs_say_why_the_comm
     mismatched = {name: value for name, value in defaults.items() if name not in filled and value != DEFAULTS[name]}
     assert mismatched == {}
     assert re.search(r"\| `batch_size` \| 128 \| 64 \|", table)
+
+
+def test_a_conditional_run_refuses_the_profiles_read_before_the_data():
+    with pytest.raises(ConfigError, match="--d-position profiles is a read of an unconditional D"):
+        check_given({"d_position": "profiles"}, conditional=True)
+    check_given({"d_position": "profiles"}, conditional=False)  # an unconditional D takes it
