@@ -81,10 +81,22 @@ def main(argv: list[str] | None = None, conditional: bool = False) -> int:
     return run_script(lambda: train(args), debug=args.debug)
 
 
-def settle_mnist(given: dict, conditional: bool, processes: int = 1, gpu: bool = False) -> SettledRun:
-    """The run, settled as `gan-accel train` settles one (the flags given, this script's defaults, the recipe's row)."""
+def settle_mnist(given: dict, conditional: bool, processes: int = 1, gpu: bool = False,
+                 resume: str | None = None) -> SettledRun:
+    """The run, settled as `gan-accel train` settles one (the flags given, the resumed run's own settings, this
+    script's defaults, the recipe's row)."""
     data = DataFacts(**MNIST, classes=10 if conditional else None)
-    return settle(given, data, gpu=gpu, processes=processes, defaults=SCRIPT_DEFAULTS[conditional])
+    run = settle(given, data, gpu=gpu, processes=processes, defaults=SCRIPT_DEFAULTS[conditional])
+    if resume is None:
+        return run
+    from gan_accel.cli.train import check_run_folder
+
+    # The run this one continues keeps the settings it recorded for the flags left out, as in gan-accel train.
+    recorded, _ = check_run_folder(argparse.Namespace(output_dir=run.config.output_dir, resume=resume))
+    if recorded is None:
+        return run
+    return settle(given, data, gpu=gpu, processes=processes, recorded=recorded,
+                  defaults=SCRIPT_DEFAULTS[conditional])
 
 
 def train(args: argparse.Namespace) -> int:
@@ -93,7 +105,8 @@ def train(args: argparse.Namespace) -> int:
 
     # Settled first, so a bad flag fails before any data or model work; the Accelerator comes on these processes.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
-    run = settle_mnist(given_settings(args), args.conditional, state.num_processes, state.device.type == "cuda")
+    run = settle_mnist(given_settings(args), args.conditional, state.num_processes, state.device.type == "cuda",
+                       args.resume)
     config = run.config
     if args.dry_run:
         return dry_run(args, run, state)

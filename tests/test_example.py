@@ -229,3 +229,24 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(dig
     again = gan_accel_command(["eval", str(out), "--out", str(scores)], capsys)
     assert again.returncode == 2 and again.stderr.startswith("error:") and "exists" in again.stderr
     assert json.loads(scores.read_text()) == report
+
+
+def test_a_resumed_example_keeps_the_settings_its_run_recorded(tmp_path, monkeypatch, capsys):
+    """Resumed without the flags it started with, the example continues the run as it was (the loss, the rates
+    and the length its config.json recorded), as gan-accel train does; a flag given still changes a rate."""
+    import json
+
+    from conftest import reset_accelerate_state
+
+    example = dcgan_mnist(monkeypatch)
+    out = tmp_path / "run"
+    first = ["--dataset", "digits", "--output-dir", str(out), "--batch-size", "8", "--width", "4",
+             "--sample-every", "2", "--checkpoint-every", "2", "--log-every", "1", "--no-progress"]
+    assert example.main([*first, "--steps", "4", "--loss", "hinge", "--lr-g", "0.001"]) == 0
+    reset_accelerate_state()
+    assert example.main(["--dataset", "digits", "--output-dir", str(out), "--resume", "latest", "--lr-d", "0.002",
+                         "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["loss"], config["lr_G"], config["lr_D"], config["batch_size"]) == ("hinge", 0.001, 0.002, 8)
+    assert config["model"]["width"] == 4 and config["max_steps"] == 4
+    assert "resumed from" in capsys.readouterr().out
