@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import GanAccelError, UnsafeFileError
-from ..storage.files import write_bytes_synced
+from ..storage.files import process_alive, write_bytes_synced
 from ..storage.reading import read_json
 from .image_cache import cache_error
 
@@ -107,16 +107,16 @@ def _wait_for(path: Path, builder: Builder) -> None:
                     return
             except (OSError, ValueError, AttributeError, UnsafeFileError):  # not written yet, or not ours
                 pass
-            if not _alive(builder.pid) or stopped.is_set():
+            if not process_alive(builder.pid) or stopped.is_set():
                 break
             time.sleep(0.2)
     finally:
         if restore is not None:
             signal.signal(signal.SIGTERM, restore)
     deadline = time.monotonic() + 3.0  # a stop that is not the builder's death: the builder is reaped first
-    while _alive(builder.pid) and time.monotonic() < deadline:
+    while process_alive(builder.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(builder.pid):
+    if process_alive(builder.pid):
         os.kill(os.getpid(), signal.SIGTERM)  # stopped for another reason: end as the signal asks
     from ..ending import EXIT_SILENT_PEER
 
@@ -128,18 +128,3 @@ def _wait_for(path: Path, builder: Builder) -> None:
     os._exit(EXIT_SILENT_PEER)  # the process group cannot be torn down with a process gone
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` (on this machine) still runs: not gone, and not a zombie awaiting its parent."""
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True

@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError, UnsafeFileError
-from ..storage.files import atomic_path, remove_entry, temporary_name, write_bytes_synced
+from ..storage.files import atomic_path, process_alive, remove_entry, temporary_name, write_bytes_synced
 from ..storage.reading import MAX_TENSOR_BYTES, load_array, open_file, read_bytes
 
 MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
@@ -114,7 +114,7 @@ def clear_stale_temporaries(folder: Path) -> list[Path]:
     for name in names:
         match = _TEMPORARY.search(name)
         if match is None or not name[:match.start()].endswith(f".{host}") or not name.startswith(".") \
-                or int(match["pid"]) == os.getpid() or _alive(int(match["pid"])):
+                or int(match["pid"]) == os.getpid() or process_alive(int(match["pid"])):
             continue
         try:
             (folder / name).unlink()
@@ -125,16 +125,6 @@ def clear_stale_temporaries(folder: Path) -> list[Path]:
 
 
 _TEMPORARY = re.compile(r"\.(?P<pid>\d+)\.tmp(\.compact)?$")  # the end of temporary_name's names
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
 
 
 class CacheFolder:

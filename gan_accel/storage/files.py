@@ -32,14 +32,21 @@ def temporary_name(path: Path) -> Path:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine still runs (another user's counts as running: it may be a writer)."""
+    """Whether process ``pid`` of this machine still runs: not gone and not a zombie awaiting its parent (another
+    user's counts as running: it may be a writer; a pid <= 0 is never judged dead)."""
+    if pid <= 0:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:  # the kernel's record of the process: "Z" is a zombie
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def clear_dead_temporaries(path: Path) -> None:
