@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError, UnsafeFileError
 from ..storage.files import atomic_path, process_alive, remove_entry, temporary_name, write_bytes_synced
-from ..storage.reading import MAX_TENSOR_BYTES, load_array, open_file, read_bytes
+from ..storage.reading import file_sha256, load_array, read_bytes
 
 MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
 from . import image_decode
@@ -88,15 +88,6 @@ def cache_error(error: OSError, root: Path) -> DataError:
     reason = f"{os.strerror(error.errno)}" if error.errno else (str(error) or type(error).__name__)
     return DataError(f"cannot write the image cache at {error.filename or root}: {reason}; choose another place "
                      "with --cache-dir (cache_dir= in Python) or $GAN_ACCEL_CACHE")
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file's bytes, read in chunks (bounded memory)."""
-    digest = hashlib.sha256()
-    with open_file(path, MAX_TENSOR_BYTES) as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _json_sha256(data: dict[str, Any]) -> str:
