@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from gan_accel import DataFacts, GANTrainer, SettledRun, build_accelerator, settle
+from gan_accel.settle import setting
 from gan_accel.data import make_dataloader, resolve_dataset
 from gan_accel.engine.launch import describe_launch
 from gan_accel.models import build_models
@@ -86,17 +87,14 @@ def settle_mnist(given: dict, conditional: bool, processes: int = 1, gpu: bool =
     """The run, settled as `gan-accel train` settles one (the flags given, the resumed run's own settings, this
     script's defaults, the recipe's row)."""
     data = DataFacts(**MNIST, classes=10 if conditional else None)
-    run = settle(given, data, gpu=gpu, processes=processes, defaults=SCRIPT_DEFAULTS[conditional])
-    if resume is None:
-        return run
-    from gan_accel.cli.train import check_run_folder
+    defaults, recorded = SCRIPT_DEFAULTS[conditional], None
+    if resume is not None:
+        from gan_accel.cli.train import check_run_folder
 
-    # The run this one continues keeps the settings it recorded for the flags left out, as in gan-accel train.
-    recorded, _ = check_run_folder(argparse.Namespace(output_dir=run.config.output_dir, resume=resume))
-    if recorded is None:
-        return run
-    return settle(given, data, gpu=gpu, processes=processes, recorded=recorded,
-                  defaults=SCRIPT_DEFAULTS[conditional])
+        # The run this one continues keeps the settings it recorded for the flags left out, as in gan-accel train.
+        folder = setting("output_dir", given, defaults=defaults)
+        recorded, _ = check_run_folder(argparse.Namespace(output_dir=folder, resume=resume))
+    return settle(given, data, gpu=gpu, processes=processes, recorded=recorded, defaults=defaults)
 
 
 def train(args: argparse.Namespace) -> int:
