@@ -111,6 +111,14 @@ def test_a_resume_on_the_command_line_keeps_the_flags_the_run_started_with(tmp_p
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["loss"], config["seed"], config["max_steps"]) == ("hinge", 3, 4)
     assert "the recipe for" not in out  # every setting is the run's or a flag
+    # a fork (the checkpoint into a new folder) keeps them too: a new run, but the checkpoint's settings
+    checkpoint = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
+    fork = [*base[:3], "--output-dir", tmp_path / "fork", *base[5:], "--steps", "6", "--resume", checkpoint]
+    code, out, err = gan_accel(fork, capsys)
+    assert code == 0, err[-3000:]
+    config = json.loads((tmp_path / "fork" / "config.json").read_text())
+    assert (config["loss"], config["seed"], config["max_steps"]) == ("hinge", 3, 6)
+    assert "the recipe for" not in out
 
 
 def test_a_conditional_run_has_no_penalties_and_its_own_defaults():

@@ -246,6 +246,7 @@ def check_run_folder(args: argparse.Namespace) -> tuple[TrainConfig | None, dict
     resume names a checkpoint, and gives the run's config (with the networks' spec) and the data record
     (``data.json``) the run kept."""
     from ..engine.run_open import AUTO, resolve_auto, resume_target
+    from ..storage.checkpoint import read_marker
     from ..storage.layout import CONFIG, DATA_RECORD, read_json
     from ..storage.run_folder import check_new_run
 
@@ -253,21 +254,30 @@ def check_run_folder(args: argparse.Namespace) -> tuple[TrainConfig | None, dict
     if resume is None:
         check_new_run(args.output_dir)
         return None, None
-    if not resume_target(resume, args.output_dir).continued:  # a new run: nothing of the folder to go on with
-        return None, None
+    target = resume_target(resume, args.output_dir)
+    if not target.continued:  # a fork: the checkpoint's settings (fixed ones must match), its data free to change
+        return _config_or_none(read_marker(target.path).get("config")), None
     folder = Path(args.output_dir)
     try:
-        config = TrainConfig.from_dict(read_json(folder / CONFIG))
-    except (OSError, ValueError, TypeError, ConfigError):
-        config = None  # unreadable, or another version's: the run is settled as a new one, and fit() compares
+        config = _config_or_none(read_json(folder / CONFIG))
+    except (OSError, ValueError):
+        config = None  # unreadable: the run is settled as a new one, and fit() compares
     try:
         record = read_json(folder / DATA_RECORD)  # the one reader: a FIFO or a huge file is one line, not a hang
     except FileNotFoundError:
         record = None  # trained on something else: nothing to compare
     except (OSError, ValueError) as error:
         raise DataError(f"{folder / DATA_RECORD} cannot be read ({error}): restore it, or start a new run") from None
-    spec = config.model if config is not None else None
-    return (config if isinstance(spec, dict) and "family" in spec else None), record
+    return config, record
+
+
+def _config_or_none(saved: Any) -> TrainConfig | None:
+    """A recorded config with its networks' spec, or None (absent, or another version's: settled as a new run)."""
+    try:
+        config = TrainConfig.from_dict(saved)
+    except (ValueError, TypeError, AttributeError, ConfigError):
+        return None
+    return config if isinstance(config.model, dict) and "family" in config.model else None
 
 
 def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
