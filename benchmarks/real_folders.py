@@ -30,6 +30,10 @@ against the held-out real images' distances to theirs. ``copies`` is the share o
 the held-out images' 10th percentile: a generator that learnt the distribution has about 10 %, one
 that returns its training images has far more.
 
+A class-conditional run (``--config "cond=--conditional"``: the category folders are its classes) is asked
+for its classes in their shares of the training images, and ``agreement`` is the share of its samples the
+judge puts in the class asked for (the judge's own accuracy on held-out reals is its ceiling).
+
 Each configuration (``--config NAME=FLAGS``, flags of ``gan-accel train``; empty: the default command)
 trains once per seed and set, ``--jobs`` at a time with ``cores / jobs`` threads each, capped at
 ``--seconds`` (``--max-time``) so configurations are compared at equal wall time; ``--reference`` adds
@@ -314,14 +318,39 @@ def d_health(run: Path) -> dict:
 
 def samples_of(run: Path, num: int) -> torch.Tensor:
     """A finished run's samples (its generator, the EMA when kept), or a reference loop's."""
+    return labelled_samples(run, num)[0]
+
+
+def labelled_samples(run: Path, num: int) -> tuple[torch.Tensor, list[str] | None]:
+    """``num`` samples of a run and, for a class-conditional run, the class name asked of each. A conditional
+    run's classes are drawn in their shares of its training images (seeded), so that its samples are scored
+    against the real images as they are mixed, not a uniform mix of rare and common classes."""
     if (run / "samples.pt").exists():
-        return torch.load(run / "samples.pt", weights_only=True)[:num]
+        return torch.load(run / "samples.pt", weights_only=True)[:num], None
     from gan_accel import load_generator
     from gan_accel.sampling import sample_images
 
     G = load_generator(run)
-    per_class = getattr(G, "num_classes", None) or 1
-    return sample_images(G, num - num % per_class, seed=12345)[0]
+    if not getattr(G, "num_classes", None):
+        return sample_images(G, num, seed=12345)[0], None
+    record = json.loads((run / "data.json").read_text())
+    names = record["class_names"]
+    counts = torch.tensor([len(list((Path(record["source"]) / name).glob("*.png"))) for name in names],
+                          dtype=torch.float)
+    drawn = torch.multinomial(counts, num, replacement=True, generator=torch.Generator().manual_seed(12345))
+    images, asked = [], []
+    for label, count in enumerate(torch.bincount(drawn, minlength=len(names)).tolist()):
+        if count:
+            images.append(sample_images(G, count, label=label, seed=12345 + label)[0])
+            asked += [names[label]] * count
+    return torch.cat(images), asked
+
+
+def agreement(judge: Judge, images: torch.Tensor, asked: list[str], classes: list[str]) -> float:
+    """The share of a conditional run's samples that the judge puts in the class they were asked for."""
+    _, logits = features(judge, images)
+    wanted = torch.tensor([classes.index(name) for name in asked])
+    return float((logits.argmax(1) == wanted).float().mean())
 
 
 def figure(out: Path, real_set: RealSet, names: list[str], seed: int, path: Path, per_row: int = 12,
@@ -402,17 +431,18 @@ def main() -> None:
         judge, _, real_images, classes = cached_judge(out, real_set.family)
         real_features, _ = features(judge, real_images)
         train, held_out = build_set(out, real_set)
-        samples = samples_of(run, SAMPLES)
+        samples, asked = labelled_samples(run, SAMPLES)
         row = {"set": set_name, "config": name, "flags": " ".join(flags_of.get(name, [])), "seed": seed,
                "wall_s": round(float((run / "wall_seconds.txt").read_text()), 1), **run_facts(run),
                **scores(judge, samples, real_features, len(classes)),
+               **({} if asked is None else {"agreement": agreement(judge, samples, asked, classes)}),
                **copy_check(samples, read_folder(train), read_folder(held_out)), **d_health(run)}
         results["runs"] = [r for r in results["runs"] if (r["set"], r["config"], r["seed"]) != (set_name, name, seed)]
         results["runs"].append(row)
         print(json.dumps(row), flush=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     print(results_table(results["runs"], ("set", "config", "seed"),
-                        ("fd", "kid", "precision", "recall", "copies", "d_verdict", "overfit")))
+                        ("fd", "kid", "precision", "recall", "copies", "agreement", "d_verdict", "overfit")))
 
 
 if __name__ == "__main__":
