@@ -19,6 +19,7 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import gpu_check  # noqa: E402
+from gpu_checks import commands, fixtures, speed  # noqa: E402  (the sections' package, next to the entry point)
 
 sys.path.remove(str(BENCHMARKS))
 
@@ -133,7 +134,7 @@ def test_the_recipe_section_fails_on_a_non_finite_loss_and_on_a_skipped_update_s
     s = gpu_check.Section("recipe", "recipe")
     log = ("gan_accel: r3gan G and D (width 64, z 512) at 64 px\n"
            "gan_accel: stopped at the time limit (2 min) at step 23 of 20,000.")
-    gpu_check._recipe_numbers(s, run_dir, log, report)
+    commands._recipe_numbers(s, run_dir, log, report)
     assert {c["name"] for c in s.failed_checks} == {"every logged loss is finite", "skipped updates <= 10% of steps"}
     assert s.numbers["steps"] == 23 and s.numbers["images/s (median)"] == 120.0  # the first row is warm-up
     assert s.numbers["recipe"] == "not printed" and s.numbers["grid"] == "none written"
@@ -144,7 +145,7 @@ def test_the_sync_counter_separates_clean_steps_from_log_rows_and_names_the_line
     """The CUDA-only sync count, fed warnings by hand: a step's interval is busy when the step before it
     wrote a log row (its row is read after its on_step_end, so it lands in the next interval)."""
     records: list = []
-    counter = gpu_check.SyncCounter(records, skip=0)
+    counter = speed.SyncCounter(records, skip=0)
     trainer = SimpleNamespace(step=0, config=SimpleNamespace(log_every=2, sample_every=100, checkpoint_every=100))
 
     def interval(syncs: int, step: int) -> None:
@@ -164,9 +165,9 @@ def test_the_fp16_accelerator_on_cpu_runs_the_engines_fp16_paths(tmp_path):
     """On CPU Accelerate turns fp16 off; the check's accelerator turns autocast and a GradScaler back on, and
     the engine then takes its fp16 paths (the scaler's skip mode, Accelerate's wrappers kept)."""
     run = fake_run(tmp_path)
-    G, D = gpu_check.tiny_models(torch.float32)
-    trainer = gpu_check.make_trainer(run, "fp16", G, D, gpu_check.loader(gpu_check.tiny_images(32, torch.float32), 4),
-                                     mixed_precision="fp16", max_steps=2, accelerator=gpu_check.fp16_accelerator(run, 64.0))
+    G, D = fixtures.tiny_models(torch.float32)
+    trainer = fixtures.make_trainer(run, "fp16", G, D, fixtures.loader(fixtures.tiny_images(32, torch.float32), 4),
+                                    mixed_precision="fp16", max_steps=2, accelerator=fixtures.fp16_accelerator(run, 64.0))
     assert trainer.accelerator.scaler.get_scale() == 64.0 and trainer.accelerator.native_amp
     from accelerate.optimizer import AcceleratedOptimizer
 
@@ -197,7 +198,7 @@ def test_the_cuda_only_sections_run_their_python_on_cpu_with_torch_cuda_faked(tm
         monkeypatch.setattr(torch.cuda, name, fake)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # the networks stay on the CPU even where a GPU is present
     tiny = dict(image=32, width=4, channels=3, batch=8, precision="no", block=2, blocks=2, warmup=1, n=64)
-    monkeypatch.setattr(gpu_check, "_speed_case", lambda run: dict(tiny))
+    monkeypatch.setattr(speed, "_speed_case", lambda run: dict(tiny))
     run = CudaShapedRun(**vars(fake_run(tmp_path)))
     report = gpu_check.Report(tmp_path / "out", {"device": "cuda"})
     gpu_check.run_sections(run, ["syncs", "engine_vs_plain", "memory"], report)
