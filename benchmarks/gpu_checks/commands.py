@@ -19,7 +19,7 @@ import torch
 
 from make_rgb_digits import make_rgb_digits  # benchmarks/: the coloured digits, offline
 
-from .fixtures import ROOT, Run, child_env, reset_accelerate
+from .fixtures import ROOT, Run, child_env, read_metrics_of, reset_accelerate
 from .report import Report, Section
 
 ENTRY = ROOT / "benchmarks" / "gpu_check.py"  # runs quickstart_driver in a fresh process (--quickstart-driver)
@@ -52,12 +52,10 @@ def _recipe_numbers(s: Section, out: Path, log: str, report: Report) -> None:
     """What the recipe's run printed and logged: its choice, speed, losses, skipped updates and last grid."""
     import shutil
 
-    from gan_accel.callbacks.metrics_log import read_metrics
-
     for key, pattern in (("recipe", r"the recipe for .*"), ("model", r"\S+ G and D \(.*")):
         found = re.search(pattern, log)
         s.number(key, found.group(0) if found else "not printed")
-    rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+    rows = read_metrics_of(out)
     if not s.check("metrics logged", bool(rows), str(out / "metrics.jsonl")):
         return
     steps = int(rows[-1]["step"])  # the skip counters' step; the run may have gone on to its time limit
@@ -210,13 +208,11 @@ def _last_line(text: str) -> str:
 
 
 def _quickstart_numbers(out: Path, stdout: str, wall: float) -> dict:
-    from gan_accel.callbacks.metrics_log import read_metrics
-
     result: dict[str, Any] = {"wall_s": round(wall, 1)}
     found = re.search(r"gan_accel: (\S+) \((\d+) images from (.+?)\); (\d+) steps of (\d+)", stdout)
     if found:
         result.update(dataset=found.group(1), steps=int(found.group(4)), batch=int(found.group(5)))
-    rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+    rows = read_metrics_of(out)
     speeds = [r["images/s"] for r in rows[1:] or rows if "images/s" in r]
     if speeds:
         result["images_per_s"] = round(statistics.median(speeds), 1)

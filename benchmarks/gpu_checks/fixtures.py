@@ -284,11 +284,16 @@ def identical(a: Any, b: Any) -> bool:
     return a == b
 
 
-def metric_rows(trainer: Any) -> list[dict]:
+def read_metrics_of(folder: Path) -> list[dict]:
+    """A run folder's metrics.jsonl rows (none if it wrote none)."""
     from gan_accel.callbacks.metrics_log import read_metrics
 
-    path = Path(trainer.config.output_dir) / "metrics.jsonl"
+    path = folder / "metrics.jsonl"
     return read_metrics(path) if path.exists() else []
+
+
+def metric_rows(trainer: Any) -> list[dict]:
+    return read_metrics_of(Path(trainer.config.output_dir))
 
 
 def count_inner_steps(trainer: Any) -> dict[str, int]:
@@ -313,6 +318,11 @@ class RecordUpdates:
 
     def __init__(self) -> None:
         self.rows: list[dict] = []
+        self.initial: dict[str, dict] = {}
+
+    def start(self, trainer: Any) -> None:
+        """The weights before the first update (after the preflight)."""
+        self.initial = {"D": parameters_of(trainer.D), "G": parameters_of(trainer.G)}
 
     def on_phase_end(self, trainer: Any, phase: Any) -> None:
         scaler = trainer.accelerator.scaler

@@ -11,60 +11,49 @@ from typing import Any, Callable
 import torch
 
 from .fixtures import (LinearD, RecordUpdates, Run, TableLatents, TinyG, Z_TINY, cpu_state, digit_images, first_conv,
-                       fp16_accelerator, identical, loader, make_trainer, max_diff, metric_rows, moved, parameters_of,
+                       fp16_accelerator, identical, loader, make_trainer, max_diff, metric_rows, moved,
                        proof_mode, small_dcgan, tiny_images, tiny_models)
 from .report import Report, Section, Skip
 
 
 # -- fp16: one GradScaler, two optimizers ---------------------------------------------------------------
-class OverflowingGradient(torch.autograd.Function):
-    """Identity forward (the loss stays finite: the divergence guard does not see it), backward x 1e38:
-    the scaled gradients overflow whatever the precision, as an fp16 overflow does."""
+class ScaledGradient(torch.autograd.Function):
+    """Identity forward (the loss stays finite: the divergence guard does not see it), backward x ``factor``:
+    1e38 overflows the scaled gradients whatever the precision, as an fp16 overflow does; NaN poisons them."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
         return x.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad * 1e38
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
 
 
-def d_loss_modified(at_step: int, how: str) -> list:
-    """The default phases, with D's loss changed at step ``at_step`` (0-based, ``at_step="from:N"`` for every
-    step from N): "overflow" (finite loss, overflowing gradients), "nan_loss" (+ NaN), "nan_grad" (NaN gradients)."""
+def d_loss_modified(changes: dict[int, str], onwards: bool = False) -> list:
+    """The default phases, with D's loss changed at the steps (0-based) of ``changes`` (with ``onwards``, at
+    every step from the first of them): "overflow" (finite loss, overflowing gradients), "nan_loss" (+ NaN),
+    "nan_grad" (NaN gradients)."""
     from gan_accel import Phase, discriminator_loss, generator_loss
     from gan_accel.objectives.losses import LOSSES
 
     loss = LOSSES["nonsaturating"]
     d_loss = discriminator_loss(loss)
-    start = int(str(at_step).split(":")[-1])
-    every = str(at_step).startswith("from:")
+    first = min(changes)
 
     def modified(ctx: Any) -> torch.Tensor:
         value = d_loss(ctx)
-        if ctx.step == start or (every and ctx.step >= start):
-            if how == "overflow":
-                return OverflowingGradient.apply(value)
-            if how == "nan_loss":
-                return value + float("nan")
-            if how == "nan_grad":
-                return NaNGradient.apply(value)
+        how = changes[first] if onwards and ctx.step >= first else changes.get(ctx.step)
+        if how == "overflow":
+            return ScaledGradient.apply(value, 1e38)
+        if how == "nan_loss":
+            return value + float("nan")
+        if how == "nan_grad":
+            return ScaledGradient.apply(value, float("nan"))
         return value
 
     return [Phase("D", "D", modified, new_data=True), Phase("G", "G", generator_loss(loss))]
-
-
-class NaNGradient(torch.autograd.Function):
-    """Identity forward, NaN backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad * float("nan")
 
 
 def _fp16_overflow_run(run: Run, optimizer: str, width: int, steps: int, at: int) -> tuple[Any, RecordUpdates]:
@@ -77,9 +66,9 @@ def _fp16_overflow_run(run: Run, optimizer: str, width: int, steps: int, at: int
     trainer = make_trainer(run, f"fp16_overflow_{optimizer}", G, D, loader(digit_images(8 * steps), 8),
                            latents=TableLatents(8, dtype=torch.float32), callbacks=(record,), max_steps=steps,
                            mixed_precision="fp16", lr_G=1e-3, lr_D=1e-3, lr_schedule="linear", z_dim=8,
-                           accelerator=fp16_accelerator(run, init_scale=256.0), phases=d_loss_modified(at, "overflow"),
+                           accelerator=fp16_accelerator(run, init_scale=256.0), phases=d_loss_modified({at: "overflow"}),
                            **extra)
-    record.initial = {"D": parameters_of(trainer.D), "G": parameters_of(trainer.G)}
+    record.start(trainer)
     trainer.fit()
     return trainer, record
 
@@ -175,6 +164,15 @@ def plain_dcgan_twin(run: Run, images: torch.Tensor, b: int, steps: int, latents
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if precision == "fp16" else None
     autocast = functools.partial(torch.autocast, device.type, dtype=dtype)
     scale = (lambda x: scaler.scale(x)) if scaler else (lambda x: x)
+
+    def update(optimizer: torch.optim.Optimizer) -> None:  # through the scaler (which may skip it), then zero_grad
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     norms = []
     for step in range(steps):
         real = images[step * b:(step + 1) * b].to(device)
@@ -186,12 +184,7 @@ def plain_dcgan_twin(run: Run, images: torch.Tensor, b: int, steps: int, latents
             if scaler:
                 scaler.unscale_(opt_D)
             norms.append(float(torch.nn.utils.clip_grad_norm_(D.parameters(), clip_D)))
-        if scaler:
-            scaler.step(opt_D)
-            scaler.update()
-        else:
-            opt_D.step()
-        opt_D.zero_grad(set_to_none=True)
+        update(opt_D)
         for p in D.parameters():
             p.requires_grad_(False)
         with autocast():
@@ -199,16 +192,9 @@ def plain_dcgan_twin(run: Run, images: torch.Tensor, b: int, steps: int, latents
         scale(loss_G).backward()
         for p in D.parameters():
             p.requires_grad_(True)
-        if scaler:
-            scaler.step(opt_G)
-            scaler.update()
-        else:
-            opt_G.step()
-        opt_G.zero_grad(set_to_none=True)
+        update(opt_G)
     return {"G": cpu_state(G), "D": cpu_state(D), "norms_D": norms,
             "scale": float(scaler.get_scale()) if scaler else None}
-
-
 
 
 # -- bf16 -----------------------------------------------------------------------------------------
@@ -320,7 +306,7 @@ def _guard_trainer(run: Run, name: str, phases: list, precision: str = "no", **s
     trainer = make_trainer(run, name, *tiny_models(torch.float32), loader(tiny_images(64, torch.float32), 4),
                            latents=TableLatents(Z_TINY, dtype=torch.float32), callbacks=(record,), phases=phases,
                            **options)
-    record.initial = {"D": parameters_of(trainer.D), "G": parameters_of(trainer.G)}
+    record.start(trainer)
     return trainer, record
 
 
@@ -333,22 +319,9 @@ def _skips_of(record: RecordUpdates, net: str = "D") -> list[int]:
 
 
 def sec_guard(run: Run, s: Section, report: Report) -> None:
-    from gan_accel import DivergenceError, Phase, discriminator_loss, generator_loss
-    from gan_accel.objectives.losses import LOSSES
+    from gan_accel import DivergenceError
 
-    loss = LOSSES["nonsaturating"]
-    d_loss = discriminator_loss(loss)
-
-    def poisoned(ctx: Any) -> torch.Tensor:  # NaN loss at step 2, NaN gradients at step 4
-        value = d_loss(ctx)
-        if ctx.step == 2:
-            return value + float("nan")
-        if ctx.step == 4:
-            return NaNGradient.apply(value)
-        return value
-
-    phases = [Phase("D", "D", poisoned, new_data=True), Phase("G", "G", generator_loss(loss))]
-    label = "device"
+    phases = d_loss_modified({2: "nan_loss", 4: "nan_grad"})
     label = "device"
     with proof_mode(run):
         trainer, record = _guard_trainer(run, "guard", phases)
@@ -365,7 +338,7 @@ def sec_guard(run: Run, s: Section, report: Report) -> None:
     s.check(f"{label}: weights finite", all(torch.isfinite(p).all() for p in trainer.D.parameters()))
     # DivergenceError at the first log row after max_bad_updates consecutive skips
     with proof_mode(run):
-        trainer, _ = _guard_trainer(run, "diverge", d_loss_modified("from:1", "nan_loss"), max_steps=12, log_every=5,
+        trainer, _ = _guard_trainer(run, "diverge", d_loss_modified({1: "nan_loss"}, onwards=True), max_steps=12, log_every=5,
                                     max_bad_updates=3)
         raised = ""
         try:
@@ -376,7 +349,7 @@ def sec_guard(run: Run, s: Section, report: Report) -> None:
             "noticed at step 5" in raised and trainer.step == 5, raised.split(";")[0] or "not raised")
     # fp16: a NaN loss becomes the scaler's skip
     with proof_mode(run):
-        trainer, record = _guard_trainer(run, "guard_fp16", d_loss_modified(2, "nan_loss"), precision="fp16")
+        trainer, record = _guard_trainer(run, "guard_fp16", d_loss_modified({2: "nan_loss"}), precision="fp16")
         trainer.fit()
     rows = metric_rows(trainer)
     s.check("fp16: a NaN loss is handed to the GradScaler: D's update of step 2 skipped, and only it",

@@ -123,6 +123,11 @@ def _rows_without_time(trainer: Any) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "images/s"} for row in metric_rows(trainer)]
 
 
+def _saved_rng_states(folder: Path) -> dict:
+    """The random states Accelerate saved in the run's step-3 checkpoint (the process-0 file)."""
+    return torch.load(folder / "checkpoints" / "checkpoint_00000003" / "random_states_0.pkl", weights_only=False)
+
+
 class CudaRngAtStart:
     """The CUDA generator's state when fit starts (after a resume has restored it)."""
 
@@ -141,7 +146,7 @@ def _straight_and_resumed(run: Run, width: int, tag: str) -> tuple[dict, dict, A
     folder = run.folder(f"resumed_{tag}")
     _resume_trainer(run, folder, width).fit(stop_at_step=3)
     # read now: the resumed run's later checkpoints prune this one (keep_checkpoints=2)
-    rng_states = torch.load(folder / "checkpoints" / "checkpoint_00000003" / "random_states_0.pkl", weights_only=False)
+    rng_states = _saved_rng_states(folder)
     torch.manual_seed(1234)  # a shifted global RNG and other initial weights: all must come from the checkpoint
     resumed = _resume_trainer(run, folder, width, init_seed=99)
     rng = CudaRngAtStart() if run.cuda else None
@@ -205,8 +210,7 @@ def _cuda_rng_not_restored(run: Run, s: Section, width: int) -> None:
     folder = run.folder("rng_not_restored")
     with proof_mode(run):
         _resume_trainer(run, folder, width).fit(stop_at_step=3)
-        saved = torch.load(folder / "checkpoints" / "checkpoint_00000003" / "random_states_0.pkl",
-                           weights_only=False).get("torch_cuda_manual_seed")
+        saved = _saved_rng_states(folder).get("torch_cuda_manual_seed")
         trainer = _resume_trainer(run, folder, width)
         rng = CudaRngAtStart()
         trainer.callbacks.add(rng)

@@ -9,6 +9,7 @@ import math
 import statistics
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -171,7 +172,7 @@ class SyncCounter:
         self.mark = 0
         self.clean: list[int] = []
         self.busy: list[int] = []
-        self.sites_clean: dict[str, int] = {}
+        self.sites_clean: Counter[str] = Counter()
 
     def on_step_end(self, trainer: Any) -> None:
         new = [w for w in self.records[self.mark:] if _is_sync(w)]
@@ -184,9 +185,7 @@ class SyncCounter:
             return
         (self.busy if busy else self.clean).append(len(new))
         if not busy:
-            for w in new:
-                site = f"{Path(w.filename).name}:{w.lineno}"
-                self.sites_clean[site] = self.sites_clean.get(site, 0) + 1
+            self.sites_clean.update(_sites(new))
 
 
 def sec_syncs(run: Run, s: Section, report: Report) -> None:
@@ -257,11 +256,8 @@ def _is_sync(record: Any) -> bool:
 
 
 def _sites(records: list) -> dict[str, int]:
-    sites: dict[str, int] = {}
-    for w in records:
-        site = f"{Path(w.filename).name}:{w.lineno}"
-        sites[site] = sites.get(site, 0) + 1
-    return sites
+    """How many of the warnings each code line (file:line) raised."""
+    return dict(Counter(f"{Path(w.filename).name}:{w.lineno}" for w in records))
 
 
 # -- peak GPU memory -----------------------------------------------------------------------------------------
