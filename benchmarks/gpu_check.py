@@ -15,7 +15,7 @@ numbers and its *findings*: behaviour of the engine that differs from what its d
 say, reported for the lead to decide (they do not fail the section; this script never changes the
 engine). Speed targets are reported as met / not met and do not fail a section either.
 
-The correctness sections build their reference independently, in plain PyTorch inside this script
+The correctness sections build their reference independently, in plain PyTorch inside this check
 (a hand-written twin loop, a larger batch, an uninterrupted run, a closed-form penalty), and use the
 engine only through its public API. On CUDA they run with TF32 off, ``torch.backends.cudnn``
 deterministic and ``torch.use_deterministic_algorithms(True, warn_only=True)`` (``CUBLAS_WORKSPACE_CONFIG=:4096:8``,
@@ -66,6 +66,11 @@ Sections (``--sections``; all by default, in this order):
 
 Deterministic algorithms are switched on with ``warn_only=True``: an op without a deterministic CUDA
 kernel is named in its section's notes instead of stopping the section.
+
+This file holds the options, the section table and the driver; the sections live in
+``benchmarks/gpu_checks/``: ``proofs`` (accumulation, twin, resume), ``precision`` (fp16, bf16, penalties,
+guard), ``device_features`` (env, channels_last, compile, checkpoint, evaluator), ``speed`` (engine_vs_plain,
+syncs, memory) and ``commands`` (recipe, quickstart), over ``report`` and ``fixtures``.
 
 Single process only: the multi-GPU parts (DDP with ``broadcast_buffers=False`` and BatchNorm, the
 asynchronous stop flag) need two GPUs and are listed as not covered in the report.
