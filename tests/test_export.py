@@ -1,11 +1,11 @@
-"""``gan-accel export`` and ``gan_accel.load_generator``: a run ends with its generator in the export format
-(``generator/``: config.json, model.safetensors); the export is that layout plus a README.md model card and
-samples.png, loads back without training code and samples bitwise what ``gan-accel sample`` samples from the
-run; one ``load_generator`` reads an export, a run, a checkpoint and a Hub repo alike, checking what the files
-ask for before building anything; the card's usage snippet runs as written;
-nothing is replaced; ``--push-to-hub`` and loading a repo id work up to the network, against a local stand-in
-for the Hub (a fake ``huggingface_hub`` module that records the calls and copies into a folder): the real Hub
-is never reached from these tests.
+"""``gan-accel export``, ``gan_accel.load_generator`` and the Hub methods of what it returns: a run ends with its
+generator in the export format (``generator/``: config.json, model.safetensors); the export is that layout plus a
+README.md model card and samples.png, as ``G.save_pretrained`` and ``G.push_to_hub`` write it, loads back without
+training code and samples bitwise what ``gan-accel sample`` samples from the run; one ``load_generator`` (and
+``from_pretrained``) reads an export, a run, a checkpoint and a Hub repo alike, checking what the files ask for
+before building anything; the card's metadata parses as YAML with its model-index, and its usage snippet runs as
+written; nothing is replaced; pushing and loading a repo id work up to the network, against a local stand-in for
+the Hub (tests/hub_stand_in.py): the real Hub is never reached from these tests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 
 import huggingface_hub
-import huggingface_hub.hub_mixin
 import numpy as np
 import pytest
 import torch
@@ -24,6 +23,7 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import reset_accelerate_state
+from hub_stand_in import StandInHub
 from gan_accel import CheckpointError, load_generator
 from gan_accel.cli import main
 from gan_accel.hub import ExportError, HubGenerator, export_generator
@@ -223,45 +223,9 @@ def test_weights_named_outside_their_folder_are_refused(runs, tmp_path, named):
 
 
 # -- the Hub, through a stand-in ---------------------------------------------------------------------------------
-class StandInHub:
-    """``huggingface_hub``'s network calls on a local folder: HfApi.create_repo / upload_folder (the mixin's
-    too) and snapshot_download, recorded; everything else, the mixin included, is the real library."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.calls = root, []
-        hub = self
-
-        class HfApi:
-            def __init__(self, token=None):
-                hub.calls.append(("HfApi", {"token": token}))
-
-            def create_repo(self, repo_id, repo_type="model", private=False, exist_ok=False, **_):
-                hub.calls.append(("create_repo", {"repo_id": repo_id, "repo_type": repo_type or "model",
-                                                  "private": private, "exist_ok": exist_ok}))
-                (hub.root / repo_id).mkdir(parents=True, exist_ok=exist_ok)
-                return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
-
-            def upload_folder(self, folder_path, repo_id, repo_type=None, commit_message=None, **_):
-                hub.calls.append(("upload_folder", {"repo_id": repo_id, "repo_type": repo_type}))
-                shutil.copytree(folder_path, hub.root / repo_id, dirs_exist_ok=True)
-                return f"https://huggingface.co/{repo_id}/commit/1"
-
-        def snapshot_download(repo_id, revision=None, token=None, repo_type=None, allow_patterns=None):
-            hub.calls.append(("snapshot_download", {"repo_id": repo_id, "allow_patterns": allow_patterns}))
-            if not (hub.root / repo_id).is_dir():
-                raise OSError(f"404 Client Error: Repository Not Found for url: https://huggingface.co/{repo_id}")
-            return str(hub.root / repo_id)
-
-        self.HfApi, self.snapshot_download = HfApi, snapshot_download
-
-
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch) -> StandInHub:
-    hub = StandInHub(tmp_path / "hub")
-    for module in (huggingface_hub, huggingface_hub.hub_mixin):
-        monkeypatch.setattr(module, "HfApi", hub.HfApi)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
-    return hub
+    return StandInHub.installed(tmp_path / "hub", monkeypatch)
 
 
 def test_push_to_hub_creates_the_repo_and_uploads_the_folder_without_printing_the_token(runs, tmp_path, stand_in,
