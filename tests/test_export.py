@@ -11,6 +11,7 @@ the Hub (tests/hub_stand_in.py): the real Hub is never reached from these tests.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -284,6 +285,9 @@ def test_G_pushes_with_the_mixin_and_from_pretrained_reads_it_back_through_the_c
     assert devices == ["meta", "cpu"] and stand_in.calls[-1][0] == "snapshot_download"
     assert torch.equal(sample_images(back, 10, seed=3)[0], sample_images(G, 10, seed=3)[0])  # bitwise
     assert HubGenerator.from_pretrained(saved).info == G.info
+    copied = pickle.loads(pickle.dumps(back))  # a loaded G pickles as its own class, the Hub methods kept
+    assert type(copied).__mro__[1] is type(G).__mro__[1] and hasattr(copied, "push_to_hub")
+    assert torch.equal(sample_images(copied, 10, seed=3)[0], sample_images(G, 10, seed=3)[0])
     with pytest.raises(ExportError, match="holds a ConditionalDCGANGenerator, not a DCGANGenerator: load it with"):
         type(G).from_pretrained(runs / "cond" / "generator")
 

@@ -73,6 +73,16 @@ class HubGenerator(PyTorchModelHubMixin, library_name="gan_accel"):
                               "load it with gan_accel.load_generator")
         return G
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # the class is made when G is loaded, so a pickle names G's own class and adds the methods back
+        return _unpickled, (type(self).__mro__[1], self.__getstate__())
+
+
+def _unpickled(cls: type[nn.Module], state: dict[str, Any]) -> nn.Module:
+    G = object.__new__(_hub_class(cls))
+    G.__setstate__(state)
+    return G
+
 
 @functools.cache
 def _hub_class(cls: type[nn.Module]) -> type:
