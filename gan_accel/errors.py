@@ -37,6 +37,10 @@ class NonFiniteWeightsError(CheckpointError):
     """A file's weights hold NaN or inf values: loading them would sample black images or diverge at once."""
 
 
+class ExportError(GanAccelError, ValueError):
+    """A generator folder cannot be written, read or shared as asked; the message says the fix."""
+
+
 class DivergenceError(GanAccelError, RuntimeError):
     """Too many consecutive non-finite updates: the run has diverged."""
 

@@ -86,9 +86,9 @@ elif stage == "checkpoint":
 
     before(checkpoint, "_write_synced", lambda path, text: path.name == checkpoint.COMPLETE)
 elif stage == "export":
-    import gan_accel.hub.export as export
+    import gan_accel.hub.pretrained as pretrained
 
-    after(export, "save_generator")
+    after(pretrained, "save_generator")
 elif stage == "eval":
     import gan_accel.eval as evaluation
 

@@ -246,7 +246,7 @@ def test_conditional_sample_counts_and_labels(cond_run, tmp_path, capsys):
 
 # -- one line per mistake --------------------------------------------------------------------------
 def test_interpolate_writes_the_walks_grid_and_gif_of_the_runs_g(ema_run, cond_run, tmp_path, capsys):
-    from gan_accel.hub.export import png_grid
+    from gan_accel.pictures.grids import png_grid
     from gan_accel.sampling import interpolate
 
     run = ema_run[0]
@@ -479,6 +479,7 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert "steps: 4 / 4 (last metrics row 4, latest checkpoint 4, exported 4)" in lines
     last = next(line for line in lines if line.startswith("last metrics"))
     assert last.startswith(f"last metrics (step 4, row {len(rows)}): ") and f"loss/D={rows[-1]['loss/D']:.4g}" in last
+    assert f"eval/fd={rows[-1]['eval/fd']:.4g}" in last  # a distance logged under the name older runs used too
     best = json.loads((run / "best.json").read_text())
     best_name = Path(best["checkpoint"]).name
     assert f"best: fd {best['value']:.4g} at step {best['step']}, {best_name}" in lines

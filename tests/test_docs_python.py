@@ -33,9 +33,13 @@ def check_readme(runs: Path, namespace: dict) -> None:
     assert json.loads((runs / "readme_own" / "config.json").read_text())["loss"] == "ls"
 
 
-def setup_own_images(scratch: Path) -> None:
-    """What the page's shell commands make before its Python block: a conditional run on class folders 0-9, exported
-    as ``photos_gan`` (20 images, 1 step: the block loads and samples it, the shell test runs the page's commands)."""
+def setup_own_images(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the page's shell commands make before its Python blocks: a conditional run on class folders 0-9, exported
+    as ``photos_gan`` (20 images, 1 step: the blocks load, sample, save and push it, the shell test runs the page's
+    commands); the Hub is a local stand-in (tests/hub_stand_in.py) under ``hub/``."""
+    from hub_stand_in import StandInHub
+
+    StandInHub.installed(scratch / "hub", monkeypatch)
     import numpy as np
     from PIL import Image
 
@@ -56,6 +60,14 @@ def setup_own_images(scratch: Path) -> None:
 def check_own_images(runs: Path, namespace: dict) -> None:
     assert namespace["G"].class_names == [str(digit) for digit in range(10)]
     assert namespace["sevens"].shape == (16, 3, 32, 32) and namespace["sevens"].abs().max() <= 1
+    # save_pretrained, push_to_hub and from_pretrained: the export's files, and the same G back from the Hub
+    files = ["README.md", "config.json", "model.safetensors", "samples.png"]
+    saved, pushed = runs.parent / "photos_gan_saved", runs.parent / "hub" / "your-name" / "photos-gan"
+    assert sorted(p.name for p in saved.iterdir()) == files == sorted(p.name for p in pushed.iterdir())
+    assert "license: apache-2.0" in (saved / "README.md").read_text()
+    assert "load_generator('your-name/photos-gan')" in (pushed / "README.md").read_text()
+    G, back = namespace["G"], namespace["G_hub"]
+    assert all(torch.equal(value, back.state_dict()[key]) for key, value in G.state_dict().items())
 
 
 def check_models_and_augmentation(runs: Path, namespace: dict) -> None:
@@ -173,7 +185,7 @@ def test_python_blocks_run_and_do_what_they_say(page, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     if page_name(page) in SETUPS:
-        SETUPS[page_name(page)](tmp_path)
+        SETUPS[page_name(page)](tmp_path, monkeypatch)
     namespace: dict = {}
     for number, block in enumerate(blocks(page, "python"), start=1):
         reset_accelerate_state()  # each block builds its own trainer, as a fresh script would

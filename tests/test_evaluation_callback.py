@@ -12,7 +12,7 @@ from conftest import Z_DIM, make_images, make_loader, make_models
 from gan_accel import Callback, GANTrainer, TrainConfig, list_checkpoints
 from gan_accel.callbacks import Evaluator
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.eval import frechet_distance_from_features
+from gan_accel.eval import INCEPTION_NAME, frechet_distance_from_features
 from gan_accel.storage.checkpoint import read_engine_state
 
 
@@ -49,21 +49,33 @@ class ExpectedFD(Callback):
         self.values[trainer.step] = frechet_distance_from_features(flatten(fake), self.reference)
 
 
-def test_logged_scores_equal_an_independent_computation(tmp_path):
+@pytest.mark.parametrize("features, key", [(None, "eval/fd"), (INCEPTION_NAME, "eval/fid")])
+def test_logged_scores_equal_an_independent_computation(tmp_path, features, key):
+    """The Frechet distance is logged as eval/fid when the features are named Inception's, else eval/fd."""
     G, D = make_models(dtype=torch.float32)
     images = make_images(64, dtype=torch.float32)
     reference = flatten(images)
     expected = ExpectedFD(reference, every=2, num=50, seed=7)
-    evaluator = Evaluator(flatten, reference, every=2, num_samples=50, seed=7, keep_best=False)
+    evaluator = Evaluator(flatten, reference, every=2, num_samples=50, seed=7, keep_best=False, features=features)
     trainer = GANTrainer(G, D, make_loader(images, 4), config_for(tmp_path), callbacks=[expected, evaluator])
     trainer.fit()
-    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval/fd" in r]
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval/step" in r]
     assert [r["eval/step"] for r in rows] == [2, 4, 6]
     for row in rows:
-        assert row["eval/fd"] == pytest.approx(expected.values[row["step"]], rel=1e-6)
+        assert row[key] == pytest.approx(expected.values[row["step"]], rel=1e-6)
         assert {"eval/kid", "eval/kid_std", "eval/precision", "eval/recall"} <= set(row)
-    assert len({r["eval/fd"] for r in rows}) == 3  # G moved between evaluations
+        assert ({"eval/fd", "eval/fid"} - {key}).isdisjoint(row), "one name for the one distance"
+    assert len({r[key] for r in rows}) == 3  # G moved between evaluations
     assert not (tmp_path / "run" / "best.json").exists()
+
+
+def test_the_fid_is_a_metric_in_inception_features_only():
+    reference = torch.zeros(4, 16)
+    assert Evaluator(flatten, reference, every=1, metric="fd", features=INCEPTION_NAME).metric == "fid"
+    assert Evaluator(flatten, reference, every=1, metric="fid", features=INCEPTION_NAME).metric == "fid"
+    assert Evaluator(flatten, reference, every=1, metric="fd", features="mnist-classifier").metric == "fd"
+    with pytest.raises(ValueError, match="metric='fid' is the Frechet distance in Inception features"):
+        Evaluator(flatten, reference, every=1, metric="fid", features="random-conv-v1")
 
 
 class Scripted(Evaluator):

@@ -1,31 +1,33 @@
-"""``gan-accel export`` and ``gan_accel.load_generator``: a run ends with its generator in the export format
-(``generator/``: config.json, model.safetensors); the export is that layout plus a README.md model card and
-samples.png, loads back without training code and samples bitwise what ``gan-accel sample`` samples from the
-run; one ``load_generator`` reads an export, a run, a checkpoint and a Hub repo alike, checking what the files
-ask for before building anything; the card's usage snippet runs as written;
-nothing is replaced; ``--push-to-hub`` and loading a repo id work up to the network, against a local stand-in
-for the Hub (a fake ``huggingface_hub`` module that records the calls and copies into a folder): the real Hub
-is never reached from these tests.
+"""``gan-accel export``, ``gan_accel.load_generator`` and the Hub methods of what it returns: a run ends with its
+generator in the export format (``generator/``: config.json, model.safetensors); the export is that layout plus a
+README.md model card and samples.png, as ``G.save_pretrained`` and ``G.push_to_hub`` write it, loads back without
+training code and samples bitwise what ``gan-accel sample`` samples from the run; one ``load_generator`` (and
+``from_pretrained``) reads an export, a run, a checkpoint and a Hub repo alike, checking what the files ask for
+before building anything; the card's metadata parses as YAML with its model-index, and its usage snippet runs as
+written; nothing is replaced; pushing and loading a repo id work up to the network, against a local stand-in for
+the Hub (tests/hub_stand_in.py): the real Hub is never reached from these tests.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
-import sys
-import types
 from pathlib import Path
 
+import huggingface_hub
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from conftest import reset_accelerate_state
+from hub_stand_in import StandInHub
 from gan_accel import CheckpointError, load_generator
 from gan_accel.cli import main
-from gan_accel.hub import ExportError
+from gan_accel.hub import ExportError, HubGenerator, export_generator
 from gan_accel.sampling import sample_images
 from test_train_cli import CLASSES, TINY, error_line, gan_accel, snapshot, write_images
 
@@ -48,19 +50,11 @@ def runs(tmp_path_factory):
     return root
 
 
-def front_matter(card: str) -> dict[str, list[str] | str]:
-    """The card's YAML front matter, read as the flat keys and lists it holds."""
+def front_matter(card: str) -> dict:
+    """The card's YAML front matter, parsed by PyYAML (not by huggingface_hub, which wrote it)."""
     block = re.match(r"---\n(.*?)\n---\n", card, re.DOTALL)
     assert block, "the card starts with a YAML front matter block"
-    found: dict[str, list[str] | str] = {}
-    key = None
-    for line in block.group(1).splitlines():
-        if line.startswith("- "):
-            found[key].append(line[2:])
-        else:
-            key, _, value = line.partition(":")
-            found[key] = value.strip() or []
-    return found
+    return yaml.safe_load(block.group(1))
 
 
 def test_export_loads_back_and_samples_bitwise_what_gan_accel_sample_samples(runs, tmp_path, capsys):
@@ -112,9 +106,15 @@ def test_the_model_card_has_hub_metadata_and_its_usage_snippet_runs(runs, tmp_pa
         assert {"gan", "image-generation", tag} <= set(meta["tags"])
         assert ("pipeline_tag" in meta) == (name == "plain")
         assert "![samples](samples.png)" in card and "## Data" in card and "## Training" in card
+        assert "datasets" not in meta, "local images have no Hub id"
         if name == "plain":  # the evaluation during training, in the feature space it used
             best = json.loads((runs / "plain" / "best.json").read_text())
             assert f"at step {best['step']}" in card and "random-conv-v1" in card
+            # the model-index holds the score of the exported weights (step 4) only
+            indexed = meta["model-index"][0]["results"][0]["metrics"] if best["step"] == 4 else None
+            assert indexed is None or indexed[0] == {"type": "fd", "name": "Frechet distance", "config":
+                                                     "random-conv-v1", "value": best["scores"]["fd"]}
+            assert ("model-index" in meta) == (best["step"] == 4)
         (snippet,) = re.findall(r"```python\n(.*?)```", card, re.DOTALL)
         monkeypatch.chdir(tmp_path)
         namespace: dict = {}
@@ -224,42 +224,9 @@ def test_weights_named_outside_their_folder_are_refused(runs, tmp_path, named):
 
 
 # -- the Hub, through a stand-in ---------------------------------------------------------------------------------
-class StandInHub:
-    """A fake ``huggingface_hub``: HfApi.create_repo / upload_folder and snapshot_download on a local folder."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.calls = root, []
-        hub = self
-
-        class HfApi:
-            def __init__(self, token=None):
-                hub.calls.append(("HfApi", {"token": token}))
-
-            def create_repo(self, repo_id, repo_type=None, private=False, exist_ok=False):
-                hub.calls.append(("create_repo", {"repo_id": repo_id, "repo_type": repo_type, "private": private,
-                                                  "exist_ok": exist_ok}))
-                (hub.root / repo_id).mkdir(parents=True, exist_ok=exist_ok)
-                return f"https://huggingface.co/{repo_id}"
-
-            def upload_folder(self, folder_path, repo_id, repo_type=None, commit_message=None):
-                hub.calls.append(("upload_folder", {"repo_id": repo_id, "repo_type": repo_type}))
-                shutil.copytree(folder_path, hub.root / repo_id, dirs_exist_ok=True)
-
-        def snapshot_download(repo_id, revision=None, token=None, repo_type=None, allow_patterns=None):
-            hub.calls.append(("snapshot_download", {"repo_id": repo_id, "allow_patterns": allow_patterns}))
-            if not (hub.root / repo_id).is_dir():
-                raise OSError(f"404 Client Error: Repository Not Found for url: https://huggingface.co/{repo_id}")
-            return str(hub.root / repo_id)
-
-        self.module = types.ModuleType("huggingface_hub")
-        self.module.HfApi, self.module.snapshot_download = HfApi, snapshot_download
-
-
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch) -> StandInHub:
-    hub = StandInHub(tmp_path / "hub")
-    monkeypatch.setitem(sys.modules, "huggingface_hub", hub.module)
-    return hub
+    return StandInHub.installed(tmp_path / "hub", monkeypatch)
 
 
 def test_push_to_hub_creates_the_repo_and_uploads_the_folder_without_printing_the_token(runs, tmp_path, stand_in,
@@ -291,14 +258,57 @@ def test_load_generator_of_a_repo_id_downloads_through_the_stand_in(runs, tmp_pa
     assert "\n" not in str(error.value)
 
 
-def test_without_huggingface_hub_the_hub_is_one_line_and_the_export_stays(runs, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` fails
-    with pytest.raises(ExportError, match=re.escape("pip install 'gan_accel[hub]'")):
-        load_generator("someone/plain")
-    out = tmp_path / "kept"
-    line = error_line(["export", runs / "plain", out, "--push-to-hub", "someone/plain"], capsys)
-    assert "pip install 'gan_accel[hub]'" in line and "is complete" in line
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "samples.png"]
+def test_G_pushes_with_the_mixin_and_from_pretrained_reads_it_back_through_the_checks(runs, tmp_path, stand_in,
+                                                                                       monkeypatch):
+    import gan_accel.hub.load as load
+
+    G = load_generator(runs / "plain")
+    assert isinstance(G, huggingface_hub.PyTorchModelHubMixin) and type(G).__name__ == "DCGANGenerator"
+    url = G.push_to_hub("someone/plain-gan", token="hf_Secret", commit_message="first")
+    assert url == "https://huggingface.co/someone/plain-gan/commit/1"
+    assert [name for name, _ in stand_in.calls] == ["HfApi", "create_repo", "upload_folder"]
+    pushed = stand_in.root / "someone" / "plain-gan"
+    exported, saved = tmp_path / "exported", tmp_path / "saved"
+    G.save_pretrained(saved)
+    assert export_generator(runs / "plain", exported) == exported
+    # one format, three writers: the weights, config and grid byte for byte; the cards differ in what they load
+    for folder, where in ((pushed, "someone/plain-gan"), (saved, "saved"), (exported, "exported")):
+        files = snapshot(folder)
+        assert sorted(files) == ["README.md", "config.json", "model.safetensors", "samples.png"]
+        assert {k: v for k, v in files.items() if k != "README.md"} == {
+            k: v for k, v in snapshot(exported).items() if k != "README.md"}
+        assert f"load_generator({where!r})" in files["README.md"].decode()
+    devices, build = [], load.build_generator  # the load goes through the checked path: the meta build first
+    monkeypatch.setattr(load, "build_generator",
+                        lambda spec: devices.append(str(torch.get_default_device())) or build(spec))
+    back = type(G).from_pretrained("someone/plain-gan")
+    assert devices == ["meta", "cpu"] and stand_in.calls[-1][0] == "snapshot_download"
+    assert torch.equal(sample_images(back, 10, seed=3)[0], sample_images(G, 10, seed=3)[0])  # bitwise
+    assert HubGenerator.from_pretrained(saved).info == G.info
+    copied = pickle.loads(pickle.dumps(back))  # a loaded G pickles as its own class, the Hub methods kept
+    assert type(copied).__mro__[1] is type(G).__mro__[1] and hasattr(copied, "push_to_hub")
+    assert torch.equal(sample_images(copied, 10, seed=3)[0], sample_images(G, 10, seed=3)[0])
+    with pytest.raises(ExportError, match="holds a ConditionalDCGANGenerator, not a DCGANGenerator: load it with"):
+        type(G).from_pretrained(runs / "cond" / "generator")
+
+
+def test_a_failed_push_is_one_line_without_the_token(runs, stand_in):
+    def refused(self, **kwargs):
+        raise OSError("403 Forbidden: hf_Secret cannot write to someone/x")
+
+    stand_in.HfApi.upload_folder = refused
+    with pytest.raises(ExportError) as error:
+        load_generator(runs / "plain").push_to_hub("someone/x", token="hf_Secret")
+    assert str(error.value) == ("could not push G to the Hugging Face Hub as someone/x (OSError: 403 Forbidden: *** "
+                                "cannot write to someone/x): check the repo id, your access and the network")
+
+
+def test_huggingface_hub_is_a_dependency_not_an_extra():
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert any(dep.startswith("huggingface_hub") for dep in project["dependencies"])
+    assert "hub" not in project["optional-dependencies"]
 
 
 def test_a_full_disk_during_export_is_one_line_and_leaves_no_folder(runs, tmp_path, monkeypatch, capsys):
@@ -336,6 +346,36 @@ def test_odd_metadata_in_a_run_gives_a_card_that_says_so(runs, tmp_path, capsys,
     assert "## Usage" in card and "## Model" in card
 
 
+def test_the_card_indexes_the_saved_weights_scores_in_their_feature_space():
+    from gan_accel.hub.card import model_card
+
+    best = {"step": 400, "metric": "fid", "value": 31.5, "scores": {"fid": 31.5, "kid": 0.02, "precision": 0.625,
+                                                                     "recall": 0.375, "kid_std": 0.001}}
+    config = {"gan_accel_version": "0", "model": {"family": "resnet", "image_size": 64, "channels": 3, "z_dim": 8,
+                                                  "width": 8, "num_classes": None},
+              "weights": {"ema": True, "has_ema": True, "step": 400}, "training": {"extra": {
+                  "eval_features": "inception-v3-2048"}}, "scores": {"best": best, "eval": None},
+              "data": {"images": 9, "source": "Hugging Face dataset someone/cats [train]", "resolution": 64,
+                       "channels": 3, "crop": "center"}}
+    meta = front_matter(str(model_card(config, "someone/cats-gan", 10, "mit")))
+    assert meta["datasets"] == ["someone/cats"] and meta["license"] == "mit" and meta["library_name"] == "gan_accel"
+    (entry,) = meta["model-index"]
+    (result,) = entry["results"]
+    assert entry["name"] == "Resnet generator, 64 px"
+    assert result["task"] == {"type": "unconditional-image-generation"}
+    assert result["dataset"] == {"type": "someone/cats", "name": "someone/cats"}
+    space = "inception-v3-2048"
+    assert result["metrics"] == [{"type": "fid", "name": "FID", "value": 31.5, "config": space},
+                                 {"type": "kid", "name": "KID", "value": 0.02, "config": space},
+                                 {"type": "precision", "name": "precision", "value": 0.625, "config": space},
+                                 {"type": "recall", "name": "recall", "value": 0.375, "config": space}]
+    best["step"] = 300  # the best evaluation of another step scores other weights: no model-index
+    assert "model-index" not in front_matter(str(model_card(config, "x", 10)))
+    config["scores"]["eval"] = {"fd": 7.0, "reference": "mnist"}  # a final evaluation in the MNIST classifier's
+    (metric,) = front_matter(str(model_card(config, "x", 10)))["model-index"][0]["results"][0]["metrics"]
+    assert metric == {"type": "fd", "name": "Frechet distance", "value": 7.0, "config": "mnist-classifier"}
+
+
 def test_names_from_the_data_are_escaped_in_the_card(tmp_path, capsys):
     from gan_accel.hub.card import model_card
 
@@ -344,7 +384,7 @@ def test_names_from_the_data_are_escaped_in_the_card(tmp_path, capsys):
               "num_classes": 2}, "class_names": [forged, "b"], "weights": {"ema": True, "has_ema": True, "step": 2},
               "data": {"images": 4, "source": forged, "resolution": 32, "channels": 3, "crop": "center",
                        "classes": {forged: 2, "b": 2}}, "training": {"extra": {}}, "scores": {}}
-    card = model_card(config, "out", 10)
+    card = str(model_card(config, "out", 10))
     assert "\x1b" not in card and "\n# forged" not in card and "\n# v" not in card
     assert "from `a\\n# forged\\x1b[31m` at 32 px" in card and "a\\n# forged\\x1b[31m (2)" in card  # escaped
 

@@ -1,6 +1,7 @@
 """Evaluation during training (docs/evaluation.md): every N steps, score the sampling generator on a fixed
-sample budget, log the scores as ``eval/<name>`` with the other metrics, and keep the best checkpoint
-(named in ``best.json``, never pruned while it is the best).
+sample budget, log the scores as ``eval/<name>`` with the other metrics (the Fréchet distance as ``eval/fid``
+in Inception features, ``eval/fd`` in others), and keep the best checkpoint (named in ``best.json``, never
+pruned while it is the best).
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from torch import Tensor
 from ..ending import run_together
 from ..eval.distributed import generated_features
 from ..eval.features import FeatureExtractor
-from ..eval.scores import score_features
+from ..eval.scores import distance_name, score_features
 from ..storage.layout import BEST, checkpoint_name, write_json
 from .base import Callback
 
 if TYPE_CHECKING:
     from ..engine.trainer import GANTrainer
 
-LOWER_IS_BETTER = {"fd": True, "kid": True, "precision": False, "recall": False, "is": False}
+LOWER_IS_BETTER = {"fd": True, "fid": True, "kid": True, "precision": False, "recall": False, "is": False}
 
 
 class Evaluator(Callback):
@@ -31,10 +32,12 @@ class Evaluator(Callback):
         reference: features (M, F) of real data.
         every: evaluate every ``every`` steps, and at the last step.
         num_samples: samples generated per evaluation (shared across processes).
-        metric: the score that picks the best checkpoint: ``fd``, ``kid``, ``precision``, ``recall``
-            or ``is`` (``is`` needs ``logits``).
+        metric: the score that picks the best checkpoint: ``fd`` (the Fréchet distance, ``fid`` in Inception
+            features), ``kid``, ``precision``, ``recall`` or ``is`` (``is`` needs ``logits``).
         logits: optional images -> class logits (N, K) for the Inception score.
         seed: the evaluation latents' seed (the same samples at every evaluation).
+        features: the feature space's name: ``gan_accel.eval.INCEPTION_NAME`` for Inception's, whose Fréchet
+            distance is logged as ``eval/fid``; any other keeps ``eval/fd``.
         keep_best: write and keep the best checkpoint and ``best.json`` (its ``checkpoint`` is null when
             the ``checkpointer`` callback is switched off).
 
@@ -43,7 +46,12 @@ class Evaluator(Callback):
 
     def __init__(self, extractor: FeatureExtractor, reference: Tensor, *, every: int, num_samples: int = 2000,
                  metric: str = "fd", logits: Callable[[Tensor], Tensor] | None = None, seed: int = 1234,
-                 keep_best: bool = True, batch_size: int = 250) -> None:
+                 keep_best: bool = True, batch_size: int = 250, features: str | None = None) -> None:
+        if metric == "fid" and distance_name(features) != "fid":
+            raise ValueError(f"metric='fid' is the Frechet distance in Inception features, and features={features!r}: "
+                             "pass features=gan_accel.eval.INCEPTION_NAME with the Inception extractor, or metric='fd'")
+        if metric == "fd":  # the distance, under its name in this feature space
+            metric = distance_name(features)
         if metric not in LOWER_IS_BETTER:
             raise ValueError(f"metric={metric!r} is unknown: choose one of {', '.join(LOWER_IS_BETTER)}")
         if metric == "is" and logits is None:
@@ -56,7 +64,7 @@ class Evaluator(Callback):
             raise ValueError(f"reference must be features (M, F) with M >= 2, got shape {tuple(reference.shape)}")
         self.extractor, self.reference, self.logits = extractor, reference.float().cpu(), logits
         self.every, self.num_samples, self.metric, self.seed = every, num_samples, metric, seed
-        self.keep_best, self.batch_size = keep_best, batch_size
+        self.keep_best, self.batch_size, self.features = keep_best, batch_size, features
         self.best: dict[str, Any] | None = None  # {"step", "value", "checkpoint", "scores"}
         self.history: list[dict[str, Any]] = []
         self._new_best_step: int | None = None  # a new best whose checkpoint was asked for, not yet written
@@ -121,7 +129,8 @@ class Evaluator(Callback):
         if acc.is_main_process:
             fake, fake_logits = (feats, None) if feature_dim is None else (feats[:, :feature_dim], feats[:, feature_dim:])
             result[0] = score_features(fake, self.reference, fake_logits, seed=self.seed,
-                                       kid_subset_size=min(1000, self.num_samples, len(self.reference)))
+                                       kid_subset_size=min(1000, self.num_samples, len(self.reference)),
+                                       features=self.features)
         if acc.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 

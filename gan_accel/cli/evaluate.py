@@ -107,7 +107,8 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
     from ..data import open_image_data, uint8_to_float
     from ..eval import compute_features, score_features
     from ..eval.feature_cache import cached_features
-    from ..eval.random_features import INCEPTION_NAME, choose_features
+    from ..eval.random_features import choose_features
+    from ..eval.scores import distance_name
     from ..sampling import iter_samples
     from ..data.image_data import EVAL_IMAGES
 
@@ -125,14 +126,15 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
 
     real, reused = cached_features(data.fingerprint, space, count, real_features)
     fake = compute_features(extractor, (images for images, _ in iter_samples(G.to(device), num, seed=seed)))
-    scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0)
-    fd_name = "FID" if space == INCEPTION_NAME else "Frechet distance"
+    scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0, features=space)
+    distance = distance_name(space)
     summary = "\n".join([
         f"evaluation against {source} ({len(fake)} samples vs {len(real)} real images at {resolution} px, in "
         f"{space} features{'; real features from the cache' if reused else ''})",
-        f"  {fd_name}: {scores['fd']:.3f}",
+        f"  {'FID' if distance == 'fid' else 'Frechet distance'} ({distance}): {scores[distance]:.3f}",
         f"  KID: {scores['kid'] * 1000:.3f} +- {scores['kid_std'] * 1000:.3f} (x 1e-3)",
-        f"  precision {scores['precision']:.3f}, recall {scores['recall']:.3f} (k-NN manifolds, k = 3)",
+        f"  precision {scores['precision']:.3f}, recall {scores['recall']:.3f} (k-NN manifolds, k = 3, in {space} "
+        "features)",
     ])
     return {"summary": summary, "data": source, "features": space, "samples": len(fake), "real_images": len(real),
             "resolution": resolution, **{k: float(v) for k, v in scores.items()}}

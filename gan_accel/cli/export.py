@@ -7,9 +7,8 @@ DIR gets the run's ``generator/`` folder, ``config.json`` (everything needed to 
 ``model.safetensors`` (the EMA of G when the run kept one; ``--no-ema``: the raw G), plus ``README.md`` (the model card: samples, data, scores, training
 settings, usage) and ``samples.png``. ``gan_accel.load_generator(DIR)`` rebuilds G from it without
 training code. DIR must not exist: it is written beside its final name and renamed into place when
-complete. ``--push-to-hub REPO`` then creates the model repo (if new) and uploads the folder (needs
-``pip install 'gan_accel[hub]'`` and a token with write access: ``--token``, ``$HF_TOKEN`` or ``hf auth
-login``; the token is never printed).
+complete. ``--push-to-hub REPO`` then creates the model repo (if new) and uploads the folder (needs a
+token with write access: ``--token``, ``$HF_TOKEN`` or ``hf auth login``; the token is never printed).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import torch
 
 from ..ending import printable
 from ..hub import load_generator
-from ..hub.export import png_grid
+from ..pictures.grids import png_grid
 from ..pictures.grids import write_gif
 from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, check_seeds, classes_of, interpolate,
                         iter_samples, sample_count, sample_labels, walk_count)

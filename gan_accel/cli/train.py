@@ -408,7 +408,7 @@ def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any, log:
     log(f"gan_accel: evaluation every {args.eval_every} steps: {args.eval_samples} samples against {len(real)} real "
         f"images in {name} features")
     return Evaluator(features, reference, every=args.eval_every, num_samples=args.eval_samples, metric="fd",
-                     logits=logits, seed=1234), name
+                     logits=logits, seed=1234, features=name), name
 
 
 class RunDataFiles(Callback):

@@ -6,10 +6,12 @@ from .distributed import gather_exact, generated_features, share_of
 from .inception_score import inception_score
 from .kid import kernel_inception_distance
 from .precision_recall import precision_recall
-from .scores import score_features
+from .random_features import INCEPTION_NAME
+from .scores import distance_name, score_features
 from .inception import InceptionUnavailable, inception_extractor
 
 __all__ = ["FeatureExtractor", "compute_features", "feature_statistics", "frechet_distance",
            "frechet_distance_from_features", "gather_exact", "generated_features", "share_of",
            "inception_score", "kernel_inception_distance", "precision_recall", "score_features",
+           "INCEPTION_NAME", "distance_name",
            "InceptionUnavailable", "inception_extractor"]

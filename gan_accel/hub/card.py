@@ -1,13 +1,16 @@
-"""The model card (``README.md``) of an exported generator: what the Hugging Face Hub shows for a model repo.
+"""The model card (``README.md``) of a saved generator: what the Hugging Face Hub shows for a model repo.
 
-YAML front matter the Hub reads (``library_name``, ``tags``, ``pipeline_tag`` for an unconditional G,
-``license`` when given), then the sample grid, the model, the data, the scores, the training settings
-and a usage snippet that runs as written (tests/test_export.py runs it).
+Its metadata is ``huggingface_hub``'s ``ModelCardData`` (``library_name``, ``tags``, ``pipeline_tag`` for an
+unconditional G, ``license`` when given, ``datasets`` when the data came from the Hub, and a ``model-index``
+with the scores of the saved weights in their feature space); then the sample grid, the model, the data, the
+scores, the training settings and a usage snippet that runs as written (tests/test_export.py runs it).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..ending import printable
 from ..storage.layout import EXPORT_SAMPLES
@@ -18,20 +21,60 @@ TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), 
                    ("ema_decay", "EMA decay"), ("ema_half_life", "EMA half-life (images)"), ("augment", "augment"),
                    ("mixed_precision", "mixed precision"), ("seed", "seed"))
 SHOWN_CLASSES = 20
+HUB_DATA = "Hugging Face dataset "  # how the data record names a Hub dataset (gan_accel.data's description)
+# The scores a model-index lists, with their names on the Hub; a Frechet distance is an FID in Inception
+# features only, so "fd" keeps its own name beside the feature space it was measured in.
+INDEXED = {"fid": "FID", "fd": "Frechet distance", "kid": "KID", "precision": "precision", "recall": "recall"}
 
 
-def front_matter(config: dict[str, Any], license: str | None) -> str:
-    """The YAML block the Hub reads: library, tags, pipeline tag, license."""
+def hub_dataset(config: dict[str, Any]) -> str | None:
+    """The Hub id of the training data (``hf:NAME``, or the examples' MNIST); None for local files."""
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    source = str(data.get("source") or "")
+    if source.startswith(HUB_DATA):
+        return source[len(HUB_DATA):].split(" [")[0]  # without the split
+    return "ylecun/mnist" if config["training"].get("extra", {}).get("dataset") == "mnist" else None
+
+
+def saved_scores(config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The scores of the saved weights and their feature space: the final evaluation (``eval.json``), or the
+    best one during training when it was of the saved step; nothing when the weights are another G's."""
+    scores, weights = config.get("scores") or {}, config["weights"]
+    if weights.get("ema") != weights.get("has_ema"):  # evaluations score the EMA when the run kept one
+        return {}, None
+    final, best = scores.get("eval"), scores.get("best")
+    if isinstance(final, dict):
+        return final, final.get("features") or f"{final.get('reference', 'mnist')}-classifier"
+    if isinstance(best, dict) and best.get("step") == weights.get("step") and isinstance(best.get("scores"), dict):
+        return best["scores"], config["training"].get("extra", {}).get("eval_features")
+    return {}, None
+
+
+def card_data(config: dict[str, Any], license: str | None) -> ModelCardData:
+    """The card's metadata (see the module docstring)."""
     spec = config["model"]
     conditional = spec.get("num_classes") is not None
-    tags = ["gan", "image-generation", "gan_accel", spec["family"],
-            "class-conditional" if conditional else "unconditional-image-generation"]
-    lines = ["---", "library_name: gan_accel", "tags:", *[f"- {tag}" for tag in tags]]
-    if not conditional:
-        lines.append("pipeline_tag: unconditional-image-generation")
-    if license:
-        lines.append(f"license: {license}")
-    return "\n".join(lines + ["---"]) + "\n"
+    task = "class-conditional-image-generation" if conditional else "unconditional-image-generation"
+    dataset = hub_dataset(config)
+    scores, space = saved_scores(config)
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    named = dataset or str(data.get("source") or config["training"].get("extra", {}).get("dataset", "images"))
+    results = [EvalResult(task_type=task, dataset_type=dataset or "imagefolder", dataset_name=printable(named),
+                          metric_type=key, metric_name=name, metric_value=float(scores[key]), metric_config=space)
+               for key, name in INDEXED.items()
+               if isinstance(scores.get(key), (int, float)) and not isinstance(scores.get(key), bool)]
+    return ModelCardData(library_name="gan_accel", license=license, datasets=[dataset] if dataset else None,
+                         tags=["gan", "image-generation", "gan_accel", spec["family"],
+                               "class-conditional" if conditional else task],
+                         pipeline_tag=None if conditional else task, model_name=title(config)[2:],
+                         eval_results=results or None)
+
+
+def title(config: dict[str, Any]) -> str:
+    """The card's heading: the family, the size, conditional or not."""
+    spec = config["model"]
+    family = spec["family"].upper() if spec["family"] == "dcgan" else spec["family"].capitalize()
+    return f"# {family} generator, {spec['image_size']} px" + (", class-conditional" if spec.get("num_classes") else "")
 
 
 def usage(where: str, config: dict[str, Any]) -> str:
@@ -123,18 +166,18 @@ def _section(title: str, build: Callable[..., list[str]], *args: Any) -> list[st
         return [f"## {title}", "", f"The run's `config.json` holds no readable {title.lower()} record.", ""]
 
 
-def model_card(config: dict[str, Any], where: str, parameters: int, license: str | None = None) -> str:
-    """The ``README.md`` of an export (see the module docstring); ``where`` is what the snippet loads."""
-    spec = config["model"]
-    title = f"# {spec['family'].upper() if spec['family'] == 'dcgan' else spec['family'].capitalize()} generator, " \
-            f"{spec['image_size']} px" + (", class-conditional" if spec.get("num_classes") else "")
-    lines = [front_matter(config, license), title, "",
-             f"A GAN generator trained with gan_accel {printable(str(config.get('gan_accel_version', '')))} and "
-             "exported with `gan-accel export`.", "",
+def model_card(config: dict[str, Any], where: str, parameters: int, license: str | None = None) -> ModelCard:
+    """The ``README.md`` of a saved G (see the module docstring); ``where`` is what the snippet loads."""
+    lines = [title(config), "",
+             f"A GAN generator trained with gan_accel {printable(str(config.get('gan_accel_version', '')))}.", "",
              f"![samples]({EXPORT_SAMPLES})", "",
              *_section("Model", _model_section, config, parameters), *_section("Data", _data_section, config),
              *_section("Scores", _scores_section, config), *_section("Training", _training_section, config),
              "## Usage", "", "```python", usage(where, config), "```", "",
-             "`pip install gan_accel` (and `huggingface_hub` to load it from the Hub by its repo id). Loading reads "
-             "`config.json` and the safetensors weights only: no code from this repository runs.", ""]
-    return "\n".join(lines)
+             "`pip install gan_accel` is all it needs. Loading reads `config.json` and the safetensors weights "
+             "only: no code from this repository runs.", ""]
+    try:
+        data = card_data(config, license)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a record edited by hand: the sections say which
+        data = ModelCardData(library_name="gan_accel", license=license, tags=["gan", "image-generation"])
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))

@@ -1,11 +1,10 @@
-"""The one way to load a trained G: :func:`load_generator`, from an export, a run, a checkpoint or a Hub repo;
-and :func:`push_to_hub`.
+"""The one way a trained G is read: :func:`read_generator`, from an export, a run, a checkpoint or a Hub repo
+(:func:`gan_accel.load_generator` adds the Hub methods to what it returns); and :func:`push_to_hub` of a folder.
 
 Loading never executes code from what it reads: ``config.json`` is JSON, the weights are safetensors,
 a checkpoint's engine state is read in safe formats only. Every model spec read from a file is checked
 against fixed bounds and built on the meta device against the weights' header shapes before any memory
-is spent on G. ``huggingface_hub`` is an optional extra (``pip install 'gan_accel[hub]'``), imported
-only to download or upload.
+is spent on G. ``huggingface_hub`` is imported only to download or upload.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, ExportError
 from ..models import build_generator, normalize_spec
 from ..storage.checkpoint import is_complete, list_checkpoints, read_engine_state, read_marker
 from ..storage.layout import (CHECKPOINTS, EMA_STATE, ENGINE_STATE, EXPORT_CARD, EXPORT_CONFIG, EXPORT_SAMPLES,
@@ -29,9 +28,6 @@ from ..storage.files import first_line
 from ..storage.finite import check_finite
 from ..storage.reading import check_regular_file, load_safetensors, open_safetensors
 from ..storage.weights import FORMAT, FORMAT_VERSION, generator_config
-from .export import ExportError
-
-HUB_HINT = "pip install 'gan_accel[hub]'"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 # What a recorded model spec may ask for (checked before anything is built): far above any model gan_accel
 # trains, far below a size that would exhaust memory by itself.
@@ -39,8 +35,8 @@ SPEC_BOUNDS = {"z_dim": 65_536, "width": 8_192, "d_width": 8_192, "image_size": 
                "num_classes": 1_000_000}
 
 
-def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str | torch.device | None = None,
-                   revision: str | None = None, token: str | None = None) -> nn.Module:
+def read_generator(source: str | os.PathLike, *, ema: bool = True, revision: str | None = None,
+                   token: str | None = None) -> nn.Module:
     """A trained G, in eval mode, from an export folder, a run folder, a checkpoint folder or a Hub repo id.
 
     * an export (``gan-accel export``), or a run's ``generator/`` folder: ``config.json`` + ``model.safetensors``;
@@ -49,9 +45,7 @@ def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str |
     * a Hub repo id (``"user/name"``) that is not a local path: downloaded with ``huggingface_hub``
       (``revision``, ``token``), then read as an export.
 
-    ``G.info`` is the generator's ``config.json`` as a dict (``model``: the spec; ``weights``: ``step``, ``ema``,
-    ``has_ema``; ``training``: the run's config; ``class_names``, ``data``, ``scores``); ``G.class_names``
-    the class names of a conditional G (None otherwise); ``G.z_dim`` the latent size.
+    ``G.info`` and ``G.class_names`` say what it is (:func:`gan_accel.load_generator`).
     """
     path = Path(source)
     if is_complete(path):
@@ -69,7 +63,7 @@ def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str |
     else:
         raise ExportError(f"{source} does not exist: pass an exported folder, a Hub repo id (user/name), a run "
                           "folder or a checkpoint folder")
-    return G.to(device) if device is not None else G
+    return G
 
 
 def read_export_config(folder: str | os.PathLike) -> dict[str, Any]:
@@ -223,25 +217,23 @@ def _file_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
 
 def download(repo_id: str, revision: str | None = None, token: str | None = None) -> Path:
     """The export files of a Hub model repo, through ``huggingface_hub.snapshot_download`` (its cache)."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ExportError(f"{repo_id} is not a local folder, and loading from the Hugging Face Hub needs "
-                          f"huggingface_hub: {HUB_HINT} (or pass the exported folder)") from None
+    from huggingface_hub import snapshot_download
+
     try:
         folder = snapshot_download(repo_id=repo_id, revision=revision, token=token, repo_type="model",
                                    allow_patterns=[EXPORT_CONFIG, EXPORT_WEIGHTS, EXPORT_CARD, EXPORT_SAMPLES])
     except Exception as error:  # offline, unknown repo, no access: all fixable by the user
-        raise ExportError(f"{repo_id} is not a local folder, and downloading it from the Hugging Face Hub failed "
-                          f"({_reason(error, token)}): check the repo id, your access and the network, or pass "
-                          "the exported folder") from None
+        raise hub_failure(f"{repo_id} is not a local folder, and downloading it from the Hugging Face Hub failed",
+                          error, token, ", or pass the exported folder") from None
     return Path(folder)
 
 
-def _reason(error: BaseException, token: str | None) -> str:
-    """An error's type and first line, with the token (if any) blanked out."""
+def hub_failure(what: str, error: BaseException, token: Any = None, other: str = "") -> ExportError:
+    """One line for a failed exchange with the Hub: what failed, the error's type and first line (the token, if
+    any, blanked out), and the fix (``other``: the end of the line)."""
     text = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
-    return text.replace(token, "***") if token else text
+    text = text.replace(token, "***") if isinstance(token, str) and token else text
+    return ExportError(f"{what} ({text}): check the repo id, your access and the network{other}")
 
 
 def push_to_hub(folder: str | os.PathLike, repo_id: str, *, private: bool = False, token: str | None = None,
@@ -251,18 +243,14 @@ def push_to_hub(folder: str | os.PathLike, repo_id: str, *, private: bool = Fals
     ``token``: a Hugging Face token with write access (default: ``huggingface_hub``'s own, from
     ``hf auth login`` or ``$HF_TOKEN``). It is never printed.
     """
+    from huggingface_hub import HfApi
+
     read_export_config(folder)
-    try:
-        from huggingface_hub import HfApi
-    except ImportError:
-        raise ExportError(f"pushing to the Hugging Face Hub needs huggingface_hub: {HUB_HINT}; the export in {folder} "
-                          "is complete, push it later with gan-accel export's --push-to-hub or huggingface_hub") from None
     api = HfApi(token=token)
     try:
         url = api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
         api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model", commit_message=commit_message)
     except Exception as error:  # no network, no write access, a bad name: one line
-        raise ExportError(f"could not push {folder} to the Hugging Face Hub as {repo_id} ({_reason(error, token)}): "
-                          "check the repo id, your token's write access and the network; the export itself is "
-                          "complete") from None
+        raise hub_failure(f"could not push {folder} to the Hugging Face Hub as {repo_id}", error, token,
+                          "; the export itself is complete") from None
     return str(url)

@@ -62,6 +62,15 @@ def _wrap_rows(images: torch.Tensor, nrow: int, blocks: int) -> torch.Tensor:
     return torch.stack(order)
 
 
+def png_grid(images: torch.Tensor, nrow: int | None = None) -> bytes:
+    """The PNG bytes of the grid :func:`save_grid` writes (for files written with others, or sent)."""
+    from torchvision.utils import save_image
+
+    buffer = io.BytesIO()
+    save_image(to_grid(images, nrow), buffer, format="png")
+    return buffer.getvalue()
+
+
 def save_grid(images: torch.Tensor, path: str | os.PathLike, nrow: int | None = None) -> Path:
     """Write a PNG grid atomically (temporary file then rename), so a reader never sees half a file."""
     from torchvision.utils import save_image
