@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zipfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +19,9 @@ from PIL import Image, UnidentifiedImageError
 
 from ..ending import printable
 from .image_decode import TooManyPixels, mode_family, read_header
-from .image_sources import Entry, HFSource, ImageSource, RefusedFile, ZipSource, folder_classes
+from .image_sources import DAMAGED_ZIP, Entry, ImageSource, RefusedFile
 
 SHOWN_NAMES = 5  # names in the one warning line; the rest are in the full list
-DAMAGED_ZIP = "damaged ZIP entry"  # a member the archive's central directory lists, not where it says
 
 
 @dataclass(frozen=True)
@@ -110,8 +109,7 @@ def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int
     index, header (width, height, mode) and whether it is grey; and the skipped files."""
     items: list[tuple[int, int, int, str, bool]] = []
     skipped: list[SkippedFile] = []
-    cells: Iterable[Any] = source.cells() if isinstance(source, HFSource) else (None for _ in entries)
-    for index, (entry, cell) in enumerate(zip(entries, cells)):
+    for index, (entry, cell) in enumerate(zip(entries, source.cells(entries))):
         if entry.size == 0:
             skipped.append(SkippedFile(entry.name, "not an image: empty file"))
             continue
@@ -119,10 +117,9 @@ def scan(source: ImageSource, entries: list[Entry]) -> tuple[list[tuple[int, int
             opened = cell if cell is not None else source.open(entry.name)
         except MemoryError:
             raise
-        except Exception as error:  # in a ZIP, a member that cannot be reached: the archive is damaged there
-            zipped = isinstance(error, (OSError, EOFError)) and not isinstance(error, RefusedFile) and \
-                isinstance(source, ZipSource)
-            skipped.append(SkippedFile(entry.name, f"{DAMAGED_ZIP}: {error}" if zipped else skip_reason(error)))
+        except Exception as error:  # an entry the source lists but cannot reach: a ZIP is damaged there
+            damaged = isinstance(error, (OSError, EOFError)) and not isinstance(error, RefusedFile) and source.damaged
+            skipped.append(SkippedFile(entry.name, f"{source.damaged}: {error}" if damaged else skip_reason(error)))
             continue
         try:
             (width, height, mode), grey = read_header(opened)
@@ -168,21 +165,8 @@ def select(scan_data: dict[str, Any], source: ImageSource, names: list[str], lab
     items = [tuple(item) for item in scan_data["items"]]
     skipped = [SkippedFile(*s) for s in scan_data["skipped"]]
     positions = [item[0] for item in items]
-    class_names: list[str] | None = None
-    reason = ""
-    label_ids: list[int] | None = None
-    if labels_mode != "none":
-        if not isinstance(source, HFSource):  # folders and ZIPs: classes from the first folder
-            class_of, reason = folder_classes([names[p] for p in positions])
-            if class_of is not None:
-                class_names = sorted(set(class_of))
-                index = {name: i for i, name in enumerate(class_names)}
-                label_ids = [index[c] for c in class_of]
-        elif source.labels is not None:
-            all_ids, class_names = source.labels
-            label_ids = [all_ids[p] for p in positions]
-        else:
-            reason = f"{source.description} has no class column (name one with --label-column)"
+    label_ids, class_names, reason = (None, None, "") if labels_mode == "none" else \
+        source.classes([names[p] for p in positions])
     failed_names = {name for name, _ in failed}
     if failed_names:
         keep = [i for i, p in enumerate(positions) if names[p] not in failed_names]

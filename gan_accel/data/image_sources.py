@@ -36,6 +36,7 @@ MAX_RATIO = 100  # a ZIP member above BOMB_FLOOR bytes that inflates more than t
 BOMB_FLOOR = 16 << 20
 IGNORED_NAMES = frozenset({"__MACOSX", "Thumbs.db", "desktop.ini", "ehthumbs.db"})
 DATASETS_HINT = "pip install 'gan_accel[datasets]'"
+DAMAGED_ZIP = "damaged ZIP entry"  # a member the archive's central directory lists, not where it says
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,36 @@ def _inside(path: str, root: str) -> bool:
 
 class ImageSource:
     """Base class: ``entries()`` lists, ``open(name)`` gives what ``decode_image`` takes, ``identity()`` feeds
-    the cache key."""
+    the cache key; ``cells``, ``classes`` and ``damaged`` tell the scan how to read and label the entries. A new
+    source is a subclass and one branch in :func:`resolve_source`: nothing else names a source's kind."""
 
-    description = ""
+    description = ""  # what the user passed, as every message names it
+    damaged = ""  # the skip reason for an entry that cannot be reached (OSError): the container is damaged there
+
+    def cells(self, entries: Sequence[Entry]) -> Iterator[Any]:
+        """What the scan reads per entry, in order: None opens the entry by name (a source that reads
+        faster in batches gives the cells themselves)."""
+        return (None for _ in entries)
+
+    def classes(self, names: Sequence[str]) -> tuple[list[int] | None, list[str] | None, str]:
+        """The class of each of ``names`` (the images used) and the class names, or None, None and why
+        there are none. Entries named by path take their classes from the first folder (module docstring)."""
+        if not names:
+            return None, None, "no images"
+        parts = [name.split("/") for name in names]
+        depth = 0
+        # Step into a single folder that holds everything (a ZIP of one top folder, a dataset's "train/").
+        while all(len(p) > depth + 1 for p in parts) and len({p[depth] for p in parts}) == 1:
+            depth += 1
+        root = "/".join(parts[0][:depth]) or "the top folder"
+        if any(len(p) == depth + 1 for p in parts):
+            return None, None, f"some images lie directly in {root}, not in class subfolders"
+        class_of = [p[depth] for p in parts]
+        class_names = sorted(set(class_of))
+        if len(class_names) < 2:
+            return None, None, f"{root} has only one subfolder with images"
+        index = {name: i for i, name in enumerate(class_names)}
+        return [index[c] for c in class_of], class_names, ""
 
 
 class FolderSource(ImageSource):
@@ -131,6 +159,8 @@ class FolderSource(ImageSource):
 class ZipSource(ImageSource):
     """The files inside a ZIP archive (the same layout rules as a folder). Opened once per process."""
 
+    damaged = DAMAGED_ZIP
+
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.description = str(self.path)
@@ -185,24 +215,6 @@ class ZipSource(ImageSource):
         return {"kind": "zip", "path": str(self.path.resolve()), "size": self._stamp[0], "mtime_ns": self._stamp[1]}
 
 
-def folder_classes(names: Sequence[str]) -> tuple[list[str] | None, str]:
-    """The class of each name by the folder rule (module docstring), or None and the reason there are none."""
-    if not names:
-        return None, "no images"
-    parts = [name.split("/") for name in names]
-    depth = 0
-    # Step into a single folder that holds everything (a ZIP of one top folder, a dataset's "train/").
-    while all(len(p) > depth + 1 for p in parts) and len({p[depth] for p in parts}) == 1:
-        depth += 1
-    root = "/".join(parts[0][:depth]) or "the top folder"
-    if any(len(p) == depth + 1 for p in parts):
-        return None, f"some images lie directly in {root}, not in class subfolders"
-    classes = [p[depth] for p in parts]
-    if len(set(classes)) < 2:
-        return None, f"{root} has only one subfolder with images"
-    return classes, ""
-
-
 class HFSource(ImageSource):
     """The rows of a Hugging Face ``datasets.Dataset``; its image column is read undecoded, as bytes or paths."""
 
@@ -223,17 +235,24 @@ class HFSource(ImageSource):
             _read_labels(dataset, self.label_column, features[self.label_column], datasets)
         self._fingerprint = dataset._fingerprint  # datasets' own hash of the data and its transforms
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[Entry]:  # named "row 007": the row, zero-padded so that names sort as rows
         width = len(str(max(self._length - 1, 0)))
         return [Entry(f"row {i:0{width}d}", -1, 0) for i in range(self._length)]
 
     def open(self, name: str) -> Any:
         return self._images[int(name.split()[-1])][self.image_column]
 
-    def cells(self) -> Iterator[Any]:
+    def cells(self, entries: Sequence[Entry]) -> Iterator[Any]:
         """Every image cell in order, read in batches (the scan's fast path)."""
         for batch in self._images.iter(batch_size=256):
             yield from batch[self.image_column]
+
+    def classes(self, names: Sequence[str]) -> tuple[list[int] | None, list[str] | None, str]:
+        """From the class column (row names carry no folder)."""
+        if self.labels is None:
+            return None, None, f"{self.description} has no class column (name one with --label-column)"
+        ids, class_names = self.labels
+        return [ids[int(name.split()[-1])] for name in names], class_names, ""
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "hf", "fingerprint": self._fingerprint, "rows": self._length,
