@@ -1,6 +1,6 @@
-"""Sample metrics over several processes: each process generates and featurises its share of N samples (a
-contiguous index range), then exactly N rows are gathered, in the order one process would give: unlike a
-dataloader's even split, no sample is repeated to fill the last batch."""
+"""Sample metrics over several processes: each process generates and featurises its share of N samples (a contiguous
+range, ``Accelerator.split_between_processes``), then exactly N rows are gathered, in one process's order: no sample
+is repeated to fill the last batch (``gather_for_metrics`` drops repeats only for a prepared DataLoader)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 def share_of(total: int, num_processes: int, rank: int) -> range:
     """The contiguous sample indices that process ``rank`` of ``num_processes`` handles out of ``total``: the
-    shares cover ``range(total)`` once, in rank order; the first ``total % num_processes`` get one more sample.
+    shares cover ``range(total)`` once, in rank order; the first ``total % num_processes`` get one more sample
+    (``Accelerator.split_between_processes``'s split, which :func:`gather_exact` checks every share against).
 
     Raises TypeError for an argument that is not an int, ValueError for one out of range."""
     _check_int("total", total, 0)
@@ -41,9 +42,9 @@ def gather_exact(accelerator: Any, local: Tensor, total: int) -> Tensor:
     """Collective (call on every process): all ``total`` rows, in index order, on CPU on every process.
 
     Each process passes the rows of its :func:`share_of` (an empty share: any tensor with 0 rows). Shares are
-    padded to the largest one for ``accelerator.gather`` and the padding dropped again, so row ``i`` is sample
-    ``i``, with no duplicates. Raises ValueError on every process alike (none is left waiting) when a row count
-    is not its share's size or the trailing shapes or dtypes differ.
+    padded to the largest one (``pad_across_processes``) for ``accelerator.gather`` and the padding dropped again,
+    so row ``i`` is sample ``i``, with no duplicates. Raises ValueError on every process alike (none is left
+    waiting) when a row count is not its share's size or the trailing shapes or dtypes differ.
     """
     from accelerate.utils import gather_object
 
@@ -67,13 +68,11 @@ def gather_exact(accelerator: Any, local: Tensor, total: int) -> Tensor:
     if not layouts:  # total == 0: nothing to gather
         return local.detach().cpu()
     tail, dtype_name = layouts.pop()
-    dtype = getattr(torch, dtype_name.removeprefix("torch."))
-    largest = max(sizes)
-    padded = torch.zeros((largest, *tail), dtype=dtype, device=accelerator.device)
-    if sizes[rank]:
-        padded[: sizes[rank]] = local.detach().to(accelerator.device)
-    gathered = accelerator.gather(padded).cpu()  # (world * largest, *tail), rank r's block at r * largest
-    return torch.cat([gathered[r * largest : r * largest + sizes[r]] for r in range(world)])
+    if not sizes[rank]:  # an empty share pads to the others' trailing shape and dtype, not to its own
+        local = torch.zeros((0, *tail), dtype=getattr(torch, dtype_name.removeprefix("torch.")))
+    padded = accelerator.pad_across_processes(local.detach().to(accelerator.device))  # to the largest share
+    blocks = accelerator.gather(padded).cpu().split(len(padded))  # rank r's padded share is block r
+    return torch.cat([block[: sizes[r]] for r, block in enumerate(blocks)])
 
 
 def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtractor, num_samples: int, *,
@@ -92,7 +91,6 @@ def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtract
     if labels is not None and (labels.ndim < 1 or labels.shape[0] != num_samples):
         raise ValueError(f"labels must have {num_samples} rows (one per sample), got shape {tuple(labels.shape)}")
 
-    share = share_of(num_samples, accelerator.num_processes, accelerator.process_index)
     device = accelerator.device
     # Generate with the bare module. Calling a DDP wrapper runs DDP's forward hooks, which may issue
     # collectives (buffer broadcast, reducer bookkeeping); with uneven shares the processes make
@@ -110,18 +108,15 @@ def generated_features(accelerator: Any, G: nn.Module, extractor: FeatureExtract
                 shape = tuple(z_all.shape) if isinstance(z_all, Tensor) else type(z_all).__name__
                 raise ValueError(f"latents(generator, {num_samples}) must return {num_samples} rows (one tensor), "
                                  f"got {shape}")
-        z_mine = z_all[share.start : share.stop]
-        y_mine = None if labels is None else labels[share.start : share.stop]
+        # this process's rows of the latents (and labels, kept with their latents): G(z) or G(z, y)
+        with accelerator.split_between_processes({"z": z_all} | ({} if labels is None else {"y": labels})) as mine:
+            mine = list(mine.values())
 
         def images() -> Iterator[Tensor]:
-            for start in range(0, len(share), batch_size):
-                z = z_mine[start : start + batch_size].to(device)
-                if y_mine is None:
-                    yield net(z)
-                else:
-                    yield net(z, y_mine[start : start + batch_size].to(device))
+            for start in range(0, len(mine[0]), batch_size):
+                yield net(*(part[start : start + batch_size].to(device) for part in mine))
 
-        if len(share):  # an empty share (num_samples < processes) has nothing to generate
+        if len(mine[0]):  # an empty share (num_samples < processes) has nothing to generate
             G.eval()
             with torch.no_grad():
                 local = compute_features(extractor, images(), batch_size)
