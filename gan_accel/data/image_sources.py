@@ -72,8 +72,7 @@ class ImageSource:
     damaged = ""  # the skip reason for an entry that cannot be reached (OSError): the container is damaged there
 
     def cells(self, entries: Sequence[Entry]) -> Iterator[Any]:
-        """What the scan reads per entry, in order: None opens the entry by name (a source that reads
-        faster in batches gives the cells themselves)."""
+        """What the scan reads per entry, in order: None opens it by name (a batched reader gives the cells)."""
         return (None for _ in entries)
 
     def classes(self, names: Sequence[str]) -> tuple[list[int] | None, list[str] | None, str]:

@@ -158,10 +158,9 @@ def fetch_weights(dest: PathLike, url: str | None = None, sha256_prefix: str | N
     expected = sha256_prefix or (named.group(1) if named else None)
     if not expected:
         raise ValueError(f"no sha256_prefix given and none in the name {dest.name!r} (NAME-<hex digits>.EXT)")
-    # Not torch.hub.download_url_to_file: it takes no timeout (only the process-wide socket default, which would
-    # bound other threads' sockets too) and reads 128 KiB blocks with no hook between them, so a trickling server
-    # runs past any limit (51 s for a 16 KiB trickle under a 0.5 s limit); and http.client ends a body cut short
-    # silently, so a cut-off download would read as a wrong hash instead of "500 of 1000 bytes".
+    # Not torch.hub.download_url_to_file: no timeout (only the process-wide socket default, which bounds other threads'
+    # sockets too), blocking 128 KiB reads with no hook, so a trickle runs past any limit (51 s for 16 KiB against
+    # 0.5 s), and a body cut short ends silently (http.client), read as a wrong hash, not "500 of 1000 bytes".
     started = time.monotonic()
     try:
         _clear_stale_downloads(dest, 3 * timeout)
