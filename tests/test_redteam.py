@@ -163,3 +163,35 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
         check_new_output(Path("/proc/scores.json"))
     check_new_output(tmp_path / "scores.json")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- round three's red team -----------------------------------------------------------------------------------
+def test_accumulation_a_stop_could_never_reach_is_refused_in_one_line(tmp_path, capsys):
+    """A step is never cut short (a stop is acted on between steps): --grad-accum 10**12 was a run that one SIGTERM
+    could not end. 4,096 micro-batches per step is the most, counted with n_critic."""
+    from gan_accel import TrainConfig
+    from gan_accel.errors import ConfigError
+
+    TrainConfig(grad_accum_steps=4096, n_critic=1)
+    with pytest.raises(ConfigError, match=r"draws 4,098 micro-batches per step, more than the 4,096 allowed"):
+        TrainConfig(grad_accum_steps=2049, n_critic=2)
+    line = error_line(["train", "--data", tmp_path, "--grad-accum", "1000000000000"], capsys)
+    assert line.startswith("error: argument --grad-accum: '1000000000000' is more than 4,096, the largest allowed")
+
+
+@pytest.mark.parametrize("marker", [b"garbage", b"[1, 2]"])
+def test_a_damaged_complete_marker_is_named_before_a_resume_loads_anything(tmp_path, marker):
+    """A COMPLETE that is not a JSON object used to resume without its checks (processes, config, run id)."""
+    from gan_accel.config import TrainConfig
+    from gan_accel.engine.run_open import choose_checkpoint
+    from gan_accel.errors import CheckpointError
+
+    for step, text in ((2, b"{}"), (4, marker)):
+        folder = tmp_path / "run" / "checkpoints" / f"checkpoint_{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "COMPLETE").write_bytes(text)
+    damaged = tmp_path / "run" / "checkpoints" / "checkpoint_00000004" / "COMPLETE"
+    with pytest.raises(CheckpointError) as error:
+        choose_checkpoint("latest", TrainConfig(output_dir=str(tmp_path / "run")))
+    assert str(error.value).startswith(f"{damaged} is damaged (") and "complete ones: checkpoint_00000002" in \
+        str(error.value)

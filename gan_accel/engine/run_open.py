@@ -160,7 +160,7 @@ def start_run(output_dir: Path, config: TrainConfig) -> str:
 def choose_checkpoint(resume_from: Any, config: TrainConfig) -> ResumeTarget:
     """Every process: :func:`resume_target`, and a config that differs in a field a run cannot change refused."""
     target = resume_target(resume_from, config.output_dir)
-    marker = read_marker(target.path)
+    marker = read_marker(target.path, strict=True)
     if "config" in marker:  # refuse a changed batch size or loss before loading anything
         refuse_fixed_changes(target.path, marker["config"], config.to_dict())
     return target

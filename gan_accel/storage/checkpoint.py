@@ -39,12 +39,18 @@ SHARED_STATE = "shared: saved by the main process"  # a callback state that only
 ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
 
 
-def read_marker(path: Path) -> dict[str, Any]:
-    """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object."""
+def read_marker(path: Path, strict: bool = False) -> dict[str, Any]:
+    """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object
+    (an empty one: written by an early version). ``strict`` (a resume): a marker that is not empty and not a JSON
+    object raises :class:`CheckpointError` naming it, instead of resuming without its checks."""
     try:
         marker = read_json(path / COMPLETE) if os.path.getsize(path / COMPLETE) else {}
-    except (OSError, ValueError, UnsafeFileError):  # a FIFO, a device or a huge file there is no marker either
-        return {}
+    except (OSError, ValueError, UnsafeFileError) as error:  # a FIFO, a device or a huge file is no marker either
+        marker = error
+    if strict and not isinstance(marker, dict):
+        why = "not a JSON object" if not isinstance(marker, BaseException) else first_line(marker)
+        raise CheckpointError(f"{path / COMPLETE} is damaged ({why}): the checkpoint cannot be checked before it is "
+                              f"loaded; resume from another checkpoint of the run ({_others(path)})")
     return marker if isinstance(marker, dict) else {}
 
 
