@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,8 @@ def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], n
     config = _json_file(run / CONFIG, notes)
     if isinstance(config, dict):
         return config
+    if config is not None:
+        notes.append(f"{CONFIG} is not a JSON object: the config shown is the export's or the latest checkpoint's")
     if export and isinstance(export.get("config"), dict):
         return export["config"]
     if checkpoints:
@@ -111,7 +114,7 @@ def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], n
 
 
 def _json_file(path: Path, notes: list[str]) -> Any:
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
         return read_json(path)
@@ -127,6 +130,8 @@ def _checkpoint(path: Path) -> dict[str, Any]:
 
 
 def _history(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    if os.path.lexists(path) and not path.is_file():
+        notes.append(f"{HISTORY} is not a regular file (a FIFO, device, folder or dangling link): not read")
     events, skipped = read_json_lines(path)
     notes += [f"{HISTORY}: an unreadable line skipped"] * skipped
     for entry in events:

@@ -7,9 +7,11 @@ and a usage snippet that runs as written (tests/test_export.py runs it).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from ..ending import printable
+from ..errors import ConfigError
 from ..storage.layout import EXPORT_SAMPLES
 
 TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), ("grad_accum_steps", "grad accum"),
@@ -18,6 +20,15 @@ TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), 
                    ("ema_decay", "EMA decay"), ("ema_half_life", "EMA half-life (images)"), ("augment", "augment"),
                    ("mixed_precision", "mixed precision"), ("seed", "seed"))
 SHOWN_CLASSES = 20
+LICENSE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,63}")  # the Hub's ids: apache-2.0, cc-by-nc-sa-4.0, other
+
+
+def check_license(license: str | None) -> None:
+    """Refuse, in one line, a license that is not an id: it goes into the card's YAML, where a newline or a colon
+    would add metadata of its own (or break the block the Hub reads)."""
+    if license is not None and not LICENSE_ID.fullmatch(license):
+        raise ConfigError(f"--license '{printable(license)}' is not a license id: write the Hub's id (letters, digits, "
+                          "'.', '-', '+': apache-2.0, mit, cc-by-4.0, other)")
 
 
 def front_matter(config: dict[str, Any], license: str | None) -> str:

@@ -18,7 +18,7 @@ from ..storage.checkpoint import is_complete
 from ..storage.files import write_new_folder
 from ..storage.layout import EXPORT_CARD, EXPORT_SAMPLES, checkpoint_run_folder
 from ..storage.weights import save_generator, scores_of
-from .card import model_card
+from .card import check_license, model_card
 
 GRID_ROWS = 16  # classes shown in a conditional G's sample grid
 PER_CLASS = 8
@@ -61,6 +61,7 @@ def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, e
     """
     from .load import load_generator
 
+    check_license(license)
     source, out = Path(source), Path(out_dir)
     G = load_generator(source, ema=ema)
     run = checkpoint_run_folder(source) if is_complete(source) else source
