@@ -1,6 +1,7 @@
 """Every interruption ends in one line and leaves nothing that blocks the retry: ``gan-accel`` in a process of its
 own, paused at a stage by tests/stage_driver.py, gets a real SIGTERM or SIGINT there (scan, image-cache build,
-training, checkpoint write, export, evaluation), or a SIGKILL followed by the same command."""
+training, checkpoint write, export, evaluation), or a SIGKILL followed by the same command; one process of a
+two-process launch killed in training or during the first checkpoint ends the other in one line."""
 
 from __future__ import annotations
 
