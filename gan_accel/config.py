@@ -20,6 +20,9 @@ from .tracking import tracker_choices
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
 MAX_SEED = 2**31 - 1  # numpy's seed must be < 2**32, and Accelerate's set_seed adds the process index
+# Micro-batches one step draws per process (grad_accum_steps * n_critic): a stop (a signal, --max-time) is acted on
+# between steps, so a step far longer than any real one would make a run that nothing but SIGKILL ends.
+MAX_BATCHES_PER_STEP = 4096
 LR_SCHEDULE_CHOICES = ("linear", "constant")
 LABEL_DISTRIBUTIONS = ("uniform", "data")
 RAMP_SHAPES = ("cosine", "linear")
@@ -149,6 +152,11 @@ class TrainConfig:
         if self.keep_samples is not None:
             _require_int("keep_samples", self.keep_samples, minimum=1, hint="or None to keep every sample grid")
         _require_int("gif_frames", self.gif_frames, minimum=1)
+        if self.grad_accum_steps * self.n_critic > MAX_BATCHES_PER_STEP:
+            raise ConfigError(f"grad_accum_steps={self.grad_accum_steps} with n_critic={self.n_critic} draws "
+                              f"{self.grad_accum_steps * self.n_critic:,} micro-batches per step, more than the "
+                              f"{MAX_BATCHES_PER_STEP:,} allowed (a stop is acted on between steps): raise batch_size "
+                              "instead, or accumulate less")
         _require_int("seed", self.seed, minimum=0)
         if self.seed > MAX_SEED:
             raise ConfigError(f"seed={self.seed!r} is invalid: expected an integer from 0 to {MAX_SEED} (2**31 - 1: "

@@ -269,7 +269,8 @@ def remember(error: BaseException, trainer: "GANTrainer") -> None:
         started = trainer.fit_calls > 0 or trainer.step > 0
         known = started or getattr(trainer, "last_checkpoint", None) is not None
         where = f"at step {trainer.step}" if started else "before training started"
-        error.gan_accel_progress = f"{where}; {trainer.checkpoint_note() if known else NO_CHECKPOINT}"  # type: ignore
+        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if known else NO_CHECKPOINT
+        error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
         error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]
 
 
@@ -287,24 +288,49 @@ def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
     rank, size = dist.get_rank(), dist.get_world_size()
     key = f"gan_accel/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/failed/"
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
-        store.add(f"{key}{rank}", 1)
-        deadline = time.monotonic() + grace
-        while True:
-            silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
-            if not silent or time.monotonic() > deadline:
-                return silent, all(r in silent for r in range(rank))
-            time.sleep(0.1)
+        with quiet_stderr():  # a store whose server is gone has torch log a C++ stack trace before it raises
+            store = dist.distributed_c10d._get_default_store()
+            store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
+            store.add(f"{key}{rank}", 1)
+            deadline = time.monotonic() + grace
+            while True:
+                silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
+                if not silent or time.monotonic() > deadline:
+                    return silent, all(r in silent for r in range(rank))
+                time.sleep(0.1)
     except Exception:  # the store did not answer: its server (process 0, or the launcher's host) is gone
         return [r for r in range(size) if r != rank], True
+
+
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """While the block runs, what is written to file descriptor 2 (by C++ code too) goes to /dev/null."""
+    sys.stderr.flush()
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def collective_failure(error: BaseException) -> tuple[bool, bool]:
+    """(timed out, gone): how a collective that another process failed (gloo) says so; (False, False) otherwise."""
+    text = str(error)
+    return (any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout")),
+            any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
 
 
 def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
     """(one line, whether this process prints it) for a collective another process failed (gloo), else None."""
     text = str(error)
-    timed_out = any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout"))
-    gone = any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+    timed_out, gone = collective_failure(error)
     if not (timed_out or gone):
         return None
     found = _silent_processes()
@@ -382,6 +408,9 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         if line is not None:
             _say(f"error: {printable(line)}")
             return 2
+        if any(collective_failure(error)) and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):  # a launcher's SIGTERM to the survivors waits for the line
+                signal.signal(signum, signal.SIG_IGN)
         failure = describe_collective_failure(error)
         if failure is None:
             raise

@@ -6,23 +6,26 @@ STAGE: scan (listing the image folder), cache (the image cache's temporary array
 metrics row of step 2), checkpoint (a checkpoint's files are written, its COMPLETE marker not yet), export (the
 export's weights are written into its temporary folder), eval (computing the real images' features), none (no
 pause: the retry). There the process creates the file READY and waits (up to a minute) for the signal the test
-sends; a stage never reached lets the command go on as usual.
+sends, or for the file READY.go; a stage never reached lets the command go on as usual. With STAGE_RANK=R in the
+environment only the process of that rank pauses (one process of a launch held at a stage, the others waiting).
 """
 
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 stage, ready = sys.argv[1], Path(sys.argv[2])
+go = ready.with_name(f"{ready.name}.go")  # created by the test: the paused process goes on
 argv = sys.argv[sys.argv.index("--") + 1:]
 
 
 def pause() -> None:
     """Say the stage is reached, then wait for the signal (sleep is where a real one lands); a signal that only
     asks the run to stop (training's handler) ends the wait too, so the run stops where the test expects."""
-    if ready.exists():
-        return  # once per run
+    if ready.exists() or os.environ.get("STAGE_RANK", os.environ.get("RANK")) != os.environ.get("RANK"):
+        return  # once per run, on the rank asked
     got: list[int] = []
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
 
@@ -35,9 +38,9 @@ def pause() -> None:
     for signum in handlers:
         signal.signal(signum, noted)
     try:
-        ready.write_text("ready")
+        ready.write_text(str(os.getpid()))  # the process to signal, in a launch of several
         deadline = time.monotonic() + 60
-        while not got and time.monotonic() < deadline:
+        while not got and not go.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         for signum, handler in handlers.items():

@@ -321,7 +321,8 @@ def test_auto_refuses_a_folder_it_cannot_continue_or_start_in(tmp_path, capsys):
     assert resolve_auto(tmp_path / "empty") is None
     write_images(tmp_path / "photos", 16)
     (tmp_path / "started").mkdir()
-    (tmp_path / "started" / "history.jsonl").write_text('{"event": "start"}\n')  # killed before its first checkpoint
+    (tmp_path / "started" / "history.jsonl").write_text('{"event": "start"}\n')  # ended by an error line before its
+    (tmp_path / "started" / "config.json").write_text("{}")  # first checkpoint: its lock was let go, it was not killed
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     for folder, says in (("started", "holds a run that wrote no complete checkpoint"),
@@ -329,7 +330,8 @@ def test_auto_refuses_a_folder_it_cannot_continue_or_start_in(tmp_path, capsys):
         line = error_line(["train", "--data", tmp_path / "photos", "--output-dir", tmp_path / folder,
                            "--resume", "auto", *TINY], capsys)
         assert says in line and "move it away or choose another --output-dir" in line, line
-    assert sorted(p.name for p in (tmp_path / "started").iterdir()) == ["history.jsonl"], "nothing written"
+    assert sorted(p.name for p in (tmp_path / "started").iterdir()) == ["config.json", "history.jsonl"], \
+        "nothing written"
 
 
 @pytest.mark.slow  # a training process of its own, killed with SIGKILL

@@ -1,9 +1,11 @@
 """Every interruption ends in one line and leaves nothing that blocks the retry: ``gan-accel`` in a process of its
 own, paused at a stage by tests/stage_driver.py, gets a real SIGTERM or SIGINT there (scan, image-cache build,
-training, checkpoint write, export, evaluation), or a SIGKILL followed by the same command."""
+training, checkpoint write, export, evaluation), or a SIGKILL followed by the same command; one process of a
+two-process launch killed in training or during the first checkpoint ends the other in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -130,3 +132,99 @@ def test_a_signal_during_evaluation_is_one_line(base, tmp_path, signum):
     line = one_line(*command("eval", signum, argv, tmp_path), signum)
     assert line.startswith(f"error: interrupted ({NAME[signum]})"), line
     assert not (tmp_path / "scores.json").exists() and hidden_temporaries(tmp_path) == []
+
+
+def test_sigkill_in_training_before_the_first_checkpoint_then_the_same_command_finishes(base, tmp_path):
+    out = tmp_path / "run"
+    argv = ["train", "--data", base / "photos", "--output-dir", out, "--steps", 4, *TINY]
+    code, _ = command("train", signal.SIGKILL, argv, tmp_path)  # after step 2's metrics, before its checkpoint
+    assert code == -signal.SIGKILL and not (out / "checkpoints").exists() and (out / "config.json").is_file()
+    code, lines = command("none", None, argv, tmp_path)
+    assert code == 0, lines[-20:]
+    assert [json.loads(line)["event"] for line in (out / "history.jsonl").read_text().splitlines()] == \
+        ["start", "restart", "start"]
+    assert (out / "checkpoints" / "checkpoint_00000004" / "COMPLETE").is_file() and hidden_temporaries(out) == []
+
+
+# -- one process of a two-process launch killed ------------------------------------------------------------
+class Launch:
+    """``gan-accel train`` as two gloo processes (rank 0 serves the store; no launcher, so the test sees each exit),
+    process ``paused`` held at ``stage``; READY holds the paused one's pid, READY.go lets it go on."""
+
+    def __init__(self, stage: str, paused: int, base: Path, photos: Path) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        base.mkdir()
+        self.out, self.paused, self.base = base / "run", paused, base
+        self.argv = ["train", "--data", photos, "--output-dir", self.out, "--steps", 4, *TINY]
+        self.ready = base / "ready"
+        self.procs = []
+        for rank in (0, 1):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "TORCHELASTIC_"))}
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                       STAGE_RANK=str(paused), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="1",
+                       OMP_NUM_THREADS="1", GAN_ACCEL_CACHE=str(base / "cache"), HF_HUB_OFFLINE="1",
+                       PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+            self.procs.append(subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "stage_driver.py"), stage, str(self.ready), "--",
+                 *map(str, self.argv), "--collective-timeout", "10"], env=env, cwd=base, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True))
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 240
+        while not self.ready.exists() and self.procs[self.paused].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.ready.exists(), self.procs[self.paused].communicate(timeout=60)[0][-3000:]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def launches(base, tmp_path_factory):
+    """Both launches, started at once (their processes mostly wait: on imports, then on each other)."""
+    root = tmp_path_factory.mktemp("launches")
+    started = {"train": Launch("train", 0, root / "train", base / "photos"),
+               "checkpoint": Launch("checkpoint", 0, root / "checkpoint", base / "photos")}
+    yield started
+    for one in started.values():
+        one.close()
+
+
+@pytest.mark.parametrize("stage", ["train", "checkpoint"])
+def test_one_process_of_a_launch_killed_ends_the_other_in_one_line_and_the_retry_runs(launches, stage):
+    """train: process 0, the lock's holder and the store's server, killed before the first checkpoint; the requeued
+    command then starts the run again. checkpoint: process 1 killed while process 0 writes the first checkpoint,
+    which is complete and named. The launcher's SIGTERM reaches the survivor, in the second case while it works
+    out its line."""
+    run = launches[stage]
+    run.wait_ready()
+    killed = 0 if stage == "train" else 1
+    killed_at = time.monotonic()
+    run.procs[killed].kill()
+    survivor = run.procs[1 - killed]
+    if stage == "checkpoint":
+        run.ready.with_name(f"{run.ready.name}.go").write_text("go")  # process 0 completes the checkpoint
+    time.sleep(0.05 if stage == "train" else 1.0)  # checkpoint: while it waits to see who else is gone
+    survivor.send_signal(signal.SIGTERM)  # what torchrun does once a worker died
+    text = survivor.communicate(timeout=10 + 30)[0]
+    ends = [line for line in text.splitlines() if line.startswith(("gan_accel: error:", "error:"))]
+    assert survivor.returncode == 75 and time.monotonic() - killed_at < 10 + 30, text[-3000:]
+    assert len(ends) == 1 and "Traceback" not in text and "frame #" not in text, text[-3000:]
+    assert ends[0].startswith(f"gan_accel: error: process {killed} ended or lost its connection; stopping at step ")
+    if stage == "train":
+        assert ends[0].endswith("No checkpoint of this run was written: the same command starts it again, "
+                                "replacing what it wrote."), ends
+        code, lines = command("none", None, [*run.argv, "--resume", "auto"], run.base)  # the requeued job's command
+        assert code == 0, lines[-20:]
+        assert (run.out / "checkpoints" / "checkpoint_00000004" / "COMPLETE").is_file()
+    else:
+        named = ends[0].split("The last complete checkpoint is ", 1)[1].split(";", 1)[0]
+        assert Path(named) == run.out / "checkpoints" / "checkpoint_00000002" and (Path(named) / "COMPLETE").is_file()
+    assert hidden_temporaries(run.out) == []

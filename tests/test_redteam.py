@@ -163,3 +163,85 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
         check_new_output(Path("/proc/scores.json"))
     check_new_output(tmp_path / "scores.json")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- round three's red team -----------------------------------------------------------------------------------
+def test_accumulation_a_stop_could_never_reach_is_refused_in_one_line(tmp_path, capsys):
+    """A step is never cut short (a stop is acted on between steps): --grad-accum 10**12 was a run that one SIGTERM
+    could not end. 4,096 micro-batches per step is the most, counted with n_critic."""
+    from gan_accel import TrainConfig
+    from gan_accel.errors import ConfigError
+
+    TrainConfig(grad_accum_steps=4096, n_critic=1)
+    with pytest.raises(ConfigError, match=r"draws 4,098 micro-batches per step, more than the 4,096 allowed"):
+        TrainConfig(grad_accum_steps=2049, n_critic=2)
+    line = error_line(["train", "--data", tmp_path, "--grad-accum", "1000000000000"], capsys)
+    assert line.startswith("error: argument --grad-accum: '1000000000000' is more than 4,096, the largest allowed")
+
+
+@pytest.mark.parametrize("marker", [b"garbage", b"[1, 2]"])
+def test_a_damaged_complete_marker_is_named_before_a_resume_loads_anything(tmp_path, marker):
+    """A COMPLETE that is not a JSON object used to resume without its checks (processes, config, run id)."""
+    from gan_accel.config import TrainConfig
+    from gan_accel.engine.run_open import choose_checkpoint
+    from gan_accel.errors import CheckpointError
+
+    for step, text in ((2, b"{}"), (4, marker)):
+        folder = tmp_path / "run" / "checkpoints" / f"checkpoint_{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "COMPLETE").write_bytes(text)
+    damaged = tmp_path / "run" / "checkpoints" / "checkpoint_00000004" / "COMPLETE"
+    with pytest.raises(CheckpointError) as error:
+        choose_checkpoint("latest", TrainConfig(output_dir=str(tmp_path / "run")))
+    assert str(error.value).startswith(f"{damaged} is damaged (") and "complete ones: checkpoint_00000002" in \
+        str(error.value)
+
+
+def test_the_api_names_a_wrong_type_or_a_missing_device_in_one_line(tmp_path):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from gan_accel import GANTrainer, TrainConfig, load_generator
+    from gan_accel.errors import ConfigError, PreflightError
+    from gan_accel.models import build_generator
+    from gan_accel.storage.weights import generator_config, save_generator
+
+    with pytest.raises(TypeError, match=r"^load_generator takes a folder's path or a Hub repo id .*not int$"):
+        load_generator(123)
+    spec = {"family": "dcgan", "z_dim": 8, "width": 4, "image_size": 28, "channels": 1, "num_classes": None}
+    save_generator(tmp_path / "gen", build_generator(spec), generator_config({"model": spec}, 1, False, False, tmp_path))
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last CUDA device this machine has
+    with pytest.raises(ConfigError, match=rf"device='{missing}': this machine has \d+ CUDA device\(s\)"):
+        load_generator(tmp_path / "gen", device=missing)
+    with pytest.raises(ConfigError, match="is not a device torch knows"):
+        load_generator(tmp_path / "gen", device="gpu")
+    with pytest.raises(PreflightError, match="^G is a NoneType, not a torch.nn.Module: pass the network itself$"):
+        GANTrainer(None, torch.nn.Linear(4, 1), DataLoader(torch.randn(8, 4), batch_size=4),
+                   TrainConfig(batch_size=4, z_dim=4, output_dir=str(tmp_path / "run")))
+
+
+def test_a_license_that_is_not_an_id_never_reaches_the_cards_yaml(tmp_path):
+    from gan_accel.errors import ConfigError
+    from gan_accel.hub.card import check_license
+    from gan_accel.hub.export import export_generator
+
+    for good in ("apache-2.0", "cc-by-nc-sa-4.0", "other", None):
+        check_license(good)
+    with pytest.raises(ConfigError, match=r"^--license 'mit\\n# <script>' is not a license id"):
+        export_generator(tmp_path / "nothing-read-first", tmp_path / "out", license="mit\n# <script>")
+    assert not (tmp_path / "out").exists()
+
+
+def test_info_notes_a_history_that_is_a_fifo_and_a_config_that_is_not_an_object(tmp_path, capsys):
+    import os
+
+    from test_train_cli import gan_accel
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("[1, 2]")
+    os.mkfifo(run / "history.jsonl")
+    code, out, _ = gan_accel(["info", run], capsys)
+    assert code == 0
+    assert "note: history.jsonl is not a regular file (a FIFO, device, folder or dangling link): not read" in out
+    assert "note: config.json is not a JSON object: the config shown is the export's or the latest checkpoint's" in out

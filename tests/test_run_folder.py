@@ -142,7 +142,7 @@ def test_an_output_dir_that_is_a_file_is_named_as_a_file_not_as_a_run(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_a_run_that_crashed_before_its_first_checkpoint_cannot_be_resumed_or_replaced(tmp_path):
+def test_a_run_that_crashed_before_its_first_checkpoint_cannot_be_resumed_and_starts_again(tmp_path):
     out = tmp_path / "run"
     trainer = trainer_for(out, checkpoint_every=100)
     original = trainer.runner.run_step
@@ -155,10 +155,14 @@ def test_a_run_that_crashed_before_its_first_checkpoint_cannot_be_resumed_or_rep
     trainer.runner.run_step = crash_at_step_3
     with pytest.raises(KeyboardInterrupt):
         trainer.fit()
-    with pytest.raises(RunFolderError, match="holds a run"):
-        trainer_for(out).fit()
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         trainer_for(out).fit(resume_from="latest")
+    before = tree(out)
+    with pytest.raises(CheckpointError, match="does not exist"):  # a fork from nothing: refused before any removal
+        trainer_for(out).fit(resume_from=tmp_path / "nowhere")
+    assert {n: d for n, d in tree(out).items() if n != ".lock"} == {n: d for n, d in before.items() if n != ".lock"}
+    trainer_for(out).fit()  # the same fit again: what the crashed run wrote is replaced
+    assert steps(out) == list(range(1, 9)) and events(out) == ["start", "restart", "start"]
 
 
 def test_fit_twice_on_one_trainer_continues_its_own_run(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,9 +31,13 @@ class Checkpointer(Callback):
         if not parameters_finite(*trainer.networks.values()):
             raise DivergenceError(refusal(trainer))
         marker = {"run_id": state.run_id, "config": trainer.config.to_dict()}
+
+        def published(path: Path) -> None:  # complete on disk: what the line names if a process is lost just after
+            state.last_checkpoint, state.last_checkpoint_step = path, state.step
+
         try:
             path = save_checkpoint(trainer.accelerator, trainer.output_dir, state.step, trainer.state_dict(),
-                                   self.keep, marker, keep_also=state.kept_checkpoints)
+                                   self.keep, marker, keep_also=state.kept_checkpoints, published=published)
         except RunFolderError as error:
             raise RunFolderError(f"{error}. {trainer.checkpoint_note()}") from error
         trainer.control.checkpoint_written(path)

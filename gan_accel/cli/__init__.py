@@ -13,8 +13,9 @@
 
 A run folder gives its final generator/; a checkpoint folder gives G as of that step
 (its EMA when the run kept one; --no-ema: the raw G). Every mistake is one ``error:`` line naming
-the problem and the fix (exit code 2); nothing existing is ever replaced, and nothing is written
-into a run folder except by ``plot`` without --out (and by ``train``, whose run folder it is). Training
+the problem and the fix (exit code 2); nothing existing is ever replaced, and a run folder gets no file
+from a command but ``train`` (its run folder), ``plot`` without --out, and a new --out or DIR you name there
+(never under a name the run writes). Training
 under several processes: ``accelerate launch -m gan_accel.cli train ...``. Every long option also
 takes ``_`` for ``-``, and diffusers' and NVlabs' names for the same settings are read too
 (``--output_dir``, ``--max_train_steps``, ``--kimg``, ``--outdir``: the table in docs/cli.md).

@@ -13,16 +13,15 @@ import argparse
 import json
 import math
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 from ..errors import GanAccelError
 from ..ending import printable
 from ..storage.checkpoint import list_checkpoints, read_marker
-from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HEALTH, HISTORY, LOCK, METRICS, checkpoint_step,
+from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HEALTH, HISTORY, METRICS, checkpoint_step,
                             read_json, read_json_lines, read_metrics_tolerant)
-from ..storage.reading import read_text
+from ..storage.lock import recorded_holder
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",
@@ -105,6 +104,8 @@ def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], n
     config = _json_file(run / CONFIG, notes)
     if isinstance(config, dict):
         return config
+    if config is not None:
+        notes.append(f"{CONFIG} is not a JSON object: the config shown is the export's or the latest checkpoint's")
     if export and isinstance(export.get("config"), dict):
         return export["config"]
     if checkpoints:
@@ -113,7 +114,7 @@ def _config(run: Path, export: dict[str, Any] | None, checkpoints: list[Path], n
 
 
 def _json_file(path: Path, notes: list[str]) -> Any:
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
         return read_json(path)
@@ -129,6 +130,8 @@ def _checkpoint(path: Path) -> dict[str, Any]:
 
 
 def _history(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    if os.path.lexists(path) and not path.is_file():
+        notes.append(f"{HISTORY} is not a regular file (a FIFO, device, folder or dangling link): not read")
     events, skipped = read_json_lines(path)
     notes += [f"{HISTORY}: an unreadable line skipped"] * skipped
     for entry in events:
@@ -138,7 +141,7 @@ def _history(path: Path, notes: list[str]) -> list[dict[str, Any]]:
 
 def _status(run: Path, done: int, max_steps: Any, export: dict[str, Any] | None,
             checkpoints: list[Path]) -> dict[str, Any]:
-    holder = _lock_holder(run)
+    holder = recorded_holder(run)
     if holder is not None and holder.get("alive") is not False:
         where = "" if holder.get("alive") else " (on another host: cannot check that it still runs)"
         return {"state": "running", "holder": holder,
@@ -149,37 +152,12 @@ def _status(run: Path, done: int, max_steps: Any, export: dict[str, Any] | None,
     text = f"stopped at step {done}" + (f" of {max_steps}" if max_steps else "")
     if holder is not None:
         text += f" (its process, pid {holder.get('pid')}, ended without finishing: killed or crashed)"
-    text += "; continue it with --resume latest" if checkpoints else "; it has no checkpoint to resume"
+    if checkpoints:
+        text += "; continue it with --resume latest"
+    else:
+        text += "; it wrote no checkpoint: " + ("the command that started it starts it again there" if holder
+                                                 else "there is nothing to resume")
     return {"state": "stopped", "holder": holder, "text": text}
-
-
-def _lock_holder(run: Path) -> dict[str, Any] | None:
-    """Who ``.lock`` says holds the run (read only: taking even a shared lock could turn a starting run away).
-
-    The holder writes its host, pid and start time there and empties the file when it lets go; a
-    process killed while holding it leaves them, so the pid is checked on this host.
-    """
-    try:
-        text = read_text(run / LOCK)
-        holder = json.loads(text) if text.strip() else None
-    except (OSError, ValueError, GanAccelError):  # a FIFO or a huge file there: no holder to name
-        return None
-    if not isinstance(holder, dict):
-        return None
-    holder["alive"] = _alive(holder.get("pid")) if holder.get("host") == socket.gethostname() else None
-    return holder
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    return True
 
 
 # -- printing ----------------------------------------------------------------------------------------
@@ -232,6 +210,8 @@ def _event_line(event: dict[str, Any]) -> str:
         text += f" at step {event.get('step')} from {Path(str(event.get('checkpoint'))).name}"
     elif kind == "fork":
         text += f" from {event.get('source')} (step {event.get('step')})"
+    elif kind == "restart":
+        text += " of the run killed before its first checkpoint (what it wrote replaced)"
     changes = event.get("changes")
     if isinstance(changes, dict) and changes:
         text += ": " + ", ".join(f"{k} {_pair(v)}" for k, v in sorted(changes.items()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..config import MAX_BATCHES_PER_STEP
 from ..models.dcgan import POSITIONS
 from ..settle import DEFAULTS
 from .arguments import bounded_int, duration, fraction, nonnegative_float, positive_float, positive_int, seed_int
@@ -43,7 +44,8 @@ def add_run_flags(parser: argparse.ArgumentParser, output_dir: str | None, defau
                      help="stop cleanly after this much training (5400, 90m, 2h, 1h30m): a checkpoint and the final "
                           "generator are written, and --resume latest continues (each resume gets the whole time)")
     run.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"], help="images per process per micro-batch")
-    run.add_argument("--grad-accum", type=positive_int, default=DEFAULTS["grad_accum"], help="micro-batches per optimizer step")
+    run.add_argument("--grad-accum", type=bounded_int(1, MAX_BATCHES_PER_STEP, "a stop is acted on between steps"),
+                     default=DEFAULTS["grad_accum"], help="micro-batches per optimizer step")
     run.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=DEFAULTS["mixed_precision"])
     run.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=DEFAULTS["channels_last"],
                      help="convolutions in channels-last memory format (on by default: 1.24-1.31x images/s for the "

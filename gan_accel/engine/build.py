@@ -41,6 +41,9 @@ def collect_networks(G: nn.Module, D: nn.Module, opt_G: Any, opt_D: Any,
         if name in nets:
             raise PreflightError(f"extra network name {name!r} is taken: use another name than 'G' and 'D'")
         nets[name], optimizers[name] = item if isinstance(item, tuple) else (item, None)
+    for name, net in nets.items():
+        if not isinstance(net, nn.Module):
+            raise PreflightError(f"{name} is a {type(net).__name__}, not a torch.nn.Module: pass the network itself")
     _refuse_shared(nets)
     return nets, optimizers
 

@@ -1,13 +1,12 @@
 """Opening the run folder at the start of ``fit``: a new run, the run continued, or a fork.
 
 One run per folder, only forward (:mod:`gan_accel.storage.run_folder`): ``resume_from=None`` starts a new run
-in an absent or empty folder; ``"latest"`` continues in place; ``"auto"`` is ``"latest"`` when the folder holds a
-complete checkpoint and ``None`` when it is absent or empty (one command for a first start and every requeue); any
-other checkpoint forks a new run into an absent or empty folder (an older checkpoint of ``output_dir`` itself is
-refused). A config change on resume
-is refused or applied for real, and dated in the history. :func:`open_run` is what ``fit`` calls; checks
-read the same files on every rank, so every process reaches the same decision.
-"""
+in an absent or empty folder, or in one whose run was killed before its first checkpoint (what it wrote is replaced:
+:mod:`gan_accel.storage.restart`); ``"latest"`` continues in place; ``"auto"`` is ``"latest"`` when the folder holds
+a complete checkpoint and ``None`` otherwise when a new run may start there (one command for a first start and every
+requeue); any other checkpoint forks a new run into such a folder (an older checkpoint of ``output_dir`` itself is
+refused). A config change on resume is refused or applied for real, and dated in the history. :func:`open_run` is
+what ``fit`` calls; checks read the same files on every rank, so every process reaches the same decision."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ from ..config import TrainConfig, compare_configs
 from ..ending import run_together
 from ..errors import CheckpointError, RunFolderError
 from ..storage.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
-from ..storage.layout import checkpoint_root
-from ..storage.layout import LOCK
+from ..storage.layout import HISTORY, checkpoint_root
+from ..storage.restart import clear_killed_attempt, killed_attempt, name_some
 from ..storage.run_folder import check_new_run, holds_run, log_event, output_dir_refusal, write_description
 from .phases import PhasePlan
 from .schedules import first_value, scheduler_ticks_per_optimizer_step, warmup_then_decay
@@ -31,8 +30,11 @@ if TYPE_CHECKING:
     from .trainer import GANTrainer
 
 
-def resume_note(last_checkpoint: Path | None) -> str:
-    """Where a run can be resumed from, for error messages."""
+def resume_note(last_checkpoint: Path | None, crashed: bool = False) -> str:
+    """Where a run can be resumed from, for error messages; ``crashed``: it did not end as planned (killed, a lost
+    process), so without a checkpoint the same command starts it again (:mod:`gan_accel.storage.restart`)."""
+    if last_checkpoint is None and crashed:
+        return "No checkpoint of this run was written: the same command starts it again, replacing what it wrote."
     if last_checkpoint is None:
         return ("No checkpoint of this run was written, so there is nothing to resume: start it again in "
                 "another output folder (gan-accel never deletes a run).")
@@ -47,6 +49,10 @@ def open_run(trainer: "GANTrainer", resume_from: Any) -> None:
     if resume_from is None and not trainer.fit_calls:  # checked again under the lock; first so a refusal writes nothing
         run_together(acc, lambda: check_new_run(out), main_only=True)
     run_together(acc, trainer.lock.acquire, main_only=True)
+    if str(resume_from) != "latest" and not trainer.fit_calls:
+        restarted = run_together(acc, lambda: restart_killed(out, trainer.lock.previous, resume_from), main_only=True)
+        if restarted:
+            acc.print(f"gan_accel: {restarted}")
     if str(resume_from) == AUTO:  # decided once, under the lock, by the main process for all of them
         resume_from = main_decides(acc, lambda: resolve_auto(out))
         if resume_from is None:
@@ -55,6 +61,7 @@ def open_run(trainer: "GANTrainer", resume_from: Any) -> None:
     if resume_from is None:
         if not trainer.fit_calls:  # a second fit() of one trainer continues its own run
             state.run_id = run_together(acc, lambda: start_run(out, cfg), main_only=True)
+        trainer.lock.previous = None  # the folder is this run's now: an earlier holder's record is not kept
         run_together(acc, describe, main_only=True)
         return
     target = run_together(acc, lambda: choose_checkpoint(resume_from, cfg))
@@ -68,6 +75,7 @@ def open_run(trainer: "GANTrainer", resume_from: Any) -> None:
     if target.continued:  # a fork writes its first checkpoint into its own folder
         state.last_checkpoint, state.last_checkpoint_step = target.path, state.step
     state.run_id = run_together(acc, lambda: record_resume(out, target, state.step, cfg, changes), main_only=True)
+    trainer.lock.previous = None
     run_together(acc, describe, main_only=True)
     acc.print(f"gan_accel: resumed from {target.path} at step {state.step}"
               + ("" if target.continued else f", as a new run in {out}"))
@@ -80,18 +88,38 @@ AUTO = "auto"
 
 def resolve_auto(output_dir: str | Path) -> str | None:
     """``resume_from="auto"``: ``"latest"`` when ``output_dir`` holds a complete checkpoint (a run killed between
-    checkpoints, even mid-save, goes on from its newest complete one), ``None`` (a new run) when it is absent or
-    empty. A folder that holds a run but no complete checkpoint is refused in one line: there is nothing to go on
-    from, and a new run never lands on another."""
+    checkpoints, even mid-save, goes on from its newest complete one), ``None`` (a new run) when it is absent, empty
+    or holds a run killed before its first checkpoint. Another folder that holds a run but no complete checkpoint is
+    refused in one line: there is nothing to go on from, and a new run never lands on another."""
     output_dir = Path(output_dir)
     if latest_checkpoint(output_dir) is not None:
         return "latest"
-    if not output_dir.exists() or (output_dir.is_dir() and all(p.name == LOCK for p in output_dir.iterdir())):
+    try:
+        check_new_run(output_dir)
         return None
+    except RunFolderError as error:
+        if not output_dir.is_dir() or killed_attempt(output_dir) is not None:
+            raise RunFolderError(f"--resume auto: {error}") from None
     what = "holds a run that wrote no complete checkpoint (it stopped before its first)" if holds_run(output_dir) \
         else "is not empty and holds no gan_accel checkpoint"
     raise RunFolderError(f"--resume auto: {output_dir} {what}, so there is nothing to continue and no new run may "
                          "start there; move it away or choose another --output-dir (gan-accel never deletes a run)")
+
+
+def restart_killed(output_dir: Path, holder: dict[str, Any] | None, resume_from: Any) -> str | None:
+    """Main process, under the lock: when ``output_dir`` holds a run killed before its first checkpoint, replace
+    what it wrote and log it (a checkpoint to fork from is checked first); the line to print, or None."""
+    if holder is None:
+        return None
+    if resume_from not in (None, AUTO):
+        resolve_resume(resume_from, output_dir)  # refused before anything is removed
+    removed = clear_killed_attempt(output_dir, holder)
+    if not removed:
+        return None
+    log_event(output_dir, "restart", killed=holder, removed=removed)
+    return (f"{output_dir} held a run killed before its first checkpoint (pid {holder.get('pid')} on "
+            f"{holder.get('host')}, since {holder.get('since')}): it starts again there, replacing what that run wrote "
+            f"({name_some(removed, 4)}); {HISTORY} keeps its record")
 
 
 def main_decides(accelerator: Any, decide: Any) -> Any:
@@ -132,7 +160,7 @@ def start_run(output_dir: Path, config: TrainConfig) -> str:
 def choose_checkpoint(resume_from: Any, config: TrainConfig) -> ResumeTarget:
     """Every process: :func:`resume_target`, and a config that differs in a field a run cannot change refused."""
     target = resume_target(resume_from, config.output_dir)
-    marker = read_marker(target.path)
+    marker = read_marker(target.path, strict=True)
     if "config" in marker:  # refuse a changed batch size or loss before loading anything
         refuse_fixed_changes(target.path, marker["config"], config.to_dict())
     return target

@@ -149,13 +149,12 @@ class GANTrainer:
     def fit(self, resume_from: str | Path | None = None, stop_at_step: int | None = None) -> dict[str, float]:
         """Train until ``config.max_steps`` steps; returns the last logged metrics.
 
-        A new run needs an absent or empty ``output_dir``. ``resume_from``: ``"latest"`` continues the run in
-        ``output_dir`` exactly where it was saved (same batches, same noise, same metrics); ``"auto"`` does that when
-        ``output_dir`` holds a complete checkpoint and starts a new run when it is absent or empty (a requeue); any
-        other checkpoint folder starts a new run from it (a fork) in an absent or empty ``output_dir``.
+        A new run needs an absent or empty ``output_dir``, or one whose run was killed before its first checkpoint.
+        ``resume_from``: ``"latest"`` continues the run in ``output_dir`` exactly where it was saved (same batches,
+        noise and metrics); ``"auto"`` does that when ``output_dir`` holds a complete checkpoint, else starts a new
+        run there (a requeue); any other checkpoint starts a new run from it (a fork) where a new run may start.
         ``stop_at_step``: checkpoint and return early at that step (the schedules still run to ``max_steps``); a later
-        ``fit()`` of the same trainer continues. SIGINT/SIGTERM: the current step finishes, a
-        checkpoint is written, then :class:`TrainingInterrupted` is raised.
+        ``fit()`` continues. SIGINT/SIGTERM: the step finishes, a checkpoint is written, :class:`TrainingInterrupted`.
         """
         cfg, acc, control = self.config, self.accelerator, self.control
         target = cfg.max_steps if stop_at_step is None else min(stop_at_step, cfg.max_steps)
@@ -197,6 +196,7 @@ class GANTrainer:
                 self.callbacks.fire("on_close")
             except Exception as close_error:  # never hide the error that stopped the run
                 acc.print(f"gan_accel: while closing after an error: {close_error}")
+            self.lock.release(error)  # a run that did not end as planned leaves its record: it can start again
             raise
         finally:
             self.lock.release()
@@ -313,6 +313,6 @@ class GANTrainer:
         return generate_samples(self.sampling_generator(), latents, self.accelerator,
                                 labels if self.conditioning.conditional else None)
 
-    def checkpoint_note(self) -> str:
-        """Where the run can be resumed from, for error messages."""
-        return resume_note(self.state.last_checkpoint)
+    def checkpoint_note(self, crashed: bool = False) -> str:
+        """Where the run can be resumed from, for error messages (``crashed``: the run did not end as planned)."""
+        return resume_note(self.state.last_checkpoint, crashed)

@@ -8,11 +8,13 @@ scores, the training settings and a usage snippet that runs as written (tests/te
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..ending import printable
+from ..errors import ConfigError
 from ..storage.layout import EXPORT_SAMPLES
 
 TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), ("grad_accum_steps", "grad accum"),
@@ -25,6 +27,15 @@ HUB_DATA = "Hugging Face dataset "  # how the data record names a Hub dataset (g
 # The scores a model-index lists, with their names on the Hub; a Frechet distance is an FID in Inception
 # features only, so "fd" keeps its own name beside the feature space it was measured in.
 INDEXED = {"fid": "FID", "fd": "Frechet distance", "kid": "KID", "precision": "precision", "recall": "recall"}
+LICENSE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+-]{0,63}")  # the Hub's ids: apache-2.0, cc-by-nc-sa-4.0, other
+
+
+def check_license(license: str | None) -> None:
+    """Refuse, in one line, a license that is not an id: it goes into the card's YAML, where a newline or a colon
+    would add metadata of its own (or break the block the Hub reads)."""
+    if license is not None and not LICENSE_ID.fullmatch(license):
+        raise ConfigError(f"--license '{printable(license)}' is not a license id: write the Hub's id (letters, digits, "
+                          "'.', '-', '+': apache-2.0, mit, cc-by-4.0, other)")
 
 
 def hub_dataset(config: dict[str, Any]) -> str | None:
@@ -168,6 +179,7 @@ def _section(title: str, build: Callable[..., list[str]], *args: Any) -> list[st
 
 def model_card(config: dict[str, Any], where: str, parameters: int, license: str | None = None) -> ModelCard:
     """The ``README.md`` of a saved G (see the module docstring); ``where`` is what the snippet loads."""
+    check_license(license)
     lines = [title(config), "",
              f"A GAN generator trained with gan_accel {printable(str(config.get('gan_accel_version', '')))}.", "",
              f"![samples]({EXPORT_SAMPLES})", "",

@@ -14,6 +14,7 @@ from ..storage.checkpoint import is_complete
 from ..storage.files import write_new_folder
 from ..storage.layout import checkpoint_run_folder
 from ..storage.weights import scores_of
+from .card import check_license
 from .pretrained import load_generator
 
 __all__ = ["ExportError", "export_generator"]
@@ -27,6 +28,7 @@ def export_generator(source: str | os.PathLike, out_dir: str | os.PathLike, *, e
     ``repo_id``: what the card's snippet loads (default: the folder's name, as loaded from beside it; never a
     path of this machine). Returns ``out_dir``.
     """
+    check_license(license)
     source, out = Path(source), Path(out_dir)
     G = load_generator(source, ema=ema)
     run = checkpoint_run_folder(source) if is_complete(source) else source

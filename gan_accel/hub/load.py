@@ -47,6 +47,10 @@ def read_generator(source: str | os.PathLike, *, ema: bool = True, revision: str
 
     ``G.info`` and ``G.class_names`` say what it is (:func:`gan_accel.load_generator`).
     """
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"load_generator takes a folder's path or a Hub repo id (str or os.PathLike), not "
+                        f"{type(source).__name__}")
+    device = _usable_device(device)
     path = Path(source)
     if is_complete(path):
         G = _from_checkpoint(path, ema)
@@ -64,6 +68,21 @@ def read_generator(source: str | os.PathLike, *, ema: bool = True, revision: str
         raise ExportError(f"{source} does not exist: pass an exported folder, a Hub repo id (user/name), a run "
                           "folder or a checkpoint folder")
     return G
+
+
+def _usable_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` checked before any file is read: a CUDA device this machine lacks is one line, not torch's."""
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigError(f"device={device!r} is not a device torch knows ({first_line(error)}): pass 'cpu', 'cuda' "
+                          "or 'cuda:N'") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"device={str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                          "pass device='cpu' or one that exists")
+    return device
 
 
 def read_export_config(folder: str | os.PathLike) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from accelerate import Accelerator
@@ -39,12 +39,18 @@ SHARED_STATE = "shared: saved by the main process"  # a callback state that only
 ENGINE_STATE_KEYS = ("step", "callbacks", "config")  # what every reader of an engine state relies on
 
 
-def read_marker(path: Path) -> dict[str, Any]:
-    """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object."""
+def read_marker(path: Path, strict: bool = False) -> dict[str, Any]:
+    """What ``COMPLETE`` records (step, processes, run id, config, files); {} for a marker that is not a JSON object
+    (an empty one: written by an early version). ``strict`` (a resume): a marker that is not empty and not a JSON
+    object raises :class:`CheckpointError` naming it, instead of resuming without its checks."""
     try:
         marker = read_json(path / COMPLETE) if os.path.getsize(path / COMPLETE) else {}
-    except (OSError, ValueError, UnsafeFileError):  # a FIFO, a device or a huge file there is no marker either
-        return {}
+    except (OSError, ValueError, UnsafeFileError) as error:  # a FIFO, a device or a huge file is no marker either
+        marker = error
+    if strict and not isinstance(marker, dict):
+        why = "not a JSON object" if not isinstance(marker, BaseException) else first_line(marker)
+        raise CheckpointError(f"{path / COMPLETE} is damaged ({why}): the checkpoint cannot be checked before it is "
+                              f"loaded; resume from another checkpoint of the run ({_others(path)})")
     return marker if isinstance(marker, dict) else {}
 
 
@@ -94,10 +100,12 @@ def resolve_resume(resume: str | os.PathLike, output_dir: str | os.PathLike) -> 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int,
                     engine_state: dict[str, Any], keep_last: int, marker: dict[str, Any] | None = None,
-                    keep_also: Iterable[str | os.PathLike] = ()) -> Path:
+                    keep_also: Iterable[str | os.PathLike] = (),
+                    published: Callable[[Path], None] | None = None) -> Path:
     """Collective: call on every rank. Returns the final folder. Keeps this run's newest ``keep_last`` checkpoints
     and those in ``keep_also`` (the best one). A write failure on any process raises :class:`RunFolderError` on
-    every process, naming the path and the reason."""
+    every process, naming the path and the reason. ``published(final)`` is called on the main process the moment
+    the checkpoint is complete (the agreement after it may still fail, when another process is lost)."""
     root = checkpoint_root(output_dir)
     final = root / checkpoint_name(step)
     tmp = root / f"{TMP_PREFIX}{final.name}"
@@ -122,6 +130,8 @@ def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, ste
             meta = {"step": step, "num_processes": accelerator.num_processes, **(marker or {}), "files": _files_in(tmp)}
             _write_synced(tmp / COMPLETE, json.dumps(meta))
             os.replace(tmp, final)
+            if published is not None:
+                published(final)
             _fsync_dir(root)
             protected = {Path(p).name for p in keep_also}
             for old in [p for p in list_checkpoints(output_dir) if written_by(p, run_id)][:-keep_last]:

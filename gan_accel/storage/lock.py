@@ -1,7 +1,9 @@
 """One writer per run folder: ``fcntl.flock`` on ``<run>/.lock``, held by the main process for the run's life.
 
 The kernel releases it however the holder exits (crash, SIGKILL), so a dead process's lock is never obeyed.
-The file records the holder (host, pid, start time) for the message a second run gets. It is opened without
+The file records the holder (host, pid, start time) for the message a second run gets; a holder that lets go
+empties it, unless its run crashed (then ``ended`` says how): a record left there names a run that did not end
+as planned. It is opened without
 following a link: a ``.lock`` that is a link (or a FIFO, a device) is refused in one line, never truncated.
 """
 
@@ -13,9 +15,10 @@ import socket
 import time
 from pathlib import Path
 
-from ..errors import RunFolderError
-from .files import open_kept_file, write_failure_reason
+from ..errors import GanAccelError, RunFolderError
+from .files import open_kept_file, process_alive, write_failure_reason
 from .layout import LOCK
+from .reading import read_text
 
 try:
     import fcntl
@@ -29,6 +32,7 @@ class RunLock:
     def __init__(self, folder: str | os.PathLike) -> None:
         self.path = Path(folder) / LOCK
         self._fd: int | None = None
+        self.previous: dict | None = None  # the record a holder left that ended without letting go (killed)
 
     @property
     def held(self) -> bool:
@@ -52,18 +56,26 @@ class RunLock:
                 raise RunFolderError(
                     f"run folder {self.path.parent} is in use by another run ({holder}): one run writes to a folder "
                     "at a time; wait for it to finish, stop it, or choose another output_dir") from None
+        self.previous = _record(os.pread(fd, 4096, 0))  # the lock is ours: a holder named there is gone
         info = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
 
-    def release(self) -> None:
-        """Release the lock (the file stays: removing it could race with a run taking it)."""
+    def release(self, error: BaseException | None = None) -> None:
+        """Release the lock (the file stays: removing it could race with a run taking it). ``error``: what ended the
+        run; one that is not an expected gan_accel error (a crash, a lost process, a second Ctrl-C) leaves the record
+        with ``ended``, so the run counts as killed (:mod:`gan_accel.storage.restart`)."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
+        ended = None if error is None or isinstance(error, GanAccelError) else type(error).__name__
         try:
-            os.ftruncate(fd, 0)
+            mine = _record(os.pread(fd, 4096, 0))
+            record = {**mine, "ended": ended} if ended and mine else self.previous  # a killed holder's record stays
+            os.ftruncate(fd, 0)  # until a run takes over the folder (it sets ``previous`` to None)
+            if record:
+                os.pwrite(fd, json.dumps(record).encode(), 0)
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
@@ -75,11 +87,33 @@ class RunLock:
         self.release()
 
 
+def _record(data: bytes) -> dict | None:
+    try:
+        info = json.loads(data.decode() or "null")
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) and info else None
+
+
 def _read_holder(fd: int) -> str:
     try:
-        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
-        info = {}
+        info = _record(os.pread(fd, 4096, 0))
+    except OSError:
+        info = None
     if not info:
         return "holder unknown"
     return f"pid {info.get('pid')} on {info.get('host')}, since {info.get('since')}"
+
+
+def recorded_holder(folder: str | os.PathLike) -> dict | None:
+    """Who ``<folder>/.lock`` names as its holder, read only (taking even a shared lock could turn a starting run
+    away), with ``alive``: whether that process runs, None when it is on another host (it cannot be checked)."""
+    try:
+        holder = _record(read_text(Path(folder) / LOCK).encode())
+    except (OSError, ValueError, GanAccelError):  # absent, unreadable, a FIFO or a huge file: no holder to name
+        return None
+    if holder is not None:
+        pid = holder.get("pid")
+        holder["alive"] = False if holder.get("ended") else (isinstance(pid, int) and pid > 0 and process_alive(pid)) \
+            if holder.get("host") == socket.gethostname() else None
+    return holder

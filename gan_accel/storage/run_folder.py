@@ -1,10 +1,11 @@
 """The run folder: one run per folder, and it only moves forward.
 
-A new run starts only in an absent or empty folder (:func:`check_new_run`); ``resume_from="latest"`` continues
-it there; any other checkpoint forks into a new folder. A run deletes only its own pruned checkpoints and sample
-grids; ``history.jsonl`` (one dated line per start, resume and fork) is only appended. A run is refused inside
-another run's ``checkpoints/`` or ``trackers/`` (:func:`output_dir_refusal`). Only the main process writes.
-"""
+A new run starts only in an absent or empty folder (:func:`check_new_run`), or in one whose run was killed before
+its first checkpoint (:mod:`gan_accel.storage.restart`); ``resume_from="latest"`` continues it there; any other
+checkpoint forks into a new folder. A run deletes only its own pruned checkpoints and sample grids, and what a run
+killed before its first checkpoint wrote; ``history.jsonl`` (one dated line per start, resume and fork) is only
+appended. A run is refused inside another run's ``checkpoints/`` or ``trackers/`` (:func:`output_dir_refusal`).
+Only the main process writes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..errors import RunFolderError
 from .files import atomic_path
 from .layout import (CHECKPOINTS, CONFIG, FIXED_LABELS, FIXED_NOISE, GENERATOR, HISTORY, LOCK, METRICS, TRACKERS,
                      append_line, checkpoint_root, read_json_lines)
+from .restart import KEPT, killed_attempt, killed_refusal
 from .safe_tree import load_tree, save_tree
 
 CONTINUE_OR_MOVE = ("continue it with `--resume latest`, or choose another `--output-dir` "
@@ -24,14 +26,20 @@ CONTINUE_OR_MOVE = ("continue it with `--resume latest`, or choose another `--ou
 
 
 def check_new_run(path: str | os.PathLike) -> None:
-    """Refuse, in one line, to start a new run in ``path`` unless it is absent or empty (a ``.lock`` alone
-    counts as empty: a run stopped before writing anything)."""
+    """Refuse, in one line, to start a new run in ``path`` unless it is absent or empty (a ``.lock`` and a
+    ``history.jsonl`` alone count as empty: a run stopped before writing anything else), or holds a run killed
+    before its first checkpoint, which the same command starts again (:mod:`gan_accel.storage.restart`)."""
     path = Path(path)
     if path.exists() and not path.is_dir():  # a file, a FIFO, a device: no run, and no folder for one either
         raise RunFolderError(f"{path} is a file, not a folder: name a folder for the run's output (absent or empty), "
                              "e.g. beside it")
-    if path.exists() and any(p.name != LOCK for p in path.iterdir()):
-        raise RunFolderError(f"{path} holds a run: {CONTINUE_OR_MOVE}")
+    if path.exists() and any(p.name not in KEPT for p in path.iterdir()):
+        holder = killed_attempt(path)
+        if holder is None:
+            raise RunFolderError(f"{path} holds a run: {CONTINUE_OR_MOVE}")
+        refusal = killed_refusal(path, holder)
+        if refusal is not None:
+            raise RunFolderError(refusal)
 
 
 def log_event(path: str | os.PathLike, event: str, **fields: Any) -> None:
