@@ -251,14 +251,18 @@ def test_an_odd_generator_config_is_one_line(run, tmp_path, capsys):
     assert "is not a regular file" in line, line
 
 
-def test_a_garbage_complete_marker_is_an_old_empty_one(run):
-    """COMPLETE is JSON written by gan_accel; garbage or a non-object there counts as an old marker (no keys)."""
+def test_a_garbage_complete_marker_is_named_as_damaged_before_a_resume_loads_anything(run):
+    """COMPLETE is JSON written by gan_accel: garbage or a non-object there has no keys to read, and a resume names
+    the marker as damaged instead of going on without its checks; an empty marker (an old run's) still resumes."""
     from gan_accel.storage.checkpoint import read_marker
 
     checkpoint = run / "checkpoints" / CK2
     for text in ("[1]", "{oops", '"text"', "null"):
         (checkpoint / "COMPLETE").write_text(text)
         assert read_marker(checkpoint) == {}
+        with pytest.raises(CheckpointError, match="COMPLETE is damaged"):
+            train(run, steps=2, resume_from="latest")
+    (checkpoint / "COMPLETE").write_text("")
     train(run, steps=2, resume_from="latest")
 
 

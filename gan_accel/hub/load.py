@@ -50,7 +50,6 @@ def read_generator(source: str | os.PathLike, *, ema: bool = True, revision: str
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load_generator takes a folder's path or a Hub repo id (str or os.PathLike), not "
                         f"{type(source).__name__}")
-    device = _usable_device(device)
     path = Path(source)
     if is_complete(path):
         G = _from_checkpoint(path, ema)
@@ -70,7 +69,7 @@ def read_generator(source: str | os.PathLike, *, ema: bool = True, revision: str
     return G
 
 
-def _usable_device(device: str | torch.device | None) -> torch.device | None:
+def usable_device(device: str | torch.device | None) -> torch.device | None:
     """``device`` checked before any file is read: a CUDA device this machine lacks is one line, not torch's."""
     if device is None:
         return None

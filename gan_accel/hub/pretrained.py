@@ -23,7 +23,7 @@ from ..pictures.grids import png_grid
 from ..storage.layout import EXPORT_SAMPLES
 from ..storage.weights import save_generator
 from .card import model_card
-from .load import hub_failure, read_generator
+from .load import hub_failure, read_generator, usable_device
 
 GRID_ROWS = 16  # classes shown in a conditional G's sample grid
 PER_CLASS = 8
@@ -100,6 +100,7 @@ def load_generator(source: str | os.PathLike, *, ema: bool = True, device: str |
     ``has_ema``; ``training``: the run's config; ``class_names``, ``data``, ``scores``); ``G.class_names``
     the class names of a conditional G (None otherwise); ``G.z_dim`` the latent size.
     """
+    device = usable_device(device)  # before any file is read
     G = read_generator(source, ema=ema, revision=revision, token=token)
     G.__class__ = _hub_class(type(G))  # the same object, weights and state dict keys: only methods are added
     return G.to(device) if device is not None else G
