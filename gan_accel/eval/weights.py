@@ -27,7 +27,7 @@ import torch
 from ..errors import GanAccelError
 
 FETCH_TIMEOUT = 30.0  # seconds: the longest wait for a connection or for any bytes of the download
-FETCH_LIMIT = 1800.0  # seconds: the whole download (91 MB at 50 kB/s); a server that trickles ends then
+FETCH_LIMIT = 1800.0  # seconds: a whole download by default (91 MB at 50 kB/s); a server that trickles ends then
 PathLike = Union[str, os.PathLike]
 _VERIFIED: set[tuple] = set()  # (path, device, inode, size, mtime, hash) hashed this process
 
@@ -40,8 +40,8 @@ class WeightsUnavailable(GanAccelError, RuntimeError):
 class WeightsFile:
     """One published weights file. ``name`` is how messages call it ("Inception"); ``sha256`` is its whole
     SHA-256, or the leading hex digits that are all its publisher gives (torch hub checks no more either);
-    ``env`` names the variable that points at a local copy; ``size`` what the download costs; ``error`` the
-    :class:`WeightsUnavailable` subclass raised when it cannot be had."""
+    ``env`` names the variable that points at a local copy; ``size`` what the download costs, ``limit`` the most
+    seconds it may take; ``error`` the :class:`WeightsUnavailable` subclass raised when it cannot be had."""
 
     name: str
     file: str
@@ -50,6 +50,7 @@ class WeightsFile:
     env: str
     size: str
     error: type[WeightsUnavailable] = WeightsUnavailable
+    limit: float = FETCH_LIMIT
 
     @property
     def cache_path(self) -> Path:
@@ -120,7 +121,7 @@ class WeightsFile:
         The bytes go to a temporary file beside ``dest``, renamed to ``dest`` only once their SHA-256 starts with
         ``sha256_prefix`` (default: torch hub's convention, the hex digits after the last ``-`` of ``dest``'s name),
         so a partial or wrong file is never kept. ``timeout`` bounds each wait for the server (default
-        :data:`FETCH_TIMEOUT`), ``limit`` the whole download (:data:`FETCH_LIMIT`). The bar shows on the local main
+        :data:`FETCH_TIMEOUT`), ``limit`` the whole download (default: the file's). The bar shows on the local main
         process only (``progress=None``). Any failure is one line naming the file, where to put it by hand and
         the variable.
         """
@@ -129,7 +130,7 @@ class WeightsFile:
         dest = Path(dest)
         url = url or self.url
         timeout = FETCH_TIMEOUT if timeout is None else timeout
-        limit = FETCH_LIMIT if limit is None else limit
+        limit = self.limit if limit is None else limit
         progress = os.environ.get("LOCAL_RANK", "0") == "0" if progress is None else progress
         named = re.fullmatch(r".*-([0-9a-f]{8,})\.\w+", dest.name)
         expected = sha256_prefix or (named.group(1) if named else None)
