@@ -10,7 +10,7 @@ import torch
 
 from gan_accel.data import open_image_data
 from gan_accel.eval import frechet_distance_from_features, precision_recall
-from gan_accel.eval.random_features import RandomConvFeatures
+from gan_accel.eval.random_features import NAME, RandomConvFeatures
 from gan_accel import load_generator
 from gan_accel.sampling import sample_images
 from test_train_cli import error_line, gan_accel, rgb_run, write_images  # noqa: F401  (rgb_run: a fixture)
@@ -46,7 +46,10 @@ def test_scores_against_a_folder_equal_an_independent_computation_and_reuse_the_
     assert "real features from the cache" not in out and first["real_images"] == 40 and first["samples"] == 40
     fd, precision, recall = independent_scores(run, photos, 40)
     assert first["fd"] == pytest.approx(fd, rel=1e-4)
-    assert (first["precision"], first["recall"]) == pytest.approx((precision, recall))
+    # without VGG-16's weights precision and recall are in the same features, and every place says so
+    assert (first[f"precision_{NAME}"], first[f"recall_{NAME}"]) == pytest.approx((precision, recall))
+    assert first["pr_features"] == NAME and f"k = 3, in {NAME} features" in out
+    assert f"precision and recall in {NAME} features, not VGG-16 fc2" in out
     cached = list((tmp_path / "cache" / "features").glob("*.safetensors"))
     assert len(cached) == 1
 
