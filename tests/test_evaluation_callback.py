@@ -49,7 +49,8 @@ class ExpectedFD(Callback):
         self.values[trainer.step] = frechet_distance_from_features(flatten(fake), self.reference)
 
 
-@pytest.mark.parametrize("features, key, pr", [(None, "eval/fd", ""), (INCEPTION_NAME, "eval/fid", f"_{INCEPTION_NAME}")])
+@pytest.mark.parametrize("features, key, pr", [(None, "eval/fd", ""),
+                                               (INCEPTION_NAME, "eval/fid", f"_{INCEPTION_NAME}")])
 def test_logged_scores_equal_an_independent_computation(tmp_path, features, key, pr):
     """The Frechet distance is logged as eval/fid when the features are named Inception's, else eval/fd;
     precision and recall carry the name of a named feature space."""

@@ -127,8 +127,7 @@ class WeightsFile:
         """
         from ..storage.files import atomic_path, first_line
 
-        dest = Path(dest)
-        url = url or self.url
+        dest, url = Path(dest), url or self.url
         timeout = FETCH_TIMEOUT if timeout is None else timeout
         limit = self.limit if limit is None else limit
         progress = os.environ.get("LOCAL_RANK", "0") == "0" if progress is None else progress

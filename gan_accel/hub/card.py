@@ -2,8 +2,9 @@
 
 Its metadata is ``huggingface_hub``'s ``ModelCardData`` (``library_name``, ``tags``, ``pipeline_tag`` for an
 unconditional G, ``license`` when given, ``datasets`` when the data came from the Hub, and a ``model-index``
-with the scores of the saved weights, each with its feature space as ``config``); then the sample grid, the model, the data, the
-scores, the training settings and a usage snippet that runs as written (tests/test_export.py runs it).
+with the scores of the saved weights, each with its feature space as ``config``); then the sample grid, the
+model, the data, the scores, the training settings and a usage snippet that runs as written (tests/test_export.py
+runs it).
 """
 
 from __future__ import annotations
