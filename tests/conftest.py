@@ -60,6 +60,16 @@ def offline_digits_made_once():
 
 
 @pytest.fixture(autouse=True)
+def no_downloaded_weights(monkeypatch, tmp_path_factory):
+    """An empty torch hub cache and no weights variables: a machine whose cache holds torchvision's VGG-16 or
+    Inception's weights must score the tests' runs as a machine without them does (tests that want weights put
+    stand-ins there)."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path_factory.getbasetemp() / "torch_home"))
+    for var in ("GAN_ACCEL_INCEPTION_WEIGHTS", "GAN_ACCEL_VGG16_WEIGHTS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     reset_accelerate_state()
     yield

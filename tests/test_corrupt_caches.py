@@ -10,13 +10,16 @@ import os
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 import gan_accel.eval.inception as inception
+import gan_accel.eval.weights as weights
 from gan_accel.eval.inception import WEIGHTS_ENV, WEIGHTS_FILE, InceptionUnavailable, inception_extractor
+from gan_accel.eval.weights import WeightsFile
 from gan_accel.eval.mnist import ClassifierCacheError, MnistClassifier, load_or_train_classifier
 
 GOOD = bytes(range(256)) * 64  # the stand-in for the real weights: the cache is held to its hash
@@ -73,8 +76,8 @@ def hub(monkeypatch, tmp_path) -> Path:
     """torch hub's cache under tmp_path, no weights variable, no network, the stand-in's hash as the right one."""
     monkeypatch.delenv(WEIGHTS_ENV, raising=False)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.setattr(inception, "WEIGHTS_SHA256", hashlib.sha256(GOOD).hexdigest())
-    monkeypatch.setattr(inception, "fetch_weights", lambda *a, **k: pytest.fail("downloaded over the cache"))
+    monkeypatch.setattr(inception, "WEIGHTS", replace(inception.WEIGHTS, sha256=hashlib.sha256(GOOD).hexdigest()))
+    monkeypatch.setattr(WeightsFile, "fetch", lambda *a, **k: pytest.fail("downloaded over the cache"))
     folder = Path(torch.hub.get_dir()) / "checkpoints"
     folder.mkdir(parents=True)
     return folder
@@ -105,7 +108,7 @@ def test_a_good_cache_is_hashed_once_and_a_change_is_noticed(hub, monkeypatch):
 
     original = reading.file_sha256
     monkeypatch.setattr(reading, "file_sha256", lambda path, *a: hashed.append(str(path)) or original(path, *a))
-    inception._VERIFIED.clear()
+    weights._VERIFIED.clear()
     for _ in range(3):
         inception_extractor(_backend=stand_in)
     assert hashed == [str(cached)]

@@ -134,6 +134,9 @@ def check_evaluation(runs: Path, namespace: dict) -> None:
     best = json.loads((runs / "eval" / "best.json").read_text())
     assert (runs / "eval" / best["checkpoint"]).is_dir()
     assert "eval/fd" in rows(runs / "eval" / "metrics.jsonl")[-1] and "eval/fd" in namespace["metrics"]
+    # precision and recall measured in VGG-16 features, under names that say so; where the weights go
+    assert {"precision_vgg16-fc2", "recall_vgg16-fc2", "fd", "kid"} <= set(namespace["scores"])
+    assert namespace["WEIGHTS"].cache_path.name == "vgg16-397923af.pth"
 
 
 def check_health_and_trackers(runs: Path, namespace: dict) -> None:

@@ -10,10 +10,12 @@ import torch
 
 from gan_accel.data import open_image_data
 from gan_accel.eval import frechet_distance_from_features, precision_recall
-from gan_accel.eval.random_features import RandomConvFeatures
+from gan_accel.eval.random_features import NAME, RandomConvFeatures
 from gan_accel import load_generator
 from gan_accel.sampling import sample_images
+from gan_accel.eval.vgg import VGG_NAME
 from test_train_cli import error_line, gan_accel, rgb_run, write_images  # noqa: F401  (rgb_run: a fixture)
+from test_vgg import hub, stand_in  # noqa: F401  (fixtures: stand-in VGG-16 weights in torch hub's cache)
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +48,10 @@ def test_scores_against_a_folder_equal_an_independent_computation_and_reuse_the_
     assert "real features from the cache" not in out and first["real_images"] == 40 and first["samples"] == 40
     fd, precision, recall = independent_scores(run, photos, 40)
     assert first["fd"] == pytest.approx(fd, rel=1e-4)
-    assert (first["precision"], first["recall"]) == pytest.approx((precision, recall))
+    # without VGG-16's weights precision and recall are in the same features, and every place says so
+    assert (first[f"precision_{NAME}"], first[f"recall_{NAME}"]) == pytest.approx((precision, recall))
+    assert first["pr_features"] == NAME and f"k = 3, in {NAME} features" in out
+    assert f"precision and recall in {NAME} features, not VGG-16 fc2" in out
     cached = list((tmp_path / "cache" / "features").glob("*.safetensors"))
     assert len(cached) == 1
 
@@ -59,6 +64,25 @@ def test_scores_against_a_folder_equal_an_independent_computation_and_reuse_the_
     code, out, _ = gan_accel([*argv, "--out", tmp_path / "third.json"], capsys)
     assert code == 0 and "real features from the cache" not in out
     assert json.loads((tmp_path / "third.json").read_text())["fd"] == pytest.approx(first["fd"], rel=1e-6)
+
+
+def test_with_vgg_weights_precision_and_recall_are_in_its_features_and_say_so(rgb_run, hub, stand_in, tmp_path,
+                                                                             monkeypatch, capsys):
+    """The stand-in VGG-16 weights in the cache (32-px input: this is about the wiring): the printed line, the JSON
+    and the names say vgg16-fc2; the distance stays in the random network's features."""
+    import gan_accel.eval.vgg as vgg
+
+    monkeypatch.setattr(vgg.VGG16Features, "size", 32)
+    hub.parent.mkdir(parents=True)
+    hub.write_bytes(stand_in[0].read_bytes())
+    root, run = rgb_run
+    code, out, err = gan_accel(["eval", run, "--data", root / "photos", "--features", "random", "--num", 8, "--out",
+                                tmp_path / "scores.json"], capsys)
+    assert code == 0, err[-2000:]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["features"] == NAME and scores["pr_features"] == VGG_NAME and "fd" in scores
+    assert {f"precision_{VGG_NAME}", f"recall_{VGG_NAME}"} <= set(scores) and "precision" not in scores
+    assert f"k = 3, in {VGG_NAME} features" in out and "not VGG-16" not in out
 
 
 def test_a_changed_folder_is_not_scored_with_old_features(rgb_run, tmp_path, capsys):

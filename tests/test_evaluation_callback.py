@@ -49,9 +49,11 @@ class ExpectedFD(Callback):
         self.values[trainer.step] = frechet_distance_from_features(flatten(fake), self.reference)
 
 
-@pytest.mark.parametrize("features, key", [(None, "eval/fd"), (INCEPTION_NAME, "eval/fid")])
-def test_logged_scores_equal_an_independent_computation(tmp_path, features, key):
-    """The Frechet distance is logged as eval/fid when the features are named Inception's, else eval/fd."""
+@pytest.mark.parametrize("features, key, pr", [(None, "eval/fd", ""),
+                                               (INCEPTION_NAME, "eval/fid", f"_{INCEPTION_NAME}")])
+def test_logged_scores_equal_an_independent_computation(tmp_path, features, key, pr):
+    """The Frechet distance is logged as eval/fid when the features are named Inception's, else eval/fd;
+    precision and recall carry the name of a named feature space."""
     G, D = make_models(dtype=torch.float32)
     images = make_images(64, dtype=torch.float32)
     reference = flatten(images)
@@ -63,10 +65,39 @@ def test_logged_scores_equal_an_independent_computation(tmp_path, features, key)
     assert [r["eval/step"] for r in rows] == [2, 4, 6]
     for row in rows:
         assert row[key] == pytest.approx(expected.values[row["step"]], rel=1e-6)
-        assert {"eval/kid", "eval/kid_std", "eval/precision", "eval/recall"} <= set(row)
+        assert {"eval/kid", "eval/kid_std", f"eval/precision{pr}", f"eval/recall{pr}"} <= set(row)
         assert ({"eval/fd", "eval/fid"} - {key}).isdisjoint(row), "one name for the one distance"
     assert len({r[key] for r in rows}) == 3  # G moved between evaluations
     assert not (tmp_path / "run" / "best.json").exists()
+
+
+def pooled(images: torch.Tensor) -> torch.Tensor:  # a second feature space, standing in for VGG-16 fc2
+    return torch.nn.functional.avg_pool2d(images, 2).flatten(1)
+
+
+def test_precision_and_recall_in_their_own_features_name_them(tmp_path):
+    """With pr_extractor, precision and recall are those of the same samples in that space (as precision_recall
+    computes them by hand), logged under names that say it; metric="precision" picks the best by them."""
+    from gan_accel.eval import VGG_NAME, precision_recall
+
+    G, D = make_models(dtype=torch.float32)
+    images = make_images(64, dtype=torch.float32)
+    seen: list[torch.Tensor] = []
+    evaluator = Evaluator(flatten, flatten(images), every=3, num_samples=40, seed=7, metric="precision",
+                          pr_extractor=lambda x: seen.append(x) or pooled(x), pr_reference=pooled(images),
+                          pr_features=VGG_NAME)
+    assert evaluator.metric == f"precision_{VGG_NAME}"
+    trainer = GANTrainer(G, D, make_loader(images, 4), config_for(tmp_path), callbacks=[evaluator])
+    trainer.fit()
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval/step" in r]
+    assert len(rows) == 2 and not {"eval/precision", "eval/recall"} & set(rows[-1])
+    samples = torch.cat(seen[-(len(seen) // 2):])  # the last evaluation's samples, as the extractor saw them
+    expected = precision_recall(pooled(samples), pooled(images))
+    assert (rows[-1][f"eval/precision_{VGG_NAME}"], rows[-1][f"eval/recall_{VGG_NAME}"]) == pytest.approx(expected)
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert best["metric"] == f"precision_{VGG_NAME}"
+    with pytest.raises(ValueError, match="pr_extractor and pr_reference come together"):
+        Evaluator(flatten, flatten(images), every=1, pr_extractor=pooled, pr_reference=pooled(images))
 
 
 def test_the_fid_is_a_metric_in_inception_features_only():

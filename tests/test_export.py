@@ -374,6 +374,13 @@ def test_the_card_indexes_the_saved_weights_scores_in_their_feature_space():
     config["scores"]["eval"] = {"fd": 7.0, "reference": "mnist"}  # a final evaluation in the MNIST classifier's
     (metric,) = front_matter(str(model_card(config, "x", 10)))["model-index"][0]["results"][0]["metrics"]
     assert metric == {"type": "fd", "name": "Frechet distance", "value": 7.0, "config": "mnist-classifier"}
+    # precision and recall measured in VGG-16 fc2 features say so, beside an FID in Inception's
+    config["scores"]["eval"] = {"fid": 20.0, "precision_vgg16-fc2": 0.5, "recall_vgg16-fc2": 0.25, "features": space,
+                                "pr_features": "vgg16-fc2"}
+    metrics = front_matter(str(model_card(config, "x", 10)))["model-index"][0]["results"][0]["metrics"]
+    assert metrics == [{"type": "fid", "name": "FID", "value": 20.0, "config": space},
+                       {"type": "precision", "name": "precision", "value": 0.5, "config": "vgg16-fc2"},
+                       {"type": "recall", "name": "recall", "value": 0.25, "config": "vgg16-fc2"}]
 
 
 def test_names_from_the_data_are_escaped_in_the_card(tmp_path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,8 @@ def test_weights_found_through_env_var_and_hub_cache(monkeypatch, no_weights_any
     cached = no_weights_anywhere / "checkpoints" / WEIGHTS_FILE
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"stand-in")
-    monkeypatch.setattr(inception, "WEIGHTS_SHA256", hashlib.sha256(b"stand-in").hexdigest())  # the cache's check
+    stand_in_hash = hashlib.sha256(b"stand-in").hexdigest()  # what the cache is held to
+    monkeypatch.setattr(inception, "WEIGHTS", replace(inception.WEIGHTS, sha256=stand_in_hash))
     inception_extractor(_backend=factory)
     monkeypatch.setenv(WEIGHTS_ENV, str(weights_file))
     inception_extractor(_backend=factory)

@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -19,11 +20,14 @@ import torch
 from torch import nn
 
 import gan_accel.eval.inception as inception
-from gan_accel.eval.inception import WEIGHTS_ENV, WEIGHTS_FILE, InceptionUnavailable, fetch_weights
+import gan_accel.eval.weights as weights
+from gan_accel.eval.inception import WEIGHTS, WEIGHTS_ENV, WEIGHTS_FILE, InceptionUnavailable
 from gan_accel.eval.random_features import INCEPTION_NAME, NAME, choose_features
+from gan_accel.eval.weights import WeightsFile
 
 PAYLOAD = bytes(range(256)) * 64 + b"stand-in weights"  # 16 KiB: several reads, one hash
 PREFIX = hashlib.sha256(PAYLOAD).hexdigest()[:8]
+fetch_weights = WEIGHTS.fetch
 
 
 @pytest.fixture(autouse=True)
@@ -191,19 +195,22 @@ def test_first_use_downloads_then_later_runs_read_the_cache(serve, monkeypatch, 
     assert str(cached).startswith(str(tmp_path))
     monkeypatch.setattr(inception, "_inception_class", lambda: StandIn)  # torch-fidelity "installed"
     monkeypatch.setattr(inception, "_torch_fidelity_backend", StandIn)
-    real_fetch = inception.fetch_weights
+    real_fetch = WeightsFile.fetch
     calls: list[str] = []
 
-    def fetch(dest, **kwargs):
+    def fetch(self, dest, **kwargs):
         calls.append(str(dest))
-        return real_fetch(dest, sha256_prefix=PREFIX, timeout=1, progress=False)
+        return real_fetch(self, dest, **{**kwargs, "progress": False})
 
-    monkeypatch.setattr(inception, "fetch_weights", fetch)
-    monkeypatch.setattr(inception, "WEIGHTS_SHA256", hashlib.sha256(PAYLOAD).hexdigest())  # what the cache is held to
+    def serve_from(url: str) -> None:  # the stand-in's hash is what the cache is held to
+        monkeypatch.setattr(inception, "WEIGHTS", replace(WEIGHTS, url=url, sha256=hashlib.sha256(PAYLOAD).hexdigest()))
+
+    monkeypatch.setattr(WeightsFile, "fetch", fetch)
+    monkeypatch.setattr(weights, "FETCH_TIMEOUT", 1.0)
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    monkeypatch.setattr(inception, "WEIGHTS_URL", f"http://127.0.0.1:{port}/{WEIGHTS_FILE}")
+    serve_from(f"http://127.0.0.1:{port}/{WEIGHTS_FILE}")
     logged: list[str] = []
     _, logits, space = choose_features("auto", "cpu", logged.append)
     assert space == NAME and logits is None and len(logged) == 1 and "\n" not in logged[0]
@@ -212,11 +219,11 @@ def test_first_use_downloads_then_later_runs_read_the_cache(serve, monkeypatch, 
         choose_features("inception", "cpu", logged.append)
     assert not cached.parent.exists() or cache_listing(cached) == []
 
-    monkeypatch.setattr(inception, "WEIGHTS_URL", serve(send(PAYLOAD)))
+    serve_from(serve(send(PAYLOAD)))
     net, logits, space = choose_features("auto", "cpu", logged.append)
     assert space == INCEPTION_NAME and logits is not None and net.net.weights == str(cached)
     assert cached.read_bytes() == PAYLOAD and len(logged) == 1  # no line when Inception loads
-    monkeypatch.setattr(inception, "WEIGHTS_URL", "http://127.0.0.1:9/unreachable")
+    serve_from("http://127.0.0.1:9/unreachable")
     calls.clear()
     net, _, space = choose_features("auto", "cpu", logged.append)
     assert space == INCEPTION_NAME and calls == [] and net.net.weights == str(cached)  # the cache, no network

@@ -7,8 +7,10 @@ scored against that set, and the report says so.
 
 With ``--data PATH`` (a folder, a ZIP or ``hf:NAME``), against those images: FID in Inception-v3
 features when torch-fidelity is installed (its weights, about 91 MB, are downloaded once into torch
-hub's cache), else a fixed random network's features (said in one line); the report names the feature
-space, and the real images' features are cached per dataset, resolution and feature space.
+hub's cache), else a fixed random network's features (said in one line); precision and recall in
+VGG-16 fc2 features, the published protocol's, where its weights are here (with Inception, downloaded
+once, about 528 MB), else in the same features as the rest (said in one line). The report names the
+feature spaces, and the real images' features are cached per dataset, resolution and feature space.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
     from ..eval import compute_features, score_features
     from ..eval.feature_cache import cached_features
     from ..eval.random_features import choose_features
-    from ..eval.scores import distance_name
+    from ..eval.scores import distance_name, pr_names
+    from ..eval.vgg import precision_recall_features
     from ..sampling import iter_samples
     from ..data.image_data import EVAL_IMAGES
 
@@ -120,21 +123,32 @@ def evaluate_on_data(G: nn.Module, source: str, num: int, features: str = "auto"
     if count < 4:  # precision and recall read each image's 3 nearest neighbours
         raise DataError(f"{source} has {count} readable image{'s' if count > 1 else ''}: scoring needs at least 4; "
                         "add images")
+    pr_extractor, pr_space = precision_recall_features(space, device, log)
 
-    def real_features() -> torch.Tensor:
-        return compute_features(extractor, (uint8_to_float(part) for part in data.real_images(count).split(250)))
+    def real_features(net: nn.Module) -> Callable[[], torch.Tensor]:
+        return lambda: compute_features(net, (uint8_to_float(part) for part in data.real_images(count).split(250)))
 
-    real, reused = cached_features(data.fingerprint, space, count, real_features)
-    fake = compute_features(extractor, (images for images, _ in iter_samples(G.to(device), num, seed=seed)))
-    scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0, features=space)
-    distance = distance_name(space)
+    def both(images: torch.Tensor) -> torch.Tensor:  # one pass over the samples for both feature spaces
+        return torch.cat([extractor(images), pr_extractor(images)], dim=1)
+
+    real, reused = cached_features(data.fingerprint, space, count, real_features(extractor))
+    samples = (images for images, _ in iter_samples(G.to(device), num, seed=seed))
+    fake = compute_features(extractor if pr_extractor is None else both, samples)
+    pr = {}
+    if pr_extractor is not None:
+        pr_real, pr_reused = cached_features(data.fingerprint, pr_space, count, real_features(pr_extractor))
+        fake, pr_fake = fake.split([real.shape[1], fake.shape[1] - real.shape[1]], dim=1)
+        pr, reused = dict(pr_fake=pr_fake, pr_real=pr_real, pr_features=pr_space), reused and pr_reused
+    scores = score_features(fake, real, kid_subset_size=min(1000, len(fake), len(real)), seed=0, features=space,
+                            **pr)
+    distance, (precision, recall) = distance_name(space), pr_names(pr_space)
     summary = "\n".join([
         f"evaluation against {source} ({len(fake)} samples vs {len(real)} real images at {resolution} px, in "
         f"{space} features{'; real features from the cache' if reused else ''})",
         f"  {'FID' if distance == 'fid' else 'Frechet distance'} ({distance}): {scores[distance]:.3f}",
         f"  KID: {scores['kid'] * 1000:.3f} +- {scores['kid_std'] * 1000:.3f} (x 1e-3)",
-        f"  precision {scores['precision']:.3f}, recall {scores['recall']:.3f} (k-NN manifolds, k = 3, in {space} "
+        f"  precision {scores[precision]:.3f}, recall {scores[recall]:.3f} (k-NN manifolds, k = 3, in {pr_space} "
         "features)",
     ])
-    return {"summary": summary, "data": source, "features": space, "samples": len(fake), "real_images": len(real),
-            "resolution": resolution, **{k: float(v) for k, v in scores.items()}}
+    return {"summary": summary, "data": source, "features": space, "pr_features": pr_space, "samples": len(fake),
+            "real_images": len(real), "resolution": resolution, **{k: float(v) for k, v in scores.items()}}

@@ -37,6 +37,8 @@ from .forecast import say_run_time
 from .train_flags import add_conditional_flags, add_model_flags, add_position_flag, add_run_flags, given_settings
 
 if TYPE_CHECKING:
+    import torch
+
     from ..data import ImageData
 
 # --help's figure (the CPU rows'); the run's own comes from its recipe (gan_accel.recipes)
@@ -58,7 +60,8 @@ def add_parser(commands: Any) -> None:
     run.add_argument("--eval-features", choices=FEATURES, default="auto",
                      help="--eval-every's feature space: inception (needs torch-fidelity; its weights are downloaded once), "
                           "random (a fixed random network: no download), auto: inception if it can be had, else "
-                          "random (said in one line)")
+                          "random (said in one line); precision and recall are in VGG-16 fc2 features where its "
+                          "weights are here (with inception, downloaded once)")
     model = add_model_flags(parser, width=None, z_dim=None, r1_gamma=None,
                             width_help="channel width (default: 32 where the recipe picks dcgan, else the family's: "
                                        f"{'; '.join(f'{name} {default_width(name)}' for name in FAMILIES)})",
@@ -396,19 +399,25 @@ def build_evaluator(args: argparse.Namespace, data: ImageData, device: Any, log:
     from ..data import uint8_to_float
     from ..eval import compute_features
     from ..eval.random_features import choose_features
+    from ..eval.vgg import precision_recall_features
 
     if len(data) < MIN_EVAL_IMAGES:  # before any feature extractor is loaded or downloaded, and before training
         raise DataError(f"--eval-every: {args.data} has {len(data)} readable image, and an evaluation compares the "
                         f"spread of the real images with the samples', which needs at least {MIN_EVAL_IMAGES}: add "
                         "images, or leave out --eval-every")
     features, logits, name = choose_features(args.eval_features, device, log)
+    pr_extractor, pr_name = precision_recall_features(name, device, log)
     real = data.real_images(seed=seed)
-    # a chunk at a time in float: 10,000 images at 256 px would be 7.9 GB as one float tensor
-    reference = compute_features(features, (uint8_to_float(part) for part in real.split(250)))
+
+    def reference(extractor: Any) -> torch.Tensor:  # a chunk at a time: 10,000 images at 256 px are 7.9 GB in float
+        return compute_features(extractor, (uint8_to_float(part) for part in real.split(250)))
+
     log(f"gan_accel: evaluation every {args.eval_every} steps: {args.eval_samples} samples against {len(real)} real "
-        f"images in {name} features")
-    return Evaluator(features, reference, every=args.eval_every, num_samples=args.eval_samples, metric="fd",
-                     logits=logits, seed=1234, features=name), name
+        f"images in {name} features (precision and recall in {pr_name} features)")
+    pr = {} if pr_extractor is None else dict(pr_extractor=pr_extractor, pr_reference=reference(pr_extractor),
+                                              pr_features=pr_name)
+    return Evaluator(features, reference(features), every=args.eval_every, num_samples=args.eval_samples, metric="fd",
+                     logits=logits, seed=1234, features=name, **pr), name
 
 
 class RunDataFiles(Callback):

@@ -2,8 +2,9 @@
 
 Its metadata is ``huggingface_hub``'s ``ModelCardData`` (``library_name``, ``tags``, ``pipeline_tag`` for an
 unconditional G, ``license`` when given, ``datasets`` when the data came from the Hub, and a ``model-index``
-with the scores of the saved weights in their feature space); then the sample grid, the model, the data, the
-scores, the training settings and a usage snippet that runs as written (tests/test_export.py runs it).
+with the scores of the saved weights, each with its feature space as ``config``); then the sample grid, the
+model, the data, the scores, the training settings and a usage snippet that runs as written (tests/test_export.py
+runs it).
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def saved_scores(config: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     return {}, None
 
 
+def indexed(scores: dict[str, Any], space: str | None) -> list[tuple[str, float, str | None]]:
+    """(score, value, feature space) of each score a model-index lists: precision and recall in the space their
+    name gives (``precision_vgg16-fc2``, measured apart from the rest), the others in ``space``."""
+    rows = []
+    for key, value in scores.items():
+        score, _, named = key.partition("_")
+        if score in ("precision", "recall") and named:
+            rows.append((score, value, named))
+        elif key in INDEXED:
+            rows.append((key, value, space))
+    return [(key, float(value), config) for key, value, config in rows
+            if isinstance(value, (int, float)) and not isinstance(value, bool)]
+
+
 def card_data(config: dict[str, Any], license: str | None) -> ModelCardData:
     """The card's metadata (see the module docstring)."""
     spec = config["model"]
@@ -71,9 +86,8 @@ def card_data(config: dict[str, Any], license: str | None) -> ModelCardData:
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     named = dataset or str(data.get("source") or config["training"].get("extra", {}).get("dataset", "images"))
     results = [EvalResult(task_type=task, dataset_type=dataset or "imagefolder", dataset_name=printable(named),
-                          metric_type=key, metric_name=name, metric_value=float(scores[key]), metric_config=space)
-               for key, name in INDEXED.items()
-               if isinstance(scores.get(key), (int, float)) and not isinstance(scores.get(key), bool)]
+                          metric_type=key, metric_name=INDEXED[key], metric_value=value, metric_config=config)
+               for key, value, config in indexed(scores, space)]
     return ModelCardData(library_name="gan_accel", license=license, datasets=[dataset] if dataset else None,
                          tags=["gan", "image-generation", "gan_accel", spec["family"],
                                "class-conditional" if conditional else task],
