@@ -543,6 +543,13 @@ def test_info_on_a_killed_run_and_a_row_cut_short(ema_run, tmp_path, capsys):
                                    "finishing: killed or crashed); continue it with --resume latest")
     assert "note: metrics.jsonl: 1 unreadable row(s) skipped (a row cut short by a crash?)" in out
     assert "steps: 4 / 4 (last metrics row 4, latest checkpoint 2)" in out
+    # A log with no whole row is not a crash's cut-off line: it is named as damaged.
+    saved = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(b"\x00garbage\n[1, 2]\nnot json\n")
+    out = cli(["info", run], capsys)[1]
+    assert "metrics.jsonl: none of its 3 line(s) is a metrics row: it is damaged or not gan_accel's log" in out
+    assert "cut short by a crash" not in out
+    (run / "metrics.jsonl").write_bytes(saved)
     # A lock held now is reported as a run in progress.
     with RunLock(run):
         assert cli(["info", run], capsys)[1].splitlines()[0].startswith(f"run {run}: in progress: pid {os.getpid()}")

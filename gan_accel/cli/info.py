@@ -20,7 +20,7 @@ from ..errors import GanAccelError
 from ..ending import printable
 from ..storage.checkpoint import list_checkpoints, read_marker
 from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HEALTH, HISTORY, METRICS, checkpoint_step,
-                            read_json, read_json_lines, read_metrics_tolerant)
+                            read_json, read_json_lines, read_metrics_tolerant, skipped_rows_note)
 from ..storage.lock import recorded_holder
 from .common import resolve_run
 
@@ -52,7 +52,7 @@ def describe_run(run: Path) -> dict[str, Any]:
     notes: list[str] = []
     rows, skipped = read_metrics_tolerant(run / METRICS)
     if skipped:
-        notes.append(f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
+        notes.append(skipped_rows_note(len(rows), skipped))
     export = _export(run, notes)
     checkpoints = list_checkpoints(run)
     config = _config(run, export, checkpoints, notes)

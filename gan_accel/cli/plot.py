@@ -15,7 +15,7 @@ from typing import Any
 from ..pictures.training_plot import plot_run
 from ..storage.files import atomic_path
 from ..storage.reading import MAX_IMAGE_BYTES, read_bytes
-from ..storage.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant
+from ..storage.layout import METRICS, TRAINING_PLOT, read_metrics_tolerant, skipped_rows_note
 from .common import CommandError, check_new_output, resolve_run, write_new_file
 
 
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         write_new_file(out, drawn)
         path = out
     print(f"wrote {path}")
-    skipped = read_metrics_tolerant(run_dir / METRICS)[1]
-    if skipped:
-        print(f"note: {METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)")
+    rows, skipped = read_metrics_tolerant(run_dir / METRICS)
+    note = skipped_rows_note(len(rows), skipped)
+    if note:
+        print(f"note: {note}")
     return 0

@@ -156,6 +156,17 @@ def read_json_lines(path: str | os.PathLike) -> tuple[list[dict[str, Any]], int]
     return rows, skipped
 
 
+def skipped_rows_note(readable: int, skipped: int) -> str | None:
+    """The note on a metrics log's unreadable lines: a few beside whole rows are a crash's cut-off line; a log with
+    no whole row at all is damaged, or not a metrics log."""
+    if not skipped:
+        return None
+    if not readable:
+        return (f"{METRICS}: none of its {skipped} line(s) is a metrics row: it is damaged or not gan_accel's log; "
+                "restore it from a copy, or move it away")
+    return f"{METRICS}: {skipped} unreadable row(s) skipped (a row cut short by a crash?)"
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The whole rows of ``metrics.jsonl`` as the run stands; a line cut short by a crash is skipped."""
     return read_metrics_tolerant(path)[0]
