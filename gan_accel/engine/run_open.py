@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import TrainConfig, compare_configs
-from ..ending import run_together
 from ..errors import CheckpointError, RunFolderError
+from ..processes import run_together
 from ..storage.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
 from ..storage.layout import HISTORY, checkpoint_root
 from ..storage.restart import clear_killed_attempt, killed_attempt, name_some
