@@ -16,13 +16,13 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from .errors import GanAccelError, TrainingInterrupted
-from .processes import EXIT_SILENT_PEER, is_first_process, leave_process_group
+from .processes import (EXIT_SILENT_PEER, collective_failure, is_first_process, leave_process_group,
+                        silent_processes)
 from .text import printable
 
 if TYPE_CHECKING:
@@ -170,63 +170,13 @@ def _progress(error: BaseException) -> str:
     return getattr(error, "gan_accel_progress", UNKNOWN_PROGRESS)  # written by fit (engine/trainer.py)
 
 
-def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
-    """After a collective failed, every live process says so in the rendezvous store: (the ranks silent for
-    ``grace`` seconds, whether this process is the first live one and prints), or None without a group."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    rank, size = dist.get_rank(), dist.get_world_size()
-    key = f"gan_accel/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/failed/"
-    try:
-        with quiet_stderr():  # a store whose server is gone has torch log a C++ stack trace before it raises
-            store = dist.distributed_c10d._get_default_store()
-            store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
-            store.add(f"{key}{rank}", 1)
-            deadline = time.monotonic() + grace
-            while True:
-                silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
-                if not silent or time.monotonic() > deadline:
-                    return silent, all(r in silent for r in range(rank))
-                time.sleep(0.1)
-    except Exception:  # the store did not answer: its server (process 0, or the launcher's host) is gone
-        return [r for r in range(size) if r != rank], True
-
-
-@contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """While the block runs, what is written to file descriptor 2 (by C++ code too) goes to /dev/null."""
-    sys.stderr.flush()
-    try:
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        yield
-        return
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def collective_failure(error: BaseException) -> tuple[bool, bool]:
-    """(timed out, gone): how a collective that another process failed (gloo) says so; (False, False) otherwise."""
-    text = str(error)
-    return (any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout")),
-            any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
-
-
 def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
     """(one line, whether this process prints it) for a collective another process failed (gloo), else None."""
     text = str(error)
     timed_out, gone = collective_failure(error)
     if not (timed_out or gone):
         return None
-    found = _silent_processes()
-    silent, prints = found if found is not None else ([], is_first_process())
+    silent, prints = silent_processes()
     many = len(silent) > 1
     names = f"process{'es' if many else ''} {', '.join(map(str, silent))}" if silent else "another process"
     if timed_out:

@@ -1,15 +1,18 @@
-"""What the processes of a launch agree on: an error one process sees is raised by all (:func:`run_together`,
-:func:`raise_together`), no collective waits without bound (:func:`bound_waits`), all leave the group together
-(:func:`leave_process_group`), one prints (:func:`is_first_process`), and the exit code of a process whose peer
-went silent (:data:`EXIT_SILENT_PEER`). Below storage, data and eval, which agree on errors too."""
+"""What the processes of a launch agree on: an error one sees is raised by all (:func:`run_together`), no collective
+waits without bound (:func:`bound_waits`), which processes went silent when a collective failed
+(:func:`silent_processes`), all leave the group together, one prints. Below storage, data and eval, which use it too."""
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch.distributed as dist
+from accelerate.utils import broadcast_object_list, gather_object
 
 from . import errors
 from .errors import GanAccelError, TrainingInterrupted
@@ -25,8 +28,6 @@ def raise_together(accelerator: Any, error: BaseException | None) -> None:
     """Collective: if any process passes an error, every process raises it (the others as the same gan_accel
     class with the same message), so all ranks stop at the same point and print the same line."""
     if accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
         report = None if error is None else (type(error).__name__, str(error), accelerator.process_index)
         first = next((r for r in gather_object([report]) if r is not None), None)
         if error is None and first is not None:
@@ -45,6 +46,14 @@ def run_together(accelerator: Any, action: Callable[[], T], main_only: bool = Fa
             error = caught
     raise_together(accelerator, error)
     return result
+
+
+def main_decides(accelerator: Any, decide: Callable[[], T]) -> T | None:
+    """Collective: ``decide()`` on the main process, its result given to every process (its error raised on all)."""
+    choice = [run_together(accelerator, decide, main_only=True)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(choice, from_process=0)
+    return choice[0]
 
 
 def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
@@ -74,3 +83,50 @@ def leave_process_group() -> None:
 def is_first_process() -> bool:
     """Whether this is the first process of a launch (or the only one): it prints the error every process raised."""
     return os.environ.get("RANK", "0") in ("0", "")
+
+
+def collective_failure(error: BaseException) -> tuple[bool, bool]:
+    """(timed out, gone): how a collective that another process failed (gloo) says so; (False, False) otherwise."""
+    text = str(error)
+    return (any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout")),
+            any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
+
+
+def silent_processes(grace: float = 3.0) -> tuple[list[int], bool]:
+    """After a collective failed, every live process says so in the rendezvous store: (the ranks silent for
+    ``grace`` seconds, whether this process is the first live one and prints); without a group, none."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [], is_first_process()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    key = f"gan_accel/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/failed/"
+    try:
+        with quiet_stderr():  # a store whose server is gone has torch log a C++ stack trace before it raises
+            store = dist.distributed_c10d._get_default_store()
+            store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
+            store.add(f"{key}{rank}", 1)
+            deadline = time.monotonic() + grace
+            while True:
+                silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
+                if not silent or time.monotonic() > deadline:
+                    return silent, all(r in silent for r in range(rank))
+                time.sleep(0.1)
+    except Exception:  # the store did not answer: its server (process 0, or the launcher's host) is gone
+        return [r for r in range(size) if r != rank], True
+
+
+@contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """While the block runs, what is written to file descriptor 2 (by C++ code too) goes to /dev/null."""
+    sys.stderr.flush()
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

@@ -321,9 +321,6 @@ class GANTrainer:
         return resume_note(self.state.last_checkpoint, crashed)
 
 
-NO_CHECKPOINT = "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
-
-
 def _stop_here(trainer: GANTrainer) -> None:
     """``fit``, at the step where every process agreed to stop: a checkpoint, then at the time limit what the run's
     end writes (the final generator, samples and plot) and a line saying how to go on; on a signal
@@ -345,6 +342,7 @@ def _remember(error: BaseException, trainer: GANTrainer) -> None:
         started = trainer.fit_calls > 0 or trainer.step > 0
         known = started or getattr(trainer, "last_checkpoint", None) is not None
         where = f"at step {trainer.step}" if started else "before training started"
-        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if known else NO_CHECKPOINT
+        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if known else \
+            "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
         error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
         error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]
