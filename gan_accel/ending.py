@@ -1,10 +1,8 @@
-"""How a run ends: one line that says what is true, a clean stop on a signal or at the time limit, no process
-left waiting.
+"""How a run ends: one line that says what is true, and a clean stop on a signal or at the time limit.
 
-:func:`run_script` is the entry point of the examples and ``gan-accel``. The engine's hooks:
-:func:`raise_together` (an error one process sees is raised by all), :class:`SignalHandler` (every process
-stops at the same step with a checkpoint) and :func:`bound_waits` (a wait for a stopped, hung or dead
-process raises after ``collective_timeout``, and :func:`run_script` names that process).
+:func:`run_script` is the entry point of the examples and ``gan-accel``: each expected ending is one line, and a
+collective that a stopped, hung or dead process failed names that process. :class:`SignalHandler` has every process
+stop at the same step with a checkpoint (what the processes agree on otherwise: :mod:`gan_accel.processes`).
 """
 
 from __future__ import annotations
@@ -18,22 +16,18 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from . import errors
 from .errors import GanAccelError, TrainingInterrupted
+from .processes import (EXIT_SILENT_PEER, collective_failure, is_first_process, leave_process_group,
+                        silent_processes)
+from .text import printable
 
 if TYPE_CHECKING:
     from .engine.trainer import GANTrainer
 
-T = TypeVar("T")
-
-#: Exit code when another process stopped answering or went away: EX_TEMPFAIL of sysexits.h, "a temporary
-#: failure; retry" (resume with ``--resume latest``), unlike 2 (a mistake to fix).
-EXIT_SILENT_PEER = 75
 SIGPIPE_EXIT = 128 + 13  # what a shell reports for a command that SIGPIPE ended (cat, grep, git | head)
 
 #: Two deliveries of a stop signal closer than this (seconds) are one request: launchers deliver a
@@ -42,64 +36,7 @@ DUPLICATE_SIGNAL_WINDOW = 0.25
 #: The stop code of ``max_time``, agreed like a signal number; below SIGINT's and SIGTERM's, so a signal wins.
 TIME_LIMIT = 1
 
-NO_CHECKPOINT = "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
 UNKNOWN_PROGRESS = "outside training; the complete checkpoints written so far, if any, are untouched."
-
-
-# -- errors every process agrees on ----------------------------------------------------------------
-def raise_together(accelerator: Any, error: BaseException | None) -> None:
-    """Collective: if any process passes an error, every process raises it (the others as the same gan_accel
-    class with the same message), so all ranks stop at the same point and print the same line."""
-    if accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        report = None if error is None else (type(error).__name__, str(error), accelerator.process_index)
-        first = next((r for r in gather_object([report]) if r is not None), None)
-        if error is None and first is not None:
-            raise rebuild_error(*first)
-    if error is not None:
-        raise error
-
-
-def run_together(accelerator: Any, action: Callable[[], T], main_only: bool = False) -> T | None:
-    """Run ``action`` (on the main process only with ``main_only``), then :func:`raise_together` its error."""
-    result, error = None, None
-    if not main_only or accelerator.is_main_process:
-        try:
-            result = action()
-        except Exception as caught:  # reported to every process, re-raised here unchanged
-            error = caught
-    raise_together(accelerator, error)
-    return result
-
-
-def rebuild_error(class_name: str, message: str, rank: int) -> BaseException:
-    """The error another process raised, as the same gan_accel class (else a GanAccelError naming it)."""
-    cls = getattr(errors, class_name, None)
-    if cls is TrainingInterrupted:
-        return TrainingInterrupted(message, 0)
-    if isinstance(cls, type) and issubclass(cls, GanAccelError):
-        return cls(message)
-    return GanAccelError(f"process {rank} failed: {class_name}: {message}")
-
-
-# -- bounded waits, leaving together ---------------------------------------------------------------
-def bound_waits(seconds: float) -> None:
-    """torch's collective timeout becomes ``seconds`` (for an Accelerator the user built)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.set_timeout(timedelta(seconds=seconds))
-
-
-def leave_process_group() -> None:
-    """After success: a barrier, then close the process group on every rank (left to the interpreter's
-    exit, a rank that closes its gloo sockets first can make another abort with -6)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 # -- stop signals ------------------------------------------------------------------------------------
@@ -228,103 +165,9 @@ class SignalHandler:
             self._handlers = None
 
 
-def stop_here(trainer: "GANTrainer") -> None:
-    """``fit``, at the step where every process agreed to stop: a checkpoint, then at the time limit what the run's
-    end writes (the final generator, samples and plot) and a line saying how to go on; on a signal
-    :class:`TrainingInterrupted`."""
-    signum, step, cfg = trainer.control.stop_signal, trainer.step, trainer.config
-    trainer.fire_agreed("on_checkpoint")
-    if signum == TIME_LIMIT:
-        trainer.fire_agreed("on_fit_end")
-        trainer.accelerator.print(f"gan_accel: stopped at the time limit ({describe_duration(cfg.max_time)}) at step "
-                                  f"{step:,} of {cfg.max_steps:,}. {trainer.checkpoint_note()}")
-        return
-    name = {2: "SIGINT", 15: "SIGTERM"}.get(signum, f"signal {signum}")
-    raise TrainingInterrupted(f"stopped by {name} at step {step}; {trainer.checkpoint_note()}", signum)
-
-
-def time_limit_clause(max_time: float, stop: int, warmup_steps: float = 0.0) -> str:
-    """What a run's lines add when ``max_time`` ends it near step ``stop``, before its last step: where, how to go
-    on, and whether it ends inside the learning-rate warmup of its first ``warmup_steps`` (the schedules follow
-    the steps asked for, not the time: a run ended there trains at a fraction of its learning rate throughout)."""
-    clause = f"; the time limit ({describe_duration(max_time)}) stops it near step {stop:,}, then --resume latest continues"
-    if stop < warmup_steps:
-        clause += (f"; it would still be in the learning-rate warmup ({warmup_steps:,.0f} steps) there: ask for "
-                   f"--steps near {stop:,} so that the schedules fit the time")
-    return clause
-
-
-def describe_duration(seconds: float) -> str:
-    """``45 s``, ``14 min``, ``2 h 5 min``: a duration as a person reads it."""
-    if seconds < 59.5:  # rounds to a whole second below a minute; 59.7 s reads "1 min", not "60 s"
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")
-
-
 # -- what the line says ------------------------------------------------------------------------------
-def remember(error: BaseException, trainer: "GANTrainer") -> None:
-    """``fit``: write on the error leaving it where the run was (the step, the last checkpoint), for the line."""
-    if not hasattr(error, "gan_accel_progress"):
-        started = trainer.fit_calls > 0 or trainer.step > 0
-        known = started or getattr(trainer, "last_checkpoint", None) is not None
-        where = f"at step {trainer.step}" if started else "before training started"
-        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if known else NO_CHECKPOINT
-        error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
-        error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]
-
-
 def _progress(error: BaseException) -> str:
-    return getattr(error, "gan_accel_progress", UNKNOWN_PROGRESS)
-
-
-def _silent_processes(grace: float = 3.0) -> tuple[list[int], bool] | None:
-    """After a collective failed, every live process says so in the rendezvous store: (the ranks silent for
-    ``grace`` seconds, whether this process is the first live one and prints), or None without a group."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    rank, size = dist.get_rank(), dist.get_world_size()
-    key = f"gan_accel/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/failed/"
-    try:
-        with quiet_stderr():  # a store whose server is gone has torch log a C++ stack trace before it raises
-            store = dist.distributed_c10d._get_default_store()
-            store.set_timeout(timedelta(seconds=grace))  # its server may be the stopped process
-            store.add(f"{key}{rank}", 1)
-            deadline = time.monotonic() + grace
-            while True:
-                silent = [r for r in range(size) if r != rank and not store.check([f"{key}{r}"])]
-                if not silent or time.monotonic() > deadline:
-                    return silent, all(r in silent for r in range(rank))
-                time.sleep(0.1)
-    except Exception:  # the store did not answer: its server (process 0, or the launcher's host) is gone
-        return [r for r in range(size) if r != rank], True
-
-
-@contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """While the block runs, what is written to file descriptor 2 (by C++ code too) goes to /dev/null."""
-    sys.stderr.flush()
-    try:
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        yield
-        return
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def collective_failure(error: BaseException) -> tuple[bool, bool]:
-    """(timed out, gone): how a collective that another process failed (gloo) says so; (False, False) otherwise."""
-    text = str(error)
-    return (any(m in text for m in ("Timed out waiting", "wait timeout", "Application timeout")),
-            any(m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")))
+    return getattr(error, "gan_accel_progress", UNKNOWN_PROGRESS)  # written by fit (engine/trainer.py)
 
 
 def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None:
@@ -333,8 +176,7 @@ def describe_collective_failure(error: BaseException) -> tuple[str, bool] | None
     timed_out, gone = collective_failure(error)
     if not (timed_out or gone):
         return None
-    found = _silent_processes()
-    silent, prints = found if found is not None else ([], _prints())
+    silent, prints = silent_processes()
     many = len(silent) > 1
     names = f"process{'es' if many else ''} {', '.join(map(str, silent))}" if silent else "another process"
     if timed_out:
@@ -358,14 +200,6 @@ def describe(error: BaseException) -> str | None:
             else str(error)
         return f"{where}{reason}; check the path, its permissions and the free space"
     return None
-
-
-def printable(text: str) -> str:
-    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``): what is printed cannot move
-    the cursor, recolour the terminal or forge a line of the output."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 # -- the entry point ---------------------------------------------------------------------------------
@@ -457,11 +291,7 @@ def _stdout_closed() -> bool:
     return closed
 
 
-def _prints() -> bool:
-    """Only the first process of a launch prints the error every process raised."""
-    return os.environ.get("RANK", "0") in ("0", "")
-
 
 def _say(line: str) -> None:
-    if _prints():
+    if is_first_process():
         print(line, file=sys.stderr, flush=True)

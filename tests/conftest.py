@@ -277,7 +277,7 @@ def run_then_exit(function, args) -> None:
     """
     import sys
 
-    from gan_accel.ending import leave_process_group
+    from gan_accel.processes import leave_process_group
 
     function(*args)
     leave_process_group()  # a barrier, then close the gloo group on every rank alike

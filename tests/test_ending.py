@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gan_accel.ending import (DUPLICATE_SIGNAL_WINDOW, EXIT_SILENT_PEER, StopFlag, describe_collective_failure,
-                              run_script, stop_on_signals)
+from gan_accel.ending import DUPLICATE_SIGNAL_WINDOW, StopFlag, describe_collective_failure, run_script, stop_on_signals
+from gan_accel.processes import EXIT_SILENT_PEER
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,27 +17,29 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gan_accel"
 ALLOWED = {
     "errors": set(),
     "batch": set(),
-    "ending": {"errors"},  # how a run ends: agreed errors, signals, bounded waits, the scripts' exit line
-    "storage": {"errors", "ending", "storage"},
+    "text": set(),  # what every layer prints: printable text, durations
+    "processes": {"errors"},  # what the processes of a launch agree on: errors raised together, bounded waits
+    "ending": {"errors", "processes", "text"},  # how a run ends: signals, the time limit, the scripts' exit line
+    "storage": {"errors", "processes", "storage"},
     "objectives": {"errors", "objectives"},
     "models": {"errors", "models"},
-    "data": {"errors", "ending", "data", "storage", "batch"},  # ending: one process builds the image cache
+    "data": {"errors", "processes", "text", "data", "storage", "batch"},  # processes: one builds the image cache
     "augment": {"augment"},
     "tracking": set(),
     "config": {"errors", "objectives", "tracking", "augment"},
     "pictures": {"errors", "storage", "pictures"},
-    "eval": {"errors", "ending", "batch", "data", "storage", "models", "eval"},
-    "callbacks": {"errors", "ending", "storage", "pictures", "eval", "tracking", "callbacks"},
-    "engine": {"errors", "ending", "batch", "config", "objectives", "storage", "tracking", "augment", "callbacks",
-               "engine"},
+    "eval": {"errors", "processes", "batch", "data", "storage", "models", "eval"},
+    "callbacks": {"errors", "ending", "processes", "text", "storage", "pictures", "eval", "tracking", "callbacks"},
+    "engine": {"errors", "ending", "processes", "text", "batch", "config", "objectives", "storage", "tracking",
+               "augment", "callbacks", "engine"},
     "sampling": {"errors", "config", "models", "storage"},
     "recipes": {"errors", "config"},  # the table of defaults by resolution and data size
     "settle": {"errors", "config", "models", "recipes"},  # one place settles a run: given, recorded, recipe, defaults
-    "hub": {"errors", "ending", "models", "pictures", "sampling", "storage", "hub"},  # exported generators, the Hugging Face Hub
+    "hub": {"errors", "text", "models", "pictures", "sampling", "storage", "hub"},  # exported generators, the Hugging Face Hub
     # the command line is the top: `gan-accel train` composes the engine, the callbacks and the data
     # (objectives and tracking: the help texts and aliases list the registered losses and trackers)
-    "cli": {"errors", "ending", "config", "objectives", "tracking", "storage", "pictures", "sampling", "data", "eval",
-            "models", "augment", "engine", "callbacks", "hub", "recipes", "settle", "cli"},
+    "cli": {"errors", "ending", "processes", "text", "config", "objectives", "tracking", "storage", "pictures",
+            "sampling", "data", "eval", "models", "augment", "engine", "callbacks", "hub", "recipes", "settle", "cli"},
 }
 # Inside the engine only the trainer composes the callbacks: the rest (launch, runner, ...) is below them.
 ENGINE_MAY_IMPORT_CALLBACKS = {"trainer.py", "snapshot.py"}

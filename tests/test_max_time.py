@@ -17,7 +17,7 @@ from conftest import reset_accelerate_state
 from gan_accel import TrainConfig
 from gan_accel.callbacks import progress
 from gan_accel.cli.arguments import duration
-from gan_accel.ending import describe_duration
+from gan_accel.text import describe_duration
 from test_resume import assert_identical, build_trainer, snapshot
 
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import Tensor
 
-from ..ending import run_together
 from ..eval.distributed import generated_features
 from ..eval.features import FeatureExtractor
 from ..eval.scores import distance_name, pr_names, score_features
+from ..processes import run_together
 from ..storage.layout import BEST, checkpoint_name, write_json
 from .base import Callback
 

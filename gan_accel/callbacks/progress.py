@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ..ending import describe_duration, time_limit_clause
+from ..text import describe_duration, time_limit_clause
 from .base import Callback
 
 if TYPE_CHECKING:

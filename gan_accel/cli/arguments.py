@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable, NoReturn, Sequence
 
 from ..config import MAX_SEED
-from ..ending import _prints
+from ..processes import is_first_process
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -83,7 +83,7 @@ class ArgumentParser(argparse.ArgumentParser):
         return frozenset(vars(seen))
 
     def error(self, message: str) -> NoReturn:
-        if _prints():
+        if is_first_process():
             print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..ending import printable
+from ..text import printable
 from .arguments import nonnegative_int, positive_int
 from .common import check_new_output, resolve_source
 

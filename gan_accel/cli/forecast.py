@@ -19,9 +19,9 @@ import dataclasses
 from typing import Any, Callable
 
 from ..config import TrainConfig
-from ..ending import describe_duration, time_limit_clause
 from ..models import build_models, default_spec, supported_resolutions
 from ..recipes import default_recipe, family_for
+from ..text import describe_duration, time_limit_clause
 
 SAY_ABOVE = 15 * 60.0  # seconds: a wait worth knowing before it starts (and a coffee's worth below)
 ALTERNATIVES_ABOVE = 3600.0  # seconds: a run of hours, where something faster is worth naming

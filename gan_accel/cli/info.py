@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GanAccelError
-from ..ending import printable
 from ..storage.checkpoint import list_checkpoints, read_marker
 from ..storage.layout import (BEST, CONFIG, EVAL, GENERATOR, HEALTH, HISTORY, METRICS, checkpoint_step,
                             read_json, read_json_lines, read_metrics_tolerant, skipped_rows_note)
 from ..storage.lock import recorded_holder
+from ..text import printable
 from .common import resolve_run
 
 KEY_FIELDS = ("max_steps", "batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim", "lr_G", "lr_D",

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from ..ending import printable
 from ..errors import ConfigError
+from ..text import printable
 from .common import CommandError
 
 SHOWN = 8

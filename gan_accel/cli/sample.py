@@ -30,13 +30,13 @@ from typing import IO, Any, Iterator
 import numpy as np
 import torch
 
-from ..ending import printable
 from ..hub import load_generator
 from ..pictures.grids import png_grid
 from ..pictures.grids import write_gif
 from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, check_seeds, classes_of, interpolate,
                         iter_samples, sample_count, sample_labels, walk_count)
 from ..storage.files import write_new_folder
+from ..text import printable
 from .aliases import SAMPLING
 from .arguments import bounded_int, finite_float, seed_int, seed_ranges
 from .common import CommandError, check_new_output, resolve_source, write_new_file, write_new_file_with

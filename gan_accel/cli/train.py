@@ -29,6 +29,7 @@ from ..callbacks import Callback
 from ..config import ADA_SIGNALS, TrainConfig
 from ..errors import ConfigError, DataError
 from ..models import FAMILIES, default_spec, supported_resolutions
+from ..processes import run_together
 from ..recipes import FEW_IMAGES, default_recipe, family_for
 from ..settle import DEFAULTS, DataFacts, SettledRun, check_given, setting, settle, spec_overrides
 from .arguments import fraction, nonnegative_float, nonnegative_int, positive_int
@@ -428,6 +429,4 @@ class RunDataFiles(Callback):
         self.data = data
 
     def on_fit_start(self, trainer: Any) -> None:
-        from ..ending import run_together
-
         run_together(trainer.accelerator, lambda: self.data.write_run_files(trainer.output_dir), main_only=True)

@@ -4,7 +4,7 @@ Under ``accelerate launch`` the first process (by rank) of each machine runs the
 for a status file, not a collective (a large build can outlast the process group's timeout). Then
 every process raises the builder's error, if any, so no process is left waiting. A builder that dies
 during the build (killed, out of memory) is named by the first process that waited for it, in one line;
-that process then exits 75, as for any other process that went silent (:mod:`gan_accel.ending`).
+that process then exits 75, as for any other process that went silent (:mod:`gan_accel.processes`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import GanAccelError, UnsafeFileError
+from ..processes import EXIT_SILENT_PEER, raise_together
 from ..storage.files import process_alive, write_bytes_synced
 from ..storage.reading import read_json
 from .image_cache import cache_error
@@ -77,8 +78,6 @@ def build_once(accelerator: Any, builder: Builder, step: str, build: Callable[[]
         if error is not None:
             raise error
         return
-    from ..ending import raise_together
-
     # In the machine's temporary folder: per machine, like the builder, and writable even when the
     # cache folder is not (then the builder's error must still reach the others).
     status = Path(tempfile.gettempdir()) / f"gan_accel-image-{step}-{token}.status"
@@ -118,8 +117,6 @@ def _wait_for(path: Path, builder: Builder) -> None:
         time.sleep(0.1)
     if process_alive(builder.pid):
         os.kill(os.getpid(), signal.SIGTERM)  # stopped for another reason: end as the signal asks
-    from ..ending import EXIT_SILENT_PEER
-
     if builder.speaker:
         print(f"gan_accel: error: process {builder.rank}, building this machine's image cache, ended before it was "
               "done (killed, or out of memory?); stopping before training started: launch again to build it",

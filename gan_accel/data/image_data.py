@@ -37,12 +37,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..ending import printable
 from ..errors import DataError, UnsafeFileError
 from ..storage.files import free_space, write_bytes_synced
 from ..storage.reading import load_array
 from ..storage.layout import (CHECKPOINTS, CLASS_NAMES, DATA_RECORD, EXPORT_WEIGHTS, GENERATOR, HISTORY, SKIPPED_FILES,
                               read_json)
+from ..text import printable
 from . import image_cache, image_decode
 from .build_once import Builder, build_once, builder_of
 from .image_cache import CacheFolder, default_cache_root, within_budget

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..ending import printable
+from ..text import printable
 from .image_decode import TooManyPixels, mode_family, read_header
 from .image_sources import DAMAGED_ZIP, Entry, ImageSource, RefusedFile
 

@@ -382,7 +382,7 @@ def resolve_source(source: Any, *, split: str | None = None, image_column: str |
             except GanAccelError as caught:  # caught inside: escaping would skip the block's closing barrier
                 error = caught
         if accelerator is not None and accelerator.num_processes > 1:
-            from ..ending import raise_together
+            from ..processes import raise_together
 
             raise_together(accelerator, error)
         elif error is not None:

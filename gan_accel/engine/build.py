@@ -11,7 +11,7 @@ from torch import nn
 
 from ..config import Ramp, TrainConfig
 from ..errors import PreflightError
-from ..ending import bound_waits
+from ..processes import bound_waits
 from .phases import PhasePlan
 from .schedules import (LRMultiplier, StepRamps, first_value, lambda_scheduler, scheduler_ticks_per_optimizer_step,
                         warmup_then_decay)

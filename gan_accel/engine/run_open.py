@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..config import TrainConfig, compare_configs
-from ..ending import run_together
 from ..errors import CheckpointError, RunFolderError
+from ..processes import main_decides, run_together
 from ..storage.checkpoint import latest_checkpoint, load_checkpoint, read_marker, resolve_resume
 from ..storage.layout import HISTORY, checkpoint_root
 from ..storage.restart import clear_killed_attempt, killed_attempt, name_some
@@ -120,16 +120,6 @@ def restart_killed(output_dir: Path, holder: dict[str, Any] | None, resume_from:
     return (f"{output_dir} held a run killed before its first checkpoint (pid {holder.get('pid')} on "
             f"{holder.get('host')}, since {holder.get('since')}): it starts again there, replacing what that run wrote "
             f"({name_some(removed, 4)}); {HISTORY} keeps its record")
-
-
-def main_decides(accelerator: Any, decide: Any) -> Any:
-    """Collective: ``decide()`` on the main process, its result given to every process (its error raised on all)."""
-    choice = [run_together(accelerator, decide, main_only=True)]
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        broadcast_object_list(choice, from_process=0)
-    return choice[0]
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,12 @@ from torch.utils.data import DataLoader
 
 from ..callbacks import BUILTIN_CALLBACKS, CallbackList, default_callbacks
 from ..callbacks.base import assemble
-from ..ending import remember, run_together, stop_here
 from ..config import TrainConfig
+from ..ending import TIME_LIMIT
+from ..errors import GanAccelError, TrainingInterrupted
+from ..processes import run_together
 from ..storage.lock import RunLock
+from ..text import describe_duration
 from .augmentation import RunAugmentation
 from .build import ExtraNetwork, collect_networks, prepare_run
 from .conditioning import conditioning_for
@@ -181,7 +184,7 @@ class GANTrainer:
                     self.fire_agreed("on_sample")
                 self._checkpoint_if_asked()
                 if control.stop_signal is not None:  # a signal (raises) or the time limit
-                    stop_here(self)
+                    _stop_here(self)
                     break
                 if self.step % cfg.checkpoint_every == 0 and self.step < target:
                     self.fire_agreed("on_checkpoint")
@@ -191,7 +194,7 @@ class GANTrainer:
                     self.fire_agreed("on_fit_end")
             acc.wait_for_everyone()
         except BaseException as error:
-            remember(error, self)  # the step and checkpoint the exit line names
+            _remember(error, self)  # the step and checkpoint the exit line names
             try:
                 self.callbacks.fire("on_close")
             except Exception as close_error:  # never hide the error that stopped the run
@@ -316,3 +319,30 @@ class GANTrainer:
     def checkpoint_note(self, crashed: bool = False) -> str:
         """Where the run can be resumed from, for error messages (``crashed``: the run did not end as planned)."""
         return resume_note(self.state.last_checkpoint, crashed)
+
+
+def _stop_here(trainer: GANTrainer) -> None:
+    """``fit``, at the step where every process agreed to stop: a checkpoint, then at the time limit what the run's
+    end writes (the final generator, samples and plot) and a line saying how to go on; on a signal
+    :class:`TrainingInterrupted`."""
+    signum, step, cfg = trainer.control.stop_signal, trainer.step, trainer.config
+    trainer.fire_agreed("on_checkpoint")
+    if signum == TIME_LIMIT:
+        trainer.fire_agreed("on_fit_end")
+        trainer.accelerator.print(f"gan_accel: stopped at the time limit ({describe_duration(cfg.max_time)}) at step "
+                                  f"{step:,} of {cfg.max_steps:,}. {trainer.checkpoint_note()}")
+        return
+    name = {2: "SIGINT", 15: "SIGTERM"}.get(signum, f"signal {signum}")
+    raise TrainingInterrupted(f"stopped by {name} at step {step}; {trainer.checkpoint_note()}", signum)
+
+
+def _remember(error: BaseException, trainer: GANTrainer) -> None:
+    """``fit``: write on the error leaving it where the run was (the step, the last checkpoint), for the line."""
+    if not hasattr(error, "gan_accel_progress"):
+        started = trainer.fit_calls > 0 or trainer.step > 0
+        known = started or getattr(trainer, "last_checkpoint", None) is not None
+        where = f"at step {trainer.step}" if started else "before training started"
+        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if known else \
+            "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
+        error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
+        error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..ending import raise_together
+from ..processes import raise_together
 from .features import FeatureExtractor, compute_features
 
 

@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..ending import printable
 from ..errors import ConfigError
 from ..storage.layout import EXPORT_SAMPLES
+from ..text import printable
 
 TRAINING_FIELDS = (("max_steps", "steps"), ("batch_size", "batch per process"), ("grad_accum_steps", "grad accum"),
                    ("n_critic", "D steps per G step"), ("loss", "loss"), ("lr_G", "lr G"), ("lr_D", "lr D"),

@@ -23,8 +23,8 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 from torch import nn
 
-from ..ending import raise_together, run_together
 from ..errors import CheckpointError, NonFiniteWeightsError, RunFolderError, UnsafeFileError
+from ..processes import raise_together, run_together
 from .files import (create_new, first_line, has_link_between, is_write_failure, make_own_folder, remove_entry,
                     remove_tree, write_failure_reason)
 from .finite import check_finite, non_finite_tensors

@@ -3,8 +3,8 @@
 The kernel releases it however the holder exits (crash, SIGKILL), so a dead process's lock is never obeyed.
 The file records the holder (host, pid, start time) for the message a second run gets; a holder that lets go
 empties it, unless its run crashed (then ``ended`` says how): a record left there names a run that did not end
-as planned. It is opened without
-following a link: a ``.lock`` that is a link (or a FIFO, a device) is refused in one line, never truncated.
+as planned. It is opened without following a link: a ``.lock`` that is a link (or a FIFO, a device) is refused
+in one line, never truncated.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from .files import open_kept_file, process_alive, write_failure_reason
 from .layout import LOCK
 from .reading import read_text
 
+# Not filelock: the versions our dependencies allow (>= 3.10; 3.13, 3.20.3 read) open it with O_TRUNC before locking:
+# a refused run would erase the record naming the holder, a new run the killed run's record that restart.py reads,
+# and before 3.20.1 they follow a link. Nor would it bring Windows alone: os.pread/pwrite are Unix-only.
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; the folder check still refuses finished runs
@@ -100,9 +103,7 @@ def _read_holder(fd: int) -> str:
         info = _record(os.pread(fd, 4096, 0))
     except OSError:
         info = None
-    if not info:
-        return "holder unknown"
-    return f"pid {info.get('pid')} on {info.get('host')}, since {info.get('since')}"
+    return f"pid {info.get('pid')} on {info.get('host')}, since {info.get('since')}" if info else "holder unknown"
 
 
 def recorded_holder(folder: str | os.PathLike) -> dict | None:
