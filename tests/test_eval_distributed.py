@@ -203,6 +203,19 @@ def _two_process_run(out_dir: str) -> None:
         result["failure"] = None
     except Exception as error:
         result["failure"] = f"{type(error).__name__}: {error}"
+    # The evaluator's scoring: the main process decides, and its error is raised on every process (not the others
+    # waiting in a broadcast while it gathers an error report).
+    from gan_accel.processes import main_decides
+
+    def broken_scores() -> dict:
+        raise ValueError("scoring broke on the main process")
+
+    result["decided"] = main_decides(accelerator, lambda: {"fid": 1.5, "rank": rank})
+    try:
+        main_decides(accelerator, broken_scores)
+        result["main_failure"] = None
+    except Exception as error:
+        result["main_failure"] = f"{type(error).__name__}: {error}"
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -272,3 +285,10 @@ def test_two_processes_uneven_and_empty_shares_and_mismatch(two_processes):
     G, _ = make_models(0)
     torch.testing.assert_close(rank0["single"], reference_features(G, make_extractor(), 1), atol=1e-6, rtol=1e-6)
     # Latents depend on N (not on the process count): torch draws randn(1) and randn(101)[:1] differently.
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_main_process_scores_and_its_error(two_processes):
+    assert [r["decided"] for r in two_processes] == [{"fid": 1.5, "rank": 0}] * 2
+    assert two_processes[0]["main_failure"] == "ValueError: scoring broke on the main process"
+    assert "scoring broke on the main process" in two_processes[1]["main_failure"]

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..eval.distributed import generated_features
 from ..eval.features import FeatureExtractor
 from ..eval.scores import distance_name, pr_names, score_features
-from ..processes import run_together
+from ..processes import main_decides, run_together
 from ..storage.layout import BEST, checkpoint_name, write_json
 from .base import Callback
 
@@ -140,19 +140,16 @@ class Evaluator(Callback):
         feats = generated_features(acc, trainer.sampling_generator(), joined if len(heads) > 1 else self.extractor,
                                    self.num_samples, latents=latents, labels=labels, seed=self.seed,
                                    batch_size=self.batch_size)
-        result: list[Any] = [None]
-        if acc.is_main_process:
+
+        def scores() -> dict[str, Any]:  # the main process scores; an error there is raised on every process
             parts = feats.split(widths + [feats.shape[1] - sum(widths)], dim=1)
             pr = dict(pr_fake=parts[1], pr_real=self.pr_reference, pr_features=self.pr_features) \
                 if self.pr_extractor is not None else {}
-            result[0] = score_features(parts[0], self.reference, parts[-1] if self.logits is not None else None,
-                                       seed=self.seed, kid_subset_size=min(1000, self.num_samples, len(self.reference)),
-                                       features=self.features, **pr)
-        if acc.num_processes > 1:
-            from accelerate.utils import broadcast_object_list
+            return score_features(parts[0], self.reference, parts[-1] if self.logits is not None else None,
+                                  seed=self.seed, kid_subset_size=min(1000, self.num_samples, len(self.reference)),
+                                  features=self.features, **pr)
 
-            broadcast_object_list(result, from_process=0)
-        return result[0]
+        return main_decides(acc, scores)
 
     def _write_best(self, trainer: "GANTrainer") -> None:
         if not trainer.accelerator.is_main_process:
