@@ -20,7 +20,7 @@ from conftest import NUM_CLASSES
 from gan_accel import CheckpointError, load_generator
 from gan_accel.errors import ConfigError
 from gan_accel.sampling import MAX_SAMPLES, iter_samples, sample_images
-from test_cli import Z, cli, error_line, snapshot, train
+from cli_runs import Z, cli, error_line, snapshot, train
 
 
 @pytest.fixture(scope="module")

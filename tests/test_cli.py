@@ -4,6 +4,11 @@
 Each output is checked against an independent computation: the arrays against the trainer's own
 generator on the same latents, the PNG files against the arrays, ``info`` against the files it
 describes (``metrics.jsonl``, ``best.json``, ``eval.json``, the checkpoints and the history).
+
+Every test here reads the shared runs ``ema_run`` and ``cond_run`` of tests/cli_runs.py (each trained once for
+this module: import them into no other test file), and the in-process command from there too. ``info`` on a
+resumed run and on a run in progress, ``--help``, ``--debug`` and ``sample --no-ema`` on a run without an EMA
+are in tests/test_cli_info.py.
 """
 
 from __future__ import annotations
@@ -21,112 +26,17 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import NUM_CLASSES, make_images, make_labels, make_loader, reset_accelerate_state
-from gan_accel import GANTrainer, TrainConfig
-from gan_accel.callbacks import Callback, Evaluator
+from conftest import NUM_CLASSES
 from gan_accel.callbacks.metrics_log import read_metrics
-from gan_accel.cli import main
-from gan_accel.eval import compute_features
-from gan_accel.models import ConditionalDCGANGenerator, DCGANDiscriminator, DCGANGenerator, ProjectionDiscriminator
 from gan_accel import load_generator
 from gan_accel.sampling import sample_images
 from gan_accel.storage.checkpoint import list_checkpoints
 from gan_accel.storage.lock import RunLock
+from cli_runs import CK2, CK4, MODEL, cli, error_line, snapshot, the_same_latents
+from cli_runs import cond_run, ema_run  # noqa: F401 (the fixtures: trained once for this module)
 
 ROOT = Path(__file__).resolve().parents[1]
-Z = 8
-MODEL = {"family": "dcgan", "z_dim": Z, "width": 4, "image_size": 28, "channels": 1, "num_classes": None}
-CK2, CK4 = "checkpoint_00000002", "checkpoint_00000004"
-
-
-def pixels(x: torch.Tensor) -> torch.Tensor:  # a stand-in feature extractor: 4 numbers per image
-    return torch.nn.functional.avg_pool2d(x.float(), 14).flatten(1)
-
-
-def train(out: Path, steps: int = 4, ema: float | None = 0.5, conditional: bool = False, callbacks=(),
-          resume_from=None) -> GANTrainer:
-    """A tiny DCGAN (or conditional DCGAN) run on 28x28 noise images: checkpoints every 2 steps."""
-    reset_accelerate_state()
-    images = make_images(64).float().repeat(1, 1, 7, 7)
-    torch.manual_seed(0)
-    if conditional:
-        G, D = ConditionalDCGANGenerator(NUM_CLASSES, z_dim=Z, width=4), ProjectionDiscriminator(NUM_CLASSES, width=4)
-        loader = DataLoader(TensorDataset(images, make_labels(64)), batch_size=8, drop_last=True)
-    else:
-        G, D = DCGANGenerator(Z, 4), DCGANDiscriminator(4)
-        loader = make_loader(images, 8)
-    model = {**MODEL, "num_classes": NUM_CLASSES} if conditional else MODEL
-    cfg = TrainConfig(max_steps=steps, batch_size=8, z_dim=Z, ema_decay=ema, num_classes=NUM_CLASSES if conditional else None,
-                      log_every=1, sample_every=100, checkpoint_every=2, keep_checkpoints=3, num_samples=6,
-                      output_dir=str(out), progress_bar=False, model=model, extra={"dataset": "test-noise"})
-    trainer = GANTrainer(G, D, loader, cfg, callbacks=list(callbacks))
-    trainer.fit(resume_from=resume_from)
-    reset_accelerate_state()
-    return trainer
-
-
-@pytest.fixture(scope="module")
-def ema_run(tmp_path_factory):
-    """An unconditional run with an EMA, an evaluation callback (best.json) and an eval.json."""
-    out = tmp_path_factory.mktemp("cli") / "ema"
-    images = make_images(64).float().repeat(1, 1, 7, 7)
-    evaluator = Evaluator(pixels, compute_features(pixels, images), every=2, num_samples=16, metric="fd")
-    trainer = train(out, callbacks=[evaluator])
-    evaluation = {"fd": 12.5, "kid": 0.25, "summary": "evaluation against test noise\n  Frechet distance: 12.500"}
-    (out / "eval.json").write_text(json.dumps(evaluation, indent=2) + "\n")
-    return out, trainer
-
-
-@pytest.fixture(scope="module")
-def raw_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "raw"
-    return out, train(out, steps=2, ema=None)
-
-
-@pytest.fixture(scope="module")
-def cond_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "cond"
-    return out, train(out, conditional=True)
-
-
-@pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory):
-    """2 steps, then resumed to 4 steps."""
-    out = tmp_path_factory.mktemp("cli") / "resumed"
-    train(out, steps=2)
-    train(out, resume_from="latest")
-    return out
-
-
-def cli(argv, capsys) -> tuple[int, str, str]:
-    """Run ``gan-accel`` in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:  # argparse: --help, usage errors
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def error_line(argv, capsys) -> str:
-    code, out, err = cli(argv, capsys)
-    assert code == 2, (out, err)
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
-
-
-def the_same_latents(num: int, seed: int) -> torch.Tensor:
-    return torch.randn(num, Z, generator=torch.Generator().manual_seed(seed))
-
-
-def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else b"", p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*"))}
 
 
 # -- sample ----------------------------------------------------------------------------------------
@@ -181,18 +91,6 @@ def test_no_ema_samples_the_raw_g_kept_in_the_last_checkpoint(ema_run, tmp_path,
                                       sample_images(G2, 8, seed=5)[0].numpy())
     ck2_raw, ck2_ema = np.load(tmp_path / "ck2_raw.npz")["images"], np.load(tmp_path / "ck2_ema.npz")["images"]
     assert np.abs(ck2_raw - ck2_ema).max() > 0.01 * np.abs(ck2_raw).max()
-
-
-def test_no_ema_on_a_run_without_an_ema_samples_its_g_with_a_note(raw_run, tmp_path, capsys):
-    run, trainer = raw_run
-    code, out, err = cli(["sample", run, "--no-ema", "--num", 4, "--out", tmp_path / "a.npz"], capsys)
-    assert code == 0 and not err
-    assert f"note: {run} kept no EMA of G: its samples always come from the raw G, so --no-ema changes nothing" in out
-    assert cli(["sample", run, "--num", 4, "--out", tmp_path / "b.npz"], capsys)[0] == 0
-    assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
-    with torch.no_grad():
-        G = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.G)).eval()
-        torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "a.npz")["images"]), G(the_same_latents(4, 0)))
 
 
 def test_no_ema_when_the_last_checkpoint_is_gone_names_the_others(ema_run, tmp_path, capsys):
@@ -448,14 +346,6 @@ def test_an_unwritable_out_is_one_line(fmt, ema_run, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("command", ["sample", "eval", "info", "plot"])
-def test_help_for_each_command(command, capsys):
-    code, out, _ = cli([command, "--help"], capsys)
-    assert code == 0 and out.startswith(f"usage: gan-accel {command}")
-    code, out, _ = cli(["--help"], capsys)
-    assert code == 0 and command in out
-
-
 # -- info ------------------------------------------------------------------------------------------
 def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     run, _ = ema_run
@@ -486,43 +376,6 @@ def test_info_reports_what_the_run_folder_holds(ema_run, capsys):
     assert f"{best_name} (best)" in next(line for line in lines if line.startswith("checkpoints: "))
     assert "    Frechet distance: 12.500" in lines and "weights: generator/ (the EMA of G, step 4)" in lines
     assert "model: dcgan, width 4, 28x28x1, data test-noise" in lines
-
-
-def test_info_shows_the_history(resumed_run, capsys):
-    code, out, _ = cli(["info", resumed_run, "--json"], capsys)
-    report = json.loads(out)
-    assert code == 0 and [e["event"] for e in report["history"]] == ["start", "resume"]
-    resume = report["history"][1]
-    assert resume["step"] == 2 and resume["changes"] == {"max_steps": [2, 4]} and "config" not in report["history"][0]
-    assert [r["step"] for r in read_metrics(resumed_run / "metrics.jsonl")] == [1, 2, 3, 4]
-    code, text, _ = cli(["info", resumed_run], capsys)
-    assert f"resume at step 2 from {CK2}: max_steps 2 -> 4" in text
-
-
-class InfoDuringTraining(Callback):
-    """Runs ``gan-accel info`` on the run folder at step 3 (the trainer holds the folder's lock)."""
-
-    def __init__(self, capsys) -> None:
-        self.capsys, self.seen = capsys, None
-
-    def on_step_end(self, trainer) -> None:
-        if trainer.step != 3:
-            return
-        before = snapshot(trainer.output_dir)
-        self.capsys.readouterr()
-        code = main(["info", str(trainer.output_dir), "--json"])
-        self.seen = (code, json.loads(self.capsys.readouterr().out), before == snapshot(trainer.output_dir))
-        assert main(["info", str(trainer.output_dir)]) == 0
-
-
-def test_info_reads_a_run_in_progress_and_writes_nothing(tmp_path, capsys):
-    watcher = InfoDuringTraining(capsys)
-    train(tmp_path / "run", steps=6, callbacks=[watcher])
-    code, report, unchanged = watcher.seen
-    assert code == 0 and unchanged
-    assert report["status"]["state"] == "running" and report["status"]["holder"]["pid"] == os.getpid()
-    assert report["steps"]["done"] == 2 and report["steps"]["latest_checkpoint"] == 2  # row 3 is logged after the step
-    assert report["export"] is None and [c["name"] for c in report["checkpoints"]] == [CK2]
 
 
 def test_info_on_a_killed_run_and_a_row_cut_short(ema_run, tmp_path, capsys):
@@ -590,21 +443,3 @@ def test_the_command_runs_as_a_module(ema_run):
     out, err = wrong.communicate(timeout=120)
     assert wrong.returncode == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert reader_gone.wait(timeout=120) == 141 and reader_gone.stderr.read() == ""
-
-
-@pytest.mark.parametrize("where", ["before", "after"])
-def test_debug_before_or_after_the_command_shows_the_traceback(where, tmp_path):
-    argv = ["info", str(tmp_path / "nowhere")]
-    argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
-    from gan_accel.cli.common import CommandError
-
-    with pytest.raises(CommandError, match="nowhere does not exist"):
-        main(argv)
-
-
-def test_info_names_the_model_family_and_a_conditional_runs_classes():
-    from gan_accel.cli.info import _config_line
-
-    model = {"family": "resnet", "width": 8, "image_size": 32, "channels": 3, "num_classes": 5}
-    lines = _config_line({"model": model}, {"dataset": "pets"})
-    assert lines[-1] == "model: resnet, conditional on 5 classes, width 8, 32x32x3, data pets"

@@ -244,7 +244,7 @@ def test_an_export_never_fills_or_empties_a_folder_linked_at_its_temporary_name(
     """The export is written into a temporary folder beside DIR, named after this process: a link left under
     that name to a folder of the user's is removed as a link, and the folder keeps its files."""
     from gan_accel.hub import export_generator
-    from test_cli import cli, train
+    from cli_runs import cli, train
 
     run = tmp_path / "run"
     train(run, steps=2, ema=None)

@@ -20,7 +20,7 @@ from gan_accel.errors import DivergenceError, NonFiniteWeightsError
 from gan_accel.models import DCGANGenerator
 from gan_accel.storage import load_weights
 from gan_accel.storage.safe_tree import load_tree, save_tree
-from test_cli import CK2, CK4, Z, cli, error_line, train
+from cli_runs import CK2, CK4, Z, cli, error_line, train
 
 STATE_0 = "gan_accel_state_0.safetensors"
 

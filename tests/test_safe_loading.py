@@ -23,7 +23,7 @@ from conftest import reset_accelerate_state
 from gan_accel.errors import CheckpointError, GanAccelError, UnsafeFileError
 from gan_accel.storage.layout import ENGINE_STATE, FIXED_LABELS, FIXED_NOISE, RNG_STATE
 from gan_accel.storage.safe_tree import TREE_KEY, load_tree, save_tree
-from test_cli import CK2, cli, error_line, train
+from cli_runs import CK2, cli, error_line, train
 
 STATE_0 = ENGINE_STATE.format(rank=0)
 

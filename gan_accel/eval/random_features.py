@@ -13,7 +13,7 @@ texture and local structure at two scales, with no knowledge of any labelled dat
 What it sees, measured on 1,200 RGB digits of ``benchmarks/make_rgb_digits.py`` at 32 px (600 against
 600; each distance divided by that of the two real halves): a 1.5-px blur 2.0x, swapped colour channels
 1.9x, a 4-px shift 1.7x, 8-px patches shuffled 2.5x, half the set duplicated (mode collapse) 1.8x, uniform
-noise 49x; a 0.7-px blur (1.06x) and +-0.1 pixel noise (0.98x) it does not see. tests/test_train_cli.py
+noise 49x; a 0.7-px blur (1.06x) and +-0.1 pixel noise (0.98x) it does not see. tests/test_train_cli_data.py
 checks the blur, the duplication and the noise on the offline digits.
 
 What it is not: an FID. Never trained, it does not know what an object is; its distances compare only runs
