@@ -275,7 +275,7 @@ def test_every_value_the_engine_state_holds_round_trips_exactly(tmp_path):
         "ints": [0, -1, 2**70, True, False], "floats": [0.1, -0.0, 1e-310, float("nan"), float("inf"), float("-inf")],
         "none": None, "text": ["", "ü", "shared: saved by the main process"], "tuple": (1, (2.5, None), []),
         "empty": {"d": {}, "l": [], "t": ()},
-        "keys": {1: "int", 2.5: "float", None: "none", True: "bool", ("a", 1): "tuple"},
+        "keys": {7: "int", 2.5: "float", None: "none", True: "bool", ("a", 1): "tuple"},
         "tag-like": {"tensor": "0", "dict": {"float": "nan"}, "pairs": [1], "tuple": []},
         "tensors": {str(dtype): torch.ones(2, 3, dtype=dtype) for dtype in
                     (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int32,
