@@ -346,3 +346,21 @@ def test_gan_accel_out_inside_a_runs_checkpoints_is_refused(finished_run, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: --out") and "belongs to the run" in err[0]
     assert not (run / "checkpoints" / "plot.png").exists()
+
+
+def test_a_run_refused_while_the_holder_writes_its_record_still_names_the_holder(tmp_path):
+    """The holder empties ``.lock`` before writing its record: a run refused in that moment reads it again."""
+    import threading
+
+    from gan_accel.storage.lock import RunLock
+
+    holder = RunLock(tmp_path)
+    holder.acquire()
+    try:
+        (tmp_path / ".lock").write_text("")  # the holder between emptying the file and writing its record
+        record = json.dumps({"host": "elsewhere", "pid": 4242, "since": "2026-12-07 10:00:00"})
+        threading.Timer(0.2, lambda: (tmp_path / ".lock").write_text(record)).start()
+        with pytest.raises(RunFolderError, match=r"in use by another run \(pid 4242 on elsewhere"):
+            RunLock(tmp_path).acquire()
+    finally:
+        holder.release()

@@ -98,11 +98,17 @@ def _record(data: bytes) -> dict | None:
     return info if isinstance(info, dict) and info else None
 
 
-def _read_holder(fd: int) -> str:
-    try:
-        info = _record(os.pread(fd, 4096, 0))
-    except OSError:
-        info = None
+def _read_holder(fd: int, tries: int = 20) -> str:
+    """Who holds the lock, as the holder's record names it. A run that has just taken the lock may not have written
+    its record yet (it empties the file first), so an empty or partial record is read again for up to a second."""
+    for attempt in range(tries):
+        try:
+            info = _record(os.pread(fd, 4096, 0))
+        except OSError:
+            info = None
+        if info or attempt == tries - 1:
+            break
+        time.sleep(0.05)
     return f"pid {info.get('pid')} on {info.get('host')}, since {info.get('since')}" if info else "holder unknown"
 
 
