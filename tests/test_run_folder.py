@@ -113,6 +113,48 @@ def test_the_lock_is_released_on_any_exit_and_a_stale_one_is_not_obeyed(tmp_path
     assert steps(out) == list(range(1, 9))
 
 
+
+class FakeWindowsLocks:
+    """``msvcrt.locking`` as Windows does it: a byte range from the descriptor's position, locked by one descriptor
+    at a time (in one process here, so that the test sees a refusal without a second process)."""
+    LK_UNLCK, LK_NBLCK = 0, 2
+
+    def __init__(self) -> None:
+        self.held: dict[tuple, int] = {}
+        self.calls: list[tuple[int, int]] = []
+
+    def locking(self, fd: int, mode: int, nbytes: int) -> None:
+        info, at = os.fstat(fd), os.lseek(fd, 0, os.SEEK_CUR)
+        key = (info.st_dev, info.st_ino, at, nbytes)
+        self.calls.append((mode, at))
+        if mode == self.LK_NBLCK:
+            if key in self.held:
+                raise PermissionError(13, "Permission denied")  # what Windows raises for a range locked elsewhere
+            self.held[key] = fd
+        else:
+            assert self.held.pop(key) == fd, "unlocked by the descriptor that locked it"
+
+
+def test_the_lock_works_without_fcntl_and_pread_as_on_windows(tmp_path, monkeypatch):
+    from gan_accel.storage import lock
+
+    windows = FakeWindowsLocks()
+    monkeypatch.setattr(lock, "fcntl", None)
+    monkeypatch.setattr(lock, "msvcrt", windows)
+    for unix_only in ("pread", "pwrite"):
+        monkeypatch.delattr(os, unix_only, raising=False)
+    out = tmp_path / "run"
+    with RunLock(out):
+        with pytest.raises(RunFolderError, match=rf"in use by another run \(pid {os.getpid()} on .*since"):
+            trainer_for(out).fit()
+    assert windows.held == {} and windows.calls[0] == (windows.LK_NBLCK, lock.WINDOWS_LOCKED_BYTE)
+    assert lock.WINDOWS_LOCKED_BYTE > 4096, "the locked byte lies past the record a refused run reads"
+    trainer_for(out).fit()  # released: usable again, and the run holds and lets go of it the same way
+    assert steps(out) == list(range(1, 9)) and windows.held == {}
+    assert windows.calls[-1] == (windows.LK_UNLCK, lock.WINDOWS_LOCKED_BYTE)
+    assert (out / ".lock").read_text() == "", "a holder that ended as planned leaves no record"
+
+
 # -- a new run only in an absent or empty folder ----------------------------------------------------------
 def test_a_new_run_in_a_folder_that_holds_anything_is_refused_in_one_line(finished_run, tmp_path):
     run = copy_run(finished_run, tmp_path / "runs" / "x")

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+import psutil
+
 from ..errors import ConfigError, RunFolderError
 
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # 0 on Windows, whose links need privileges to make
@@ -33,19 +35,15 @@ def temporary_name(path: Path) -> Path:
 
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` of this machine still runs: not gone and not a zombie awaiting its parent (another
-    user's counts as running: it may be a writer; a pid <= 0 is never judged dead)."""
+    user's counts as running: it may be a writer; a pid <= 0 is never judged dead). Through psutil, not
+    ``os.kill(pid, 0)``: on Windows that sends a Ctrl-C to the process instead of asking about it."""
     if pid <= 0:
         return True
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:  # the kernel's record of the process: "Z" is a zombie
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+    except psutil.Error:  # access denied and the like: it exists
         return True
 
 

@@ -1,6 +1,7 @@
-"""One writer per run folder: ``fcntl.flock`` on ``<run>/.lock``, held by the main process for the run's life.
+"""One writer per run folder: a lock on ``<run>/.lock``, held by the main process for the run's life (``fcntl.flock``;
+on Windows ``msvcrt.locking`` of one byte past the record, since Windows byte locks also bar reading).
 
-The kernel releases it however the holder exits (crash, SIGKILL), so a dead process's lock is never obeyed.
+The system releases it however the holder exits (crash, SIGKILL), so a dead process's lock is never obeyed.
 The file records the holder (host, pid, start time) for the message a second run gets; a holder that lets go
 empties it, unless its run crashed (then ``ended`` says how): a record left there names a run that did not end
 as planned. It is opened without following a link: a ``.lock`` that is a link (or a FIFO, a device) is refused
@@ -22,11 +23,15 @@ from .reading import read_text
 
 # Not filelock: the versions our dependencies allow (>= 3.10; 3.13, 3.20.3 read) open it with O_TRUNC before locking:
 # a refused run would erase the record naming the holder, a new run the killed run's record that restart.py reads,
-# and before 3.20.1 they follow a link. Nor would it bring Windows alone: os.pread/pwrite are Unix-only.
+# and before 3.20.1 they follow a link.
 try:
     import fcntl
-except ImportError:  # Windows: no advisory locks; the folder check still refuses finished runs
+    msvcrt = None
+except ImportError:  # Windows
     fcntl = None
+    import msvcrt
+
+WINDOWS_LOCKED_BYTE = 1 << 20  # far past the record (a few hundred bytes), which a refused run must still read
 
 
 class RunLock:
@@ -50,19 +55,17 @@ class RunLock:
         except OSError as error:  # the first write of a run: an unusable folder stops it before any work
             raise RunFolderError(f"cannot use output folder {self.path.parent}: {write_failure_reason(error)} "
                                  f"(at {error.filename}); choose a writable output_dir") from None
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = _read_holder(fd)
-                os.close(fd)
-                raise RunFolderError(
-                    f"run folder {self.path.parent} is in use by another run ({holder}): one run writes to a folder "
-                    "at a time; wait for it to finish, stop it, or choose another output_dir") from None
-        self.previous = _record(os.pread(fd, 4096, 0))  # the lock is ours: a holder named there is gone
+        try:
+            _lock(fd, exclusive=True)
+        except OSError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunFolderError(
+                f"run folder {self.path.parent} is in use by another run ({holder}): one run writes to a folder "
+                "at a time; wait for it to finish, stop it, or choose another output_dir") from None
+        self.previous = _record(_read(fd))  # the lock is ours: a holder named there is gone
         info = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        _write(fd, json.dumps(info).encode())
         self._fd = fd
 
     def release(self, error: BaseException | None = None) -> None:
@@ -74,13 +77,14 @@ class RunLock:
         fd, self._fd = self._fd, None
         ended = None if error is None or isinstance(error, GanAccelError) else type(error).__name__
         try:
-            mine = _record(os.pread(fd, 4096, 0))
+            mine = _record(_read(fd))
             record = {**mine, "ended": ended} if ended and mine else self.previous  # a killed holder's record stays
-            os.ftruncate(fd, 0)  # until a run takes over the folder (it sets ``previous`` to None)
-            if record:
-                os.pwrite(fd, json.dumps(record).encode(), 0)
+            _write(fd, json.dumps(record).encode() if record else b"")  # until a run takes over the folder
         finally:
-            os.close(fd)  # closing the descriptor releases the flock
+            try:
+                _lock(fd, exclusive=False)
+            finally:
+                os.close(fd)
 
     def __enter__(self) -> "RunLock":
         self.acquire()
@@ -88,6 +92,27 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _lock(fd: int, exclusive: bool) -> None:
+    """Take the lock without waiting (OSError when another process holds it), or let it go."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_UN)
+    else:
+        os.lseek(fd, WINDOWS_LOCKED_BYTE, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK if exclusive else msvcrt.LK_UNLCK, 1)
+
+
+def _read(fd: int) -> bytes:
+    """The record, from the file's start (seek and read: os.pread is Unix-only)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 4096)
+
+
+def _write(fd: int, data: bytes) -> None:
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, data)
 
 
 def _record(data: bytes) -> dict | None:
@@ -103,7 +128,7 @@ def _read_holder(fd: int, tries: int = 20) -> str:
     its record yet (it empties the file first), so an empty or partial record is read again for up to a second."""
     for attempt in range(tries):
         try:
-            info = _record(os.pread(fd, 4096, 0))
+            info = _record(_read(fd))
         except OSError:
             info = None
         if info or attempt == tries - 1:
