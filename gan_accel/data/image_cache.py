@@ -22,6 +22,7 @@ next build on the same host.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -107,11 +108,9 @@ def clear_stale_temporaries(folder: Path) -> list[Path]:
         if match is None or not name[:match.start()].endswith(f".{host}") or not name.startswith(".") \
                 or int(match["pid"]) == os.getpid() or process_alive(int(match["pid"])):
             continue
-        try:
+        with contextlib.suppress(OSError):
             (folder / name).unlink()
             removed.append(folder / name)
-        except OSError:
-            pass
     return removed
 
 

@@ -8,6 +8,7 @@ replaces a link itself, and a removal unlinks a link itself, never what it point
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -62,10 +63,8 @@ def clear_dead_temporaries(path: Path) -> None:
         pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
         if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
-        try:
+        with contextlib.suppress(OSError):  # another process cleared it first, or it is not ours: it is never read
             remove_tree(path.parent / name)
-        except OSError:
-            pass  # another process cleared it first, or it is not ours to remove: it is never read
 
 
 def rename_new(src: Path, dst: Path) -> None:
@@ -118,10 +117,8 @@ def open_kept_file(path: str | os.PathLike, flags: int, what: str) -> int:
 
 def remove_entry(path: str | os.PathLike) -> None:
     """Remove the file or link ``path`` (a link itself, never its target); an absent one is no error."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def remove_tree(path: str | os.PathLike) -> None:
@@ -213,14 +210,12 @@ def write_failure_reason(error: BaseException, path: str | os.PathLike | None = 
     if free is not None and free < LOW_SPACE:
         return f"{os.strerror(errno.ENOSPC)} (ENOSPC): {free:,} bytes free on the file system of {path} ({first})"
     hints = [] if free is None else [f"{free:,} bytes free there"]
-    try:
+    with contextlib.suppress(ImportError, OSError, ValueError):
         import resource
 
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY:
             hints.append(f"this process has a file-size limit of {limit} bytes (ulimit -f)")
-    except (ImportError, OSError, ValueError):
-        pass
     return f"{first}" + (f"; {'; '.join(hints)}" if hints else "") + "; check free space, quotas and file-size limits"
 
 
