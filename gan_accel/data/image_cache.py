@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -42,13 +43,12 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import DataError, UnsafeFileError
 from ..storage.files import atomic_path, process_alive, remove_entry, temporary_name, write_bytes_synced
 from ..storage.reading import file_sha256, load_array, read_bytes
-
-MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
 from . import image_decode
 from .image_decode import Preprocessing
 from .image_scan import scan, skip_reason
 from .image_sources import Entry, ImageSource
 
+MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
 CACHE_VERSION = 2  # part of every key: a change to decoding or to the layout invalidates old caches
 
 
@@ -159,7 +159,6 @@ class CacheFolder:
     def _distrust(path: Path, why: str, say: Callable[[str], Any] | None) -> None:
         if say is not None:
             say(f"gan_accel: warning: the image cache file {path} cannot be used ({why}); building it again")
-        return None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
         body = {"version": CACHE_VERSION, "key": self.key, **data}
@@ -296,13 +295,9 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
         preallocate(tmp)
         # the random crop needs each strip's real length (the rest is padding) and orientation
         strips = np.zeros((n, 2), dtype=np.int16)
-        job = _DecodeJob(source, names, prep)
-        if workers > 0:
-            results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
-                                                         worker_init_fn=functools.partial(die_with_parent, parent=os.getpid())) for item in batch)
-        else:
-            results = (job[i] for i in range(n))
-        for index, decoded, reason in results:  # in order: the images decoded fill the first rows
+        jobs = DataLoader(_DecodeJob(source, names, prep), batch_size=32, num_workers=workers, collate_fn=list,
+                          worker_init_fn=functools.partial(die_with_parent, parent=os.getpid()) if workers else None)
+        for index, decoded, reason in itertools.chain.from_iterable(jobs):  # in order: the decoded fill the first rows
             if decoded is None:
                 failed.append((names[index], reason))
             else:
@@ -326,9 +321,8 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
         array.flush()
         del array
         if prep.crop == "random":
-            with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp:
-                with open(strips_tmp, "wb") as handle:
-                    np.save(handle, strips[:rows], allow_pickle=False)
+            with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp, open(strips_tmp, "wb") as handle:
+                np.save(handle, strips[:rows], allow_pickle=False)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -181,11 +181,10 @@ def first_line(error: BaseException) -> str:
 
 def write_bytes_synced(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` atomically and flush it to disk; a failure raises ``OSError`` with its errno."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "r+b") as handle:  # the file atomic_path created: opening it creates nothing
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+    with atomic_path(path) as tmp, open(tmp, "r+b") as handle:  # atomic_path's own file: opening it creates nothing
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 _ERRNO_IN_TEXT = re.compile(r"(?:os error|errno)\s*(\d+)", re.IGNORECASE)
