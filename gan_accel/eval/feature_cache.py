@@ -23,9 +23,9 @@ KEY = "features"
 
 def cache_dir() -> Path:
     """The evaluation cache: ``$GAN_ACCEL_CACHE``, else ``$XDG_CACHE_HOME/gan_accel`` or ``~/.cache/gan_accel``."""
-    if os.environ.get("GAN_ACCEL_CACHE"):
-        return Path(os.environ["GAN_ACCEL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gan_accel"
+    from ..data.image_cache import default_cache_root
+
+    return default_cache_root().parent  # the image caches live in its images/ folder
 
 
 def _sha256(features: Tensor) -> str:

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ConfigError, RunFolderError
+from .reading import CLOSE_ON_EXEC, NON_BLOCKING  # opening a FIFO must not wait for a writer
 
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # 0 on Windows, whose links need privileges to make
-CLOSE_ON_EXEC = getattr(os, "O_CLOEXEC", 0)
-NON_BLOCKING = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not wait for a writer
 
 
 def temporary_name(path: Path) -> Path:
@@ -133,15 +132,8 @@ def remove_tree(path: str | os.PathLike) -> None:
 def has_link_between(root: str | os.PathLike, relative: str | os.PathLike) -> bool:
     """Whether any part of ``root/relative`` below ``root`` is a symbolic link (so that it may lead out of
     ``root``); an absent part ends the walk (nothing there to follow)."""
-    path = Path(root)
-    for part in Path(relative).parts:
-        path = path / part
-        try:
-            if stat.S_ISLNK(os.lstat(path).st_mode):
-                return True
-        except OSError:
-            return False
-    return False
+    parts = Path(relative).parts  # os.path.islink: False for an absent part, and for everything under it
+    return any(os.path.islink(Path(root, *parts[:end])) for end in range(1, len(parts) + 1))
 
 
 def make_own_folder(path: str | os.PathLike, what: str) -> Path:
