@@ -22,16 +22,13 @@ next build on the same host.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import hashlib
 import itertools
 import json
 import os
-import re
 import signal
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError, UnsafeFileError
-from ..storage.files import atomic_path, process_alive, remove_entry, temporary_name, write_bytes_synced
+from ..storage.files import atomic_path, clear_dead_temporaries, remove_entry, temporary_name, write_bytes_synced
 from ..storage.reading import file_sha256, load_array, read_bytes
 from . import image_decode
 from .image_decode import Preprocessing
@@ -98,23 +95,7 @@ def _json_sha256(data: dict[str, Any]) -> str:
 def clear_stale_temporaries(folder: Path) -> list[Path]:
     """Remove the temporary files (``.<name>.<host>.<pid>.tmp``, and ``.compact`` ones) that a killed writer on
     this host left in ``folder``; those of live processes and other hosts are kept. Returns what was removed."""
-    host, removed = socket.gethostname(), []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return removed
-    for name in names:
-        match = _TEMPORARY.search(name)
-        if match is None or not name[:match.start()].endswith(f".{host}") or not name.startswith(".") \
-                or int(match["pid"]) == os.getpid() or process_alive(int(match["pid"])):
-            continue
-        with contextlib.suppress(OSError):
-            (folder / name).unlink()
-            removed.append(folder / name)
-    return removed
-
-
-_TEMPORARY = re.compile(r"\.(?P<pid>\d+)\.tmp(\.compact)?$")  # the end of temporary_name's names
+    return clear_dead_temporaries(folder, every_name=True)
 
 
 class CacheFolder:

@@ -49,21 +49,27 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def clear_dead_temporaries(path: Path) -> None:
+def clear_dead_temporaries(path: Path, every_name: bool = False) -> list[Path]:
     """Remove what writers of ``path`` on this host that were killed (SIGKILL, out of memory) left beside it: its
     :func:`temporary_name` with the id of a process no longer running, a file or a folder (an export's), removed
-    as a name, never through a link. A live writer's, another host's and anything else are kept."""
-    prefix = f".{path.name}.{socket.gethostname()}."
+    as a name, never through a link. ``every_name``: the temporary files of every name in the folder ``path``
+    (and their ``.compact`` copies). A live writer's, another host's and anything else are kept. Returns what was
+    removed."""
+    folder, host, removed = (path if every_name else path.parent), re.escape(socket.gethostname()), []
+    stem = rf"(?=\.).*\.{host}" if every_name else rf"\.{re.escape(path.name)}\.{host}"  # see temporary_name
+    temporary = re.compile(stem + r"\.(\d+)\.tmp" + (r"(\.compact)?" if every_name else ""), re.DOTALL)
     try:
-        names = os.listdir(path.parent)
+        names = os.listdir(folder)
     except OSError:
-        return
+        return removed
     for name in names:
-        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
-        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
+        match = temporary.fullmatch(name)
+        if match is None or int(match[1]) == os.getpid() or process_alive(int(match[1])):
             continue
         with contextlib.suppress(OSError):  # another process cleared it first, or it is not ours: it is never read
-            remove_tree(path.parent / name)
+            (os.unlink if every_name else remove_tree)(folder / name)
+            removed.append(folder / name)
+    return removed
 
 
 def rename_new(src: Path, dst: Path) -> None:
