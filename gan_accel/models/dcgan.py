@@ -105,10 +105,8 @@ class DCGANDiscriminator(nn.Module):
                     _spectral_norm(module)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.position == "coords":
-            out = self.net(torch.cat([x, coordinate_grid(x).expand(len(x), -1, -1, -1)], dim=1)).reshape(x.shape[0])
-        else:
-            out = self.net(x).reshape(x.shape[0])
+        h = torch.cat([x, coordinate_grid(x).expand(len(x), -1, -1, -1)], dim=1) if self.position == "coords" else x
+        out = self.net(h).reshape(x.shape[0])
         if self.moments is not None:
             out = out + self.moments(image_moments(x)).reshape(x.shape[0])
         if self.profiles is not None:
