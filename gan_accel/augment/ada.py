@@ -63,12 +63,8 @@ class AdaAugment(nn.Module):
         side = torch.tensor([height, width], device=device)
         steps = torch.round((torch.rand(n, 2, device=device) * 2 - 1) * 0.125 * side).long()
         shift = torch.where(coin().view(n, 1), steps, 0)
-        geometry = selected_g = None
-        if self.geometric:
-            geometry, selected_g = _draw_geometry(n, p, device)
-        color = selected_c = None
-        if self.color:
-            color, selected_c = _draw_color(n, p, device)
+        geometry, selected_g = _draw_geometry(n, p, device) if self.geometric else (None, None)
+        color, selected_c = _draw_color(n, p, device) if self.color else (None, None)
         return AdaDraws(flip, quarter_turns, shift, geometry, selected_g, color, selected_c)
 
     # -- applying them ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ that process then exits 75, as for any other process that went silent (:mod:`gan
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,11 +102,9 @@ def _wait_for(path: Path, builder: Builder) -> None:
         restore = signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
     try:
         while True:
-            try:
+            with contextlib.suppress(OSError, ValueError, AttributeError, UnsafeFileError):  # unwritten, or not ours
                 if read_json(path).get("state") in ("done", "error"):
                     return
-            except (OSError, ValueError, AttributeError, UnsafeFileError):  # not written yet, or not ours
-                pass
             if not process_alive(builder.pid) or stopped.is_set():
                 break
             time.sleep(0.2)

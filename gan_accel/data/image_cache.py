@@ -25,11 +25,10 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import itertools
 import json
 import os
-import re
 import signal
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,15 +38,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import DataError, UnsafeFileError
-from ..storage.files import atomic_path, process_alive, remove_entry, temporary_name, write_bytes_synced
+from ..storage.files import atomic_path, clear_dead_temporaries, remove_entry, temporary_name, write_bytes_synced
 from ..storage.reading import file_sha256, load_array, read_bytes
-
-MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
 from . import image_decode
 from .image_decode import Preprocessing
 from .image_scan import scan, skip_reason
 from .image_sources import Entry, ImageSource
 
+MAX_RECORD_BYTES = 1 << 30  # scan.json lists every file of the data: millions of names fit
 CACHE_VERSION = 2  # part of every key: a change to decoding or to the layout invalidates old caches
 
 
@@ -97,25 +95,7 @@ def _json_sha256(data: dict[str, Any]) -> str:
 def clear_stale_temporaries(folder: Path) -> list[Path]:
     """Remove the temporary files (``.<name>.<host>.<pid>.tmp``, and ``.compact`` ones) that a killed writer on
     this host left in ``folder``; those of live processes and other hosts are kept. Returns what was removed."""
-    host, removed = socket.gethostname(), []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return removed
-    for name in names:
-        match = _TEMPORARY.search(name)
-        if match is None or not name[:match.start()].endswith(f".{host}") or not name.startswith(".") \
-                or int(match["pid"]) == os.getpid() or process_alive(int(match["pid"])):
-            continue
-        try:
-            (folder / name).unlink()
-            removed.append(folder / name)
-        except OSError:
-            pass
-    return removed
-
-
-_TEMPORARY = re.compile(r"\.(?P<pid>\d+)\.tmp(\.compact)?$")  # the end of temporary_name's names
+    return clear_dead_temporaries(folder, every_name=True)
 
 
 class CacheFolder:
@@ -160,7 +140,6 @@ class CacheFolder:
     def _distrust(path: Path, why: str, say: Callable[[str], Any] | None) -> None:
         if say is not None:
             say(f"gan_accel: warning: the image cache file {path} cannot be used ({why}); building it again")
-        return None
 
     def write_json(self, path: Path, data: dict[str, Any]) -> None:
         body = {"version": CACHE_VERSION, "key": self.key, **data}
@@ -297,13 +276,9 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
         preallocate(tmp)
         # the random crop needs each strip's real length (the rest is padding) and orientation
         strips = np.zeros((n, 2), dtype=np.int16)
-        job = _DecodeJob(source, names, prep)
-        if workers > 0:
-            results: Any = (item for batch in DataLoader(job, batch_size=32, num_workers=workers, collate_fn=list,
-                                                         worker_init_fn=functools.partial(die_with_parent, parent=os.getpid())) for item in batch)
-        else:
-            results = (job[i] for i in range(n))
-        for index, decoded, reason in results:  # in order: the images decoded fill the first rows
+        jobs = DataLoader(_DecodeJob(source, names, prep), batch_size=32, num_workers=workers, collate_fn=list,
+                          worker_init_fn=functools.partial(die_with_parent, parent=os.getpid()) if workers else None)
+        for index, decoded, reason in itertools.chain.from_iterable(jobs):  # in order: the decoded fill the first rows
             if decoded is None:
                 failed.append((names[index], reason))
             else:
@@ -327,9 +302,8 @@ def build_images(folder: CacheFolder, prep: Preprocessing, source: ImageSource, 
         array.flush()
         del array
         if prep.crop == "random":
-            with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp:
-                with open(strips_tmp, "wb") as handle:
-                    np.save(handle, strips[:rows], allow_pickle=False)
+            with atomic_path(folder.file(prep, ".strips.npy")) as strips_tmp, open(strips_tmp, "wb") as handle:
+                np.save(handle, strips[:rows], allow_pickle=False)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -132,12 +132,9 @@ class ImageData:
         if recorded is not None:
             wanted = set(recorded)
             rows = [row for row, name in enumerate(self.names) if name in wanted]
-        else:
-            n = len(self)
-            count = held_out_count(n, batch_size)
-            # its own generator, offset from the seed: not the first images of real_images' (evaluation's) choice
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919))
-            rows = order[:max(0, count)].tolist()
+        else:  # its own generator, offset from the seed: not the first images of real_images' (evaluation's) choice
+            order = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed + 7919))
+            rows = order[:held_out_count(len(self), batch_size)].tolist()
         self.held_out_rows = tuple(sorted(rows))
         return len(self.held_out_rows)
 
@@ -426,11 +423,11 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
     :class:`DataError` for a missing or empty source."""
     if labels not in LABEL_MODES:
         raise DataError(f"labels {labels!r} is unknown: choose {', '.join(LABEL_MODES)}")
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     if isinstance(source, (str, os.PathLike)):
         if not os.fspath(source).strip():
             raise DataError("the data path is empty: pass a folder of images, a .zip of them or hf:NAME ('.' for "
                             "the current folder)")
-        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
         check_outside_data(source, root, "the image cache", "pass --cache-dir (or set GAN_ACCEL_CACHE) outside it")
         check_not_a_run(source)
     src = resolve_source(source, split=split, image_column=image_column, label_column=label_column,
@@ -440,7 +437,6 @@ def scan_images(source: str | os.PathLike | Any, labels: str = "auto", *, split:
         raise DataError(f"{src.description} holds no files (hidden files are ignored): pass the folder that holds "
                         "the images")
     key = image_cache.scan_key(src.identity(), entries)
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
     cache, builder = CacheFolder(root, key), builder_of(accelerator)
     if read_only:
         return ImageScan(src, entries, cache, key, cache.scan(src, entries, write=False), labels, accelerator, builder)

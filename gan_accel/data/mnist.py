@@ -34,12 +34,7 @@ def load_mnist_uint8(data_dir: PathLike, train: bool = True, download: bool = Tr
 
     ds = MNIST(os.fspath(data_dir), train=train, download=download)
     # ``ds.data`` is already the decoded uint8 array; taking it directly skips the per-item PIL path.
-    images = ds.data.to(torch.uint8).unsqueeze(1).contiguous()
-    labels = ds.targets.to(torch.int64)
-    return images, labels
-
-
-
+    return ds.data.to(torch.uint8).unsqueeze(1).contiguous(), ds.targets.to(torch.int64)
 
 
 class DatasetUnavailableError(GanAccelError, RuntimeError):

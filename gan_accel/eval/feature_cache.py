@@ -7,6 +7,7 @@ line, computed again and replaced.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -22,9 +23,9 @@ KEY = "features"
 
 def cache_dir() -> Path:
     """The evaluation cache: ``$GAN_ACCEL_CACHE``, else ``$XDG_CACHE_HOME/gan_accel`` or ``~/.cache/gan_accel``."""
-    if os.environ.get("GAN_ACCEL_CACHE"):
-        return Path(os.environ["GAN_ACCEL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gan_accel"
+    from ..data.image_cache import default_cache_root
+
+    return default_cache_root().parent  # the image caches live in its images/ folder
 
 
 def _sha256(features: Tensor) -> str:
@@ -70,13 +71,11 @@ def cached_features(fingerprint: str, space: str, count: int, compute: Callable[
             log(f"gan_accel: warning: the feature cache {path} cannot be used ({why}); computing the real features "
                 "again")
     features = compute().float().contiguous().cpu()
-    try:
+    with contextlib.suppress(OSError):  # a read-only cache costs time, not correctness
         from ..data.image_cache import clear_stale_temporaries
 
         clear_stale_temporaries(folder)
         with atomic_path(path) as tmp:
             meta = {"space": space, "fingerprint": fingerprint, "sha256": _sha256(features)}
             tmp.write_bytes(save({KEY: features}, metadata=meta))
-    except OSError:
-        pass  # a read-only cache costs time, not correctness
     return features, False

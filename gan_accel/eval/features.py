@@ -19,11 +19,7 @@ class FeatureExtractor(Protocol):
 def _extractor_device(extractor: FeatureExtractor) -> torch.device | None:
     """The device of a module (or a bound method of one) extractor; None if it cannot be told."""
     module = extractor if isinstance(extractor, nn.Module) else getattr(extractor, "__self__", None)
-    if isinstance(module, nn.Module):
-        param = next(module.parameters(), None)
-        if param is not None:
-            return param.device
-    return None
+    return next((param.device for param in module.parameters()), None) if isinstance(module, nn.Module) else None
 
 
 def compute_features(extractor: FeatureExtractor, images: Union[Tensor, Iterable[Any]],

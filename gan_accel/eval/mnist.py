@@ -237,10 +237,8 @@ def iter_generated(G: nn.Module, num: int, z_dim: int, device: torch.device | st
     try:
         for start in range(0, num, batch_size):
             z = torch.randn(min(batch_size, num - start), z_dim, generator=generator).to(device)
-            if labels is None:
-                yield G(z).float().cpu()
-            else:
-                yield G(z, labels[start:start + len(z)].to(device)).float().cpu()
+            extra = () if labels is None else (labels[start:start + len(z)].to(device),)  # G(z) or G(z, labels)
+            yield G(z, *extra).float().cpu()
     finally:
         G.train(was_training)
 

@@ -18,20 +18,15 @@ def _distances(a: Tensor, b: Tensor) -> Tensor:
 
 def knn_radii(points: Tensor, k: int, batch_size: int = 1000) -> Tensor:
     """Distance of each point to its k-th nearest other point of the same set, computed in row blocks."""
-    radii = []
-    for start in range(0, len(points), batch_size):
-        block = _distances(points[start:start + batch_size], points)
-        # the point itself is at distance 0 and comes first: the k-th neighbour is at index k
-        radii.append(block.kthvalue(k + 1, dim=1).values)
-    return torch.cat(radii)
+    # the point itself is at distance 0 and comes first: the k-th neighbour is at index k
+    return torch.cat([_distances(points[start:start + batch_size], points).kthvalue(k + 1, dim=1).values
+                      for start in range(0, len(points), batch_size)])
 
 
 def coverage_share(queries: Tensor, points: Tensor, radii: Tensor, batch_size: int = 1000) -> float:
     """Share of ``queries`` within ``radii[j]`` of some ``points[j]``."""
-    inside = []
-    for start in range(0, len(queries), batch_size):
-        block = _distances(queries[start:start + batch_size], points)
-        inside.append((block <= radii[None, :]).any(dim=1))
+    inside = [(_distances(queries[start:start + batch_size], points) <= radii[None, :]).any(dim=1)
+              for start in range(0, len(queries), batch_size)]
     return float(torch.cat(inside).double().mean())
 
 

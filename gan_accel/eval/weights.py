@@ -8,6 +8,7 @@ once its SHA-256 matches). Every failure is one line naming the file, the folder
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -186,8 +187,6 @@ def _bar(total: int | None, name: str, show: bool):
 def _clear_stale_downloads(dest: Path, age: float) -> None:
     """Remove what a killed download left beside ``dest``: a live download writes at least every ``timeout``."""
     for stale in dest.parent.glob(f".{dest.name}.*.tmp"):
-        try:
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove: it is never read
             if time.time() - stale.stat().st_mtime > age:
                 stale.unlink()
-        except OSError:
-            pass  # gone already, or not ours to remove: it is never read

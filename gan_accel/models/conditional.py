@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm as _spectral_norm
 
-from .dcgan import _plan, coordinate_grid, dcgan_init, generator_stack
+from .dcgan import _plan, coordinate_grid, dcgan_init, discriminator_stack, generator_stack
 
 POSITIONS = ("coords", "moments", "none")  # how the projection D sees where strokes are
 
@@ -39,8 +39,6 @@ class ConditionalDCGANGenerator(nn.Module):
         return self.net(h.reshape(h.shape[0], -1, 1, 1))
 
 
-
-
 class ProjectionDiscriminator(nn.Module):
     """``D(x, y)`` = ``psi(h) + <embed(y), h>``, h = [pooled DCGAN features, within-class std]; ``position``:
     ``"coords"`` (default), ``"moments"`` or ``"none"`` (see the module docstring)."""
@@ -53,15 +51,7 @@ class ProjectionDiscriminator(nn.Module):
         stages = _plan(image_size)[1]  # the features are pooled over space: only the stages matter
         self.num_classes, self.image_size, self.channels = num_classes, image_size, channels
         self.class_stddev, self.position = class_stddev, position
-        in_channels = channels + 2 * (position == "coords")
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, width, 4, 2, 1), nn.LeakyReLU(0.2, True)]
-        ch = width
-        for _ in range(stages - 1):
-            layers.append(nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=spectral_norm))
-            if not spectral_norm:  # spectral normalisation replaces BatchNorm in D, as in the paper
-                layers.append(nn.BatchNorm2d(ch * 2))
-            layers.append(nn.LeakyReLU(0.2, True))
-            ch *= 2
+        layers, ch = discriminator_stack(channels + 2 * (position == "coords"), width, stages, spectral_norm)
         self.features = nn.Sequential(*layers)
         self.feature_dim = ch * (3 if position == "moments" else 1) + int(class_stddev)
         self.psi = nn.Linear(self.feature_dim, 1)

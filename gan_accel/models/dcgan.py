@@ -52,6 +52,21 @@ def generator_stack(in_channels: int, width: int, image_size: int, channels: int
     return nn.Sequential(*layers)
 
 
+def discriminator_stack(in_channels: int, width: int, stages: int, spectral_norm: bool,
+                        first_bias: bool = True) -> tuple[list[nn.Module], int]:
+    """(strided convs halving the side ``stages`` times with LeakyReLU(0.2), BatchNorm after all but the first
+    unless ``spectral_norm`` (which replaces it, as in the paper), their last width)."""
+    layers: list[nn.Module] = [nn.Conv2d(in_channels, width, 4, 2, 1, bias=first_bias), nn.LeakyReLU(0.2, True)]
+    ch = width
+    for _ in range(stages - 1):
+        layers.append(nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=spectral_norm))
+        if not spectral_norm:
+            layers.append(nn.BatchNorm2d(ch * 2))
+        layers.append(nn.LeakyReLU(0.2, True))
+        ch *= 2
+    return layers, ch
+
+
 class DCGANGenerator(nn.Module):
     """Transposed-conv generator with BatchNorm and ReLU, tanh output."""
 
@@ -77,17 +92,9 @@ class DCGANDiscriminator(nn.Module):
         self.image_size, self.channels, self.position = image_size, channels, position
         if position not in (None, *POSITIONS):
             raise ValueError(f"position={position!r}: choose one of {', '.join(POSITIONS)}")
-        in_channels = channels + 2 * (position == "coords")
-        layers: list[nn.Module] = [nn.Conv2d(in_channels, width, 4, 2, 1, bias=spectral_norm), nn.LeakyReLU(0.2, True)]
-        ch = width
-        for _ in range(stages - 1):
-            layers.append(nn.Conv2d(ch, ch * 2, 4, 2, 1, bias=spectral_norm))
-            if not spectral_norm:
-                layers.append(nn.BatchNorm2d(ch * 2))
-            layers.append(nn.LeakyReLU(0.2, True))
-            ch *= 2
-        layers += [nn.Conv2d(ch, 1, base, 1, 0)]  # (N, ch, base, base) -> (N, 1, 1, 1)
-        self.net = nn.Sequential(*layers)
+        layers, ch = discriminator_stack(channels + 2 * (position == "coords"), width, stages, spectral_norm,
+                                         first_bias=spectral_norm)
+        self.net = nn.Sequential(*layers, nn.Conv2d(ch, 1, base, 1, 0))  # (N, ch, base, base) -> (N, 1, 1, 1)
         self.moments = nn.Linear(MOMENTS * channels, 1, bias=False) if position in ("moments", "profiles") else None
         self.profiles = nn.Sequential(nn.Linear(2 * image_size * channels, 4 * width), nn.LeakyReLU(0.2, True),
                                       nn.Linear(4 * width, 1)) if position == "profiles" else None
@@ -98,10 +105,8 @@ class DCGANDiscriminator(nn.Module):
                     _spectral_norm(module)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.position == "coords":
-            out = self.net(torch.cat([x, coordinate_grid(x).expand(len(x), -1, -1, -1)], dim=1)).reshape(x.shape[0])
-        else:
-            out = self.net(x).reshape(x.shape[0])
+        h = torch.cat([x, coordinate_grid(x).expand(len(x), -1, -1, -1)], dim=1) if self.position == "coords" else x
+        out = self.net(h).reshape(x.shape[0])
         if self.moments is not None:
             out = out + self.moments(image_moments(x)).reshape(x.shape[0])
         if self.profiles is not None:

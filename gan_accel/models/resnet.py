@@ -144,14 +144,11 @@ class ResNetDiscriminator(nn.Module):
         self.width, self.image_size, self.channels, self.num_classes = width, image_size, channels, num_classes
         self.base = base_size(image_size)
         widths = [width * m for m in reversed(CHANNELS[image_size])]  # after each block: S/2, ..., base, base
-        c_in, blocks = channels, []
-        for index, c_out in enumerate(widths):
-            blocks.append(DownBlock(c_in, c_out, down=index < len(widths) - 1, first=index == 0))
-            c_in = c_out
-        self.blocks = nn.Sequential(*blocks)
-        self.feature_dim = c_in
-        self.psi = SNLinear(c_in, 1)
-        self.embed = SNEmbedding(num_classes, c_in) if num_classes is not None else None
+        self.blocks = nn.Sequential(*(DownBlock(c_in, c_out, down=index < len(widths) - 1, first=index == 0)
+                                      for index, (c_in, c_out) in enumerate(zip([channels, *widths], widths))))
+        self.feature_dim = c = widths[-1]
+        self.psi = SNLinear(c, 1)
+        self.embed = SNEmbedding(num_classes, c) if num_classes is not None else None
         self.apply(_init)
         reset_spectral_norm(self)  # u, v of the initialised weights
         install_spectral_refresh(self)

@@ -11,6 +11,7 @@ buffer, the flag is saved and restored with u, v. u, v and sigma are computed ou
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -87,18 +88,15 @@ class SpectralNormMixin:
         return self.weight / self.sigma()
 
 
-_WATCHING = False
 # id(weight) -> the layer that normalises it (weakly: the registry keeps no layer alive). Not an attribute
 # of the Parameter: that would make the weight unpicklable, and a deep copy would not carry it anyway.
 _OWNERS: dict[int, "weakref.ref[SpectralNormMixin]"] = {}
 
 
+@functools.cache  # once per process
 def _watch_optimizer_steps() -> None:
-    """Register (once per process) the hook that marks spectrally normalised weights stale after a step."""
-    global _WATCHING
-    if not _WATCHING:
-        register_optimizer_step_post_hook(_mark_stepped_weights)
-        _WATCHING = True
+    """Register the hook that marks spectrally normalised weights stale after a step."""
+    register_optimizer_step_post_hook(_mark_stepped_weights)
 
 
 def _mark_stepped_weights(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -80,12 +80,7 @@ def _judge(ctx: "StepContext", x: Tensor, labels: Tensor | None, class_weight: f
     if not class_weight:
         return ctx.discriminate(x, labels), None
     classes = ctx.class_logits(x, labels)
-    return _column(classes, labels), classes
-
-
-def _column(logits: Tensor, labels: Tensor) -> Tensor:
-    """Row i's entry at column labels[i]: each sample's logit for its own label, shape (N,)."""
-    return torch.gather(logits, 1, labels.reshape(-1, 1)).reshape(-1)
+    return torch.gather(classes, 1, labels.reshape(-1, 1)).reshape(-1), classes  # each sample's own label's logit
 
 
 def sum_losses(*losses: PhaseLoss) -> PhaseLoss:
@@ -94,10 +89,7 @@ def sum_losses(*losses: PhaseLoss) -> PhaseLoss:
         raise ValueError("sum_losses needs at least one loss")
 
     def summed(ctx: "StepContext") -> Tensor:
-        total = losses[0](ctx)
-        for term in losses[1:]:
-            total = total + term(ctx)
-        return total
+        return sum((term(ctx) for term in losses[1:]), losses[0](ctx))
 
     summed.__qualname__ = " + ".join(getattr(f, "__qualname__", "loss") for f in losses)
     return summed

@@ -123,9 +123,8 @@ def save_gif(frames: Iterable[str | os.PathLike | BinaryIO], path: str | os.Path
     paths = list(frames)
     if not paths:
         raise ValueError("no frames to animate")
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as out:
-            write_gif(out, paths, frame_ms, hold_last_ms)
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        write_gif(out, paths, frame_ms, hold_last_ms)
     return Path(path)
 
 

@@ -13,6 +13,7 @@ which resume never picks. Before ``load_state`` every file is checked to hold te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -162,10 +163,8 @@ def _prune(checkpoint: Path) -> None:
                     and not has_link_between(checkpoint, Path(name).parent):
                 remove_entry(checkpoint / name)
         for folder in sorted((d for d, _, _ in os.walk(checkpoint)), reverse=True):  # the deepest first; no links
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only ever an empty folder
-            except OSError:
-                pass
     except OSError as error:  # pruning is housekeeping: the new checkpoint is complete, the old one stays
         print(f"gan_accel: could not remove the old checkpoint {checkpoint} ({write_failure_reason(error)}); "
               "remove it yourself if you need the space")

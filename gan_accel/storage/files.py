@@ -8,6 +8,7 @@ replaces a link itself, and a removal unlinks a link itself, never what it point
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -21,10 +22,9 @@ from typing import Callable, Iterator
 import psutil
 
 from ..errors import ConfigError, RunFolderError
+from .reading import CLOSE_ON_EXEC, NON_BLOCKING  # opening a FIFO must not wait for a writer
 
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # 0 on Windows, whose links need privileges to make
-CLOSE_ON_EXEC = getattr(os, "O_CLOEXEC", 0)
-NON_BLOCKING = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not wait for a writer
 
 
 def temporary_name(path: Path) -> Path:
@@ -47,23 +47,27 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def clear_dead_temporaries(path: Path) -> None:
+def clear_dead_temporaries(path: Path, every_name: bool = False) -> list[Path]:
     """Remove what writers of ``path`` on this host that were killed (SIGKILL, out of memory) left beside it: its
     :func:`temporary_name` with the id of a process no longer running, a file or a folder (an export's), removed
-    as a name, never through a link. A live writer's, another host's and anything else are kept."""
-    prefix = f".{path.name}.{socket.gethostname()}."
+    as a name, never through a link. ``every_name``: the temporary files of every name in the folder ``path``
+    (and their ``.compact`` copies). A live writer's, another host's and anything else are kept. Returns what was
+    removed."""
+    folder, host, removed = (path if every_name else path.parent), re.escape(socket.gethostname()), []
+    stem = rf"(?=\.).*\.{host}" if every_name else rf"\.{re.escape(path.name)}\.{host}"  # see temporary_name
+    temporary = re.compile(stem + r"\.(\d+)\.tmp" + (r"(\.compact)?" if every_name else ""), re.DOTALL)
     try:
-        names = os.listdir(path.parent)
+        names = os.listdir(folder)
     except OSError:
-        return
+        return removed
     for name in names:
-        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
-        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
+        match = temporary.fullmatch(name)
+        if match is None or int(match[1]) == os.getpid() or process_alive(int(match[1])):
             continue
-        try:
-            remove_tree(path.parent / name)
-        except OSError:
-            pass  # another process cleared it first, or it is not ours to remove: it is never read
+        with contextlib.suppress(OSError):  # another process cleared it first, or it is not ours: it is never read
+            (os.unlink if every_name else remove_tree)(folder / name)
+            removed.append(folder / name)
+    return removed
 
 
 def rename_new(src: Path, dst: Path) -> None:
@@ -116,10 +120,8 @@ def open_kept_file(path: str | os.PathLike, flags: int, what: str) -> int:
 
 def remove_entry(path: str | os.PathLike) -> None:
     """Remove the file or link ``path`` (a link itself, never its target); an absent one is no error."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def remove_tree(path: str | os.PathLike) -> None:
@@ -134,15 +136,8 @@ def remove_tree(path: str | os.PathLike) -> None:
 def has_link_between(root: str | os.PathLike, relative: str | os.PathLike) -> bool:
     """Whether any part of ``root/relative`` below ``root`` is a symbolic link (so that it may lead out of
     ``root``); an absent part ends the walk (nothing there to follow)."""
-    path = Path(root)
-    for part in Path(relative).parts:
-        path = path / part
-        try:
-            if stat.S_ISLNK(os.lstat(path).st_mode):
-                return True
-        except OSError:
-            return False
-    return False
+    parts = Path(relative).parts  # os.path.islink: False for an absent part, and for everything under it
+    return any(os.path.islink(Path(root, *parts[:end])) for end in range(1, len(parts) + 1))
 
 
 def make_own_folder(path: str | os.PathLike, what: str) -> Path:
@@ -182,11 +177,10 @@ def first_line(error: BaseException) -> str:
 
 def write_bytes_synced(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` atomically and flush it to disk; a failure raises ``OSError`` with its errno."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "r+b") as handle:  # the file atomic_path created: opening it creates nothing
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+    with atomic_path(path) as tmp, open(tmp, "r+b") as handle:  # atomic_path's own file: opening it creates nothing
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 _ERRNO_IN_TEXT = re.compile(r"(?:os error|errno)\s*(\d+)", re.IGNORECASE)
@@ -211,14 +205,12 @@ def write_failure_reason(error: BaseException, path: str | os.PathLike | None = 
     if free is not None and free < LOW_SPACE:
         return f"{os.strerror(errno.ENOSPC)} (ENOSPC): {free:,} bytes free on the file system of {path} ({first})"
     hints = [] if free is None else [f"{free:,} bytes free there"]
-    try:
+    with contextlib.suppress(ImportError, OSError, ValueError):
         import resource
 
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY:
             hints.append(f"this process has a file-size limit of {limit} bytes (ulimit -f)")
-    except (ImportError, OSError, ValueError):
-        pass
     return f"{first}" + (f"; {'; '.join(hints)}" if hints else "") + "; check free space, quotas and file-size limits"
 
 
