@@ -44,7 +44,7 @@ class PhaseRunner:
                  schedulers: Mapping[str, Any], plan: PhasePlan, sample_latents: LatentSampler,
                  means: RunningMeans, *, clip_norms: Mapping[str, float | None], guard: DivergenceGuard | None,
                  conditioning: Conditioning = Conditioning(), augmentation: RunAugmentation | None = None,
-                 ramps: StepRamps | None = None, lecam: LeCamAnchors | None = None) -> None:
+                 ramps: StepRamps | None = None, lecam: bool = False) -> None:
         self.accelerator = accelerator
         self.nets, self.optimizers, self.schedulers = dict(nets), dict(optimizers), dict(schedulers)
         self.plan = plan
@@ -74,12 +74,14 @@ class PhaseRunner:
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
         self.augmentation = augmentation  # of every image D sees (engine/augmentation.py)
         self.ramps = ramps  # the config's Ramps, set before each step from the images seen (engine/schedules.py)
-        self.lecam = lecam  # LeCam's anchors: read by D's loss, moved once per step by the whole step's logits
+        # LeCam's anchors (TrainConfig.lecam_weight): read by D's loss, moved at each step's end by all its logits
+        self.lecam = LeCamAnchors(reduce=lambda t: accelerator.reduce(t, "sum"), device=accelerator.device) \
+            if lecam else None
         self.ctx = StepContext(self.nets, conditional=conditioning.conditional, log=means.add,
                                scaler=accelerator.scaler, updates=self.updates,
                                augment=augmentation.augment if augmentation is not None else None,
                                observe_real=augmentation.observe_real if augmentation is not None else None,
-                               lecam=lecam)
+                               lecam=self.lecam)
         self.batches: Iterator[RealBatch] | None = None
         self.window: list[MicroBatch] = []
 

@@ -39,7 +39,6 @@ from ..callbacks.base import assemble
 from ..config import TrainConfig
 from ..ending import TIME_LIMIT
 from ..errors import GanAccelError, TrainingInterrupted
-from ..objectives.regularizers import LeCamAnchors
 from ..processes import run_together
 from ..storage.lock import RunLock
 from ..text import describe_duration
@@ -76,8 +75,7 @@ class GANTrainer:
     Args:
         G: maps latents (from ``latent_sampler``) to samples shaped like the real data.
         D: maps samples to one logit per sample.
-        train_dataloader: yields real samples (see :func:`~gan_accel.batch.split_batch`); map-style
-            or ``IterableDataset``.
+        train_dataloader: yields real samples (see :func:`~gan_accel.batch.split_batch`); map-style or ``IterableDataset``.
         config: the run's :class:`TrainConfig`.
         accelerator: built from ``config`` when omitted (see :func:`~gan_accel.engine.launch.build_accelerator`).
         opt_G, opt_D: default to Adam with the config's learning rates and betas.
@@ -141,8 +139,7 @@ class GANTrainer:
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D},
                                   augmentation=RunAugmentation(config, accelerator), ramps=prepared.ramps,
-                                  lecam=LeCamAnchors(reduce=lambda t: accelerator.reduce(t, "sum"),
-                                                     device=accelerator.device) if config.lecam_weight else None)
+                                  lecam=bool(config.lecam_weight))
         self.last_metrics: dict[str, float] = {}
         self._next_row: dict[str, Any] = {}  # values the callbacks logged for the next metrics row
         self.lock = RunLock(self.output_dir)  # held by the main process while fit runs
