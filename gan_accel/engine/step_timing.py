@@ -20,6 +20,7 @@ from torch import nn
 
 from ..augment import build_augment
 from ..config import Ramp, TrainConfig
+from ..objectives.regularizers import LeCamAnchors
 from .context import MicroBatch, StepContext
 from .phases import GENERATOR, default_phases
 from .speed import apply_memory_format
@@ -116,7 +117,7 @@ class _StepLoop:
             config.augment, **({} if config.augment_p is None else {"p": _start(config.augment_p)}))
         self.updates = {"G": 0, "D": 0}
         self.ctx = StepContext(self.nets, conditional=config.num_classes is not None, updates=self.updates,
-                               augment=augment)
+                               augment=augment, lecam=LeCamAnchors() if config.lecam_weight else None)
         spec = config.model or {}
         self.shape = (spec.get("channels", 3), spec.get("image_size", 32), spec.get("image_size", 32))
 
