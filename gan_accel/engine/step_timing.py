@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from ..augment import build_augment
-from ..config import Ramp, TrainConfig
+from ..config import TrainConfig
 from .context import MicroBatch, StepContext
 from .phases import GENERATOR, default_phases
+from .schedules import first_value
 from .speed import apply_memory_format
 
 FIRST_BATCH = 4  # the smallest batch timed: a run whose batch is too slow for the budget is timed on fewer images
@@ -108,12 +109,12 @@ class _StepLoop:
         self.nets = {"G": G.train(), "D": D.train()}
         apply_memory_format(self.nets, config)
         self.config = config
-        self.optimizers = {name: torch.optim.Adam(net.parameters(), betas=tuple(_start(b) for b in betas))
+        self.optimizers = {name: torch.optim.Adam(net.parameters(), betas=tuple(first_value(b) for b in betas))
                            for (name, net), betas in zip(self.nets.items(), (config.betas_G, config.betas_D))}
         self.phases = default_phases(config)
         self.lazy_every = max(phase.every for phase in self.phases)
         augment = None if config.augment == "none" else build_augment(
-            config.augment, **({} if config.augment_p is None else {"p": _start(config.augment_p)}))
+            config.augment, **({} if config.augment_p is None else {"p": first_value(config.augment_p)}))
         self.updates = {"G": 0, "D": 0}
         self.ctx = StepContext(self.nets, conditional=config.num_classes is not None, updates=self.updates,
                                augment=augment)
@@ -142,8 +143,3 @@ class _StepLoop:
             self.optimizers[phase.net].step()
             self.optimizers[phase.net].zero_grad(set_to_none=True)
             self.updates[phase.net] += 1
-
-
-def _start(value: float | Ramp) -> float:
-    """A setting's value at the start of the run (a Ramp's first)."""
-    return value.start if isinstance(value, Ramp) else value
