@@ -62,11 +62,7 @@ def leading_size(latents: Any) -> int | None:
     if isinstance(latents, torch.Tensor):
         return latents.shape[0] if latents.dim() > 0 else None
     items = latents.values() if isinstance(latents, dict) else latents if isinstance(latents, (tuple, list)) else ()
-    for item in items:
-        size = leading_size(item)
-        if size is not None:
-            return size
-    return None
+    return next((size for size in map(leading_size, items) if size is not None), None)
 
 
 @torch.no_grad()

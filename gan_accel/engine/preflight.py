@@ -135,8 +135,8 @@ def _check_networks(nets, micro: MicroBatch, conditional: bool, warn: bool) -> T
     except Exception as error:
         call = "G(latents, labels) (a conditional run: G must take the labels as its second argument)" \
             if conditional else "G(latents)"
-        raise PreflightError(f"{call} failed on latents {_describe(micro.latents)}: {type(error).__name__}: "
-                             f"{error}") from error
+        shapes = map_tensors(micro.latents, lambda t: f"Tensor{tuple(t.shape)}")
+        raise PreflightError(f"{call} failed on latents {shapes}: {type(error).__name__}: {error}") from error
     if not isinstance(fake, Tensor):
         raise PreflightError(f"G must return a tensor of samples, got {type(fake).__name__}")
     if tuple(fake.shape[1:]) != tuple(real.shape[1:]):
@@ -218,10 +218,6 @@ def _last_operation(output: Tensor) -> str | None:
         parents = [next_node for next_node, _ in node.next_functions if next_node is not None]
         node = parents[0] if len(parents) == 1 else None
     return None
-
-
-def _describe(latents: Any) -> str:
-    return str(map_tensors(latents, lambda t: f"Tensor{tuple(t.shape)}"))
 
 
 def _device_of(module: nn.Module) -> torch.device | None:
