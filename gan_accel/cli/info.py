@@ -264,8 +264,7 @@ def format_report(report: dict[str, Any]) -> str:
     if report["history"]:
         lines.append("history:")
         lines += [f"  {_event_line(event)}" for event in report["history"]]
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
+    lines += [f"note: {note}" for note in report["notes"]]
     # The values come from the run's files: a terminal's control characters in them are shown as escapes,
     # and a newline inside a value cannot make a line of its own (--json escapes them as JSON does).
     return "\n".join(printable(line) for line in lines)
