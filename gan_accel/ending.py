@@ -291,7 +291,6 @@ def _stdout_closed() -> bool:
     return closed
 
 
-
 def _say(line: str) -> None:
     if is_first_process():
         print(line, file=sys.stderr, flush=True)

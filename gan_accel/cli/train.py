@@ -91,7 +91,6 @@ def add_parser(commands: Any) -> None:
                         ema_decay=None, augment=None)
 
 
-
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     """`gan-accel train`'s data flags: where the images are and how they become training batches."""
     data = parser.add_argument_group("data")
