@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from ..errors import PreflightError, PreflightWarning
 from ..batch import LABEL_KEYS, split_batch
 from .conditioning import Conditioning
-from .context import MicroBatch, StepContext
+from .context import MicroBatch, StepContext, frozen
 from .latents import LatentSampler, leading_size, map_tensors
 from .phases import PhasePlan
 
@@ -188,17 +188,12 @@ def _check_phases(nets, plan: PhasePlan, micro: MicroBatch, conditional: bool) -
     ctx = StepContext(nets, conditional=conditional)
     for phase in {p.name: p for p in plan.phases}.values():
         ctx.phase, ctx.micro = phase, MicroBatch(micro.real, micro.real_labels, micro.latents, micro.fake_labels)
-        others = [p for name, params in trainable.items() if name != phase.net for p in params]
-        for p in others:
-            p.requires_grad_(False)
         try:
-            loss = phase.loss(ctx)
+            with frozen(p for name, params in trainable.items() if name != phase.net for p in params):
+                loss = phase.loss(ctx)
         except Exception as error:
             raise PreflightError(
                 f"phase {phase.name!r} failed on a 2-sample batch: {type(error).__name__}: {error}") from error
-        finally:
-            for p in others:
-                p.requires_grad_(True)
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
             raise PreflightError(f"phase {phase.name!r}: its loss must return a scalar tensor (the mean over the "

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..augment import build_augment
 from ..config import TrainConfig
-from .context import MicroBatch, StepContext
+from .context import MicroBatch, StepContext, frozen
 from .phases import GENERATOR, default_phases
 from .schedules import first_value
 from .speed import apply_memory_format
@@ -132,14 +132,10 @@ class _StepLoop:
         self.ctx.micro = micro
         for phase in (p for p in self.phases if lazy or p.every == 1):
             self.ctx.phase = phase
-            frozen = [p for name, net in self.nets.items() if name != phase.net for p in net.parameters()]
-            for param in frozen:
-                param.requires_grad_(False)
-            # A bare backward on purpose: a throwaway fp32 copy timed on the CPU, outside Accelerate (no loss scaling
-            # or accumulation to honour); the run itself goes through accelerator.backward.
-            (phase.loss(self.ctx) * phase.gain).backward()
-            for param in frozen:
-                param.requires_grad_(True)
+            with frozen(p for name, net in self.nets.items() if name != phase.net for p in net.parameters()):
+                # A bare backward on purpose: a throwaway fp32 copy timed on the CPU, outside Accelerate (no loss
+                # scaling or accumulation to honour); the run itself goes through accelerator.backward.
+                (phase.loss(self.ctx) * phase.gain).backward()
             self.optimizers[phase.net].step()
             self.optimizers[phase.net].zero_grad(set_to_none=True)
             self.updates[phase.net] += 1
