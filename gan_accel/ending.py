@@ -213,13 +213,6 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
         leave_process_group()
         return code
-    except BrokenPipeError as error:
-        if _stdout_closed():
-            return SIGPIPE_EXIT
-        if debug:
-            raise
-        _say(f"error: {describe(error)}")
-        return 2
     except TrainingInterrupted as stop:
         _say(f"gan_accel: {stop}")
         _exit_on_late_signals(stop.exit_code)  # the stop is complete: a launcher's SIGTERM only ends the exit
@@ -236,6 +229,8 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         _say(f"error: interrupted ({how}) {_progress(interrupt)}")
         return 128 + signal.Signals[name]
     except Exception as error:
+        if isinstance(error, BrokenPipeError) and _stdout_closed():
+            return SIGPIPE_EXIT
         if debug:
             raise
         line = describe(error)
