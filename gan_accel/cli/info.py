@@ -60,8 +60,7 @@ def describe_run(run: Path) -> dict[str, Any]:
     steps = {"last_metrics_row": last.get("step") if last else None,
              "latest_checkpoint": checkpoint_step(checkpoints[-1]) if checkpoints else None,
              "exported": export["step"] if export else None}
-    known = [s for s in steps.values() if isinstance(s, int)]
-    done = max(known) if known else 0
+    done = max((s for s in steps.values() if isinstance(s, int)), default=0)
     if export:
         export.pop("config", None)
     max_steps = config.get("max_steps")

@@ -102,7 +102,7 @@ def output_format(out: Path, chosen: str | None, seeds: bool = False) -> str:
             raise CommandError(f"--out {out}: cannot tell the format from its ending; end it in .png (a grid) or .npz "
                               "(arrays), or pass --format png|npz|folder (folder: one PNG per sample)")
         return implied
-    if out.suffix.lower() in SUFFIXES and implied != chosen:
+    if implied is not None and implied != chosen:
         raise CommandError(f"--out {out} ends in {out.suffix} but --format is {chosen}: make them agree (e.g. "
                           f"--out {out.with_suffix('') if chosen == 'folder' else out.with_suffix('.' + chosen)})")
     return chosen
