@@ -32,11 +32,6 @@ def uniform_labels(num_classes: int) -> LabelSampler:
     return sample
 
 
-def class_rows(num_classes: int, per_class: int) -> torch.Tensor:
-    """Fixed labels for progress grids: ``per_class`` samples of class 0, then of class 1, ... (one row each)."""
-    return torch.arange(num_classes).repeat_interleave(per_class)
-
-
 def draw_fixed_latents(sampler: LatentSampler, num_samples: int, seed: int) -> Any:
     """The latents of the progress samples, drawn on CPU from ``seed`` with a forked RNG: identical on every
     process, and the training noise is not shifted."""
