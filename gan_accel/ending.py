@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
@@ -216,10 +216,9 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
     except TrainingInterrupted as stop:
         _say(f"gan_accel: {stop}")
         _exit_on_late_signals(stop.exit_code)  # the stop is complete: a launcher's SIGTERM only ends the exit
-        try:  # every rank stopped at the same step: none exits (and has the launcher end the others) too early
+        # every rank stopped at the same step: none exits (and has the launcher end the others) too early
+        with suppress(Exception):
             leave_process_group()
-        except Exception:
-            pass
         return stop.exit_code
     except KeyboardInterrupt as interrupt:
         if debug:
@@ -277,12 +276,10 @@ def _stdout_closed() -> bool:
     except (OSError, ValueError, AttributeError):  # no file descriptor (captured output), or no poll()
         return False
     if closed:
-        try:
+        with suppress(OSError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, fd)
             os.close(devnull)
-        except OSError:
-            pass
     return closed
 
 
