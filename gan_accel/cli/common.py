@@ -129,23 +129,27 @@ def write_new_file_with(out: Path, write: Callable[[BinaryIO], Any], flag: str =
     try:
         clear_dead_temporaries(out)  # what a killed earlier try of this command left
         remove_entry(tmp)  # this process id's name: a leftover or a link goes as a name, never followed
-        with open(tmp, "xb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, out)
-        except FileExistsError:
-            raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written over it") \
-                from None
-        except OSError as error:  # a file system without hard links
-            if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
-                raise
-            if os.path.lexists(out):
-                raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written "
-                                   "over it") from None
-            os.replace(tmp, out)
+        _write_new_file(out, tmp, write, flag)
     except OSError as error:
         raise cannot_write(out, error, flag) from error
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _write_new_file(out: Path, tmp: Path, write: Callable[[BinaryIO], Any], flag: str) -> None:
+    with open(tmp, "xb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written over it") \
+            from None
+    except OSError as error:  # a file system without hard links
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        if os.path.lexists(out):
+            raise CommandError(f"{flag} {out} was created by something else meanwhile; nothing was written over "
+                               "it") from None
+        os.replace(tmp, out)

@@ -185,6 +185,7 @@ def _check_seed_flags(args: argparse.Namespace) -> None:
 
 def describe_seeds(seeds: list[int]) -> str:
     """``0-35,40``: the seeds as ranges, in their order."""
+    # consecutive seeds keep seed - position constant: each such group is one range
     runs = [[seed for _, seed in run] for _, run in groupby(enumerate(seeds), lambda item: item[1] - item[0])]
     return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 

@@ -108,9 +108,9 @@ class PhaseRunner:
         total = None
         others = [name for name in self.nets if name != phase.net]
         with contextlib.ExitStack() as stack:
-            stack.enter_context(frozen(p for name in others for p in self._trainable[name]))
             # Frozen: their DDP reducers must not expect gradients. (One process: Accelerate's no_sync
             # is a nullcontext there, and entering it costs ~5 us a network.)
+            stack.enter_context(frozen(p for name in others for p in self._trainable[name]))
             for name in others if self._distributed else ():
                 stack.enter_context(acc.no_sync(self.nets[name]))
             for index in range(self.k):
