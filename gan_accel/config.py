@@ -352,8 +352,7 @@ def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[l
     refused, changed = [], {}
 
     def differ(name: str, old: Any, new: Any) -> None:
-        fixed = name in FIXED_ON_RESUME or (name in _PRESENCE and (old is None) != (new is None))
-        if fixed:
+        if name in FIXED_ON_RESUME or (name in _PRESENCE and (old is None) != (new is None)):
             refused.append(f"{name}: {old!r} -> {new!r}")
         else:
             changed[name] = [old, new]

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
@@ -213,20 +213,12 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at exit (where Python would print a traceback)
         leave_process_group()
         return code
-    except BrokenPipeError as error:
-        if _stdout_closed():
-            return SIGPIPE_EXIT
-        if debug:
-            raise
-        _say(f"error: {describe(error)}")
-        return 2
     except TrainingInterrupted as stop:
         _say(f"gan_accel: {stop}")
         _exit_on_late_signals(stop.exit_code)  # the stop is complete: a launcher's SIGTERM only ends the exit
-        try:  # every rank stopped at the same step: none exits (and has the launcher end the others) too early
+        # every rank stopped at the same step: none exits (and has the launcher end the others) too early
+        with suppress(Exception):
             leave_process_group()
-        except Exception:
-            pass
         return stop.exit_code
     except KeyboardInterrupt as interrupt:
         if debug:
@@ -236,6 +228,8 @@ def run_script(body: Callable[[], int], debug: bool = False) -> int:
         _say(f"error: interrupted ({how}) {_progress(interrupt)}")
         return 128 + signal.Signals[name]
     except Exception as error:
+        if isinstance(error, BrokenPipeError) and _stdout_closed():
+            return SIGPIPE_EXIT
         if debug:
             raise
         line = describe(error)
@@ -282,14 +276,11 @@ def _stdout_closed() -> bool:
     except (OSError, ValueError, AttributeError):  # no file descriptor (captured output), or no poll()
         return False
     if closed:
-        try:
+        with suppress(OSError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, fd)
             os.close(devnull)
-        except OSError:
-            pass
     return closed
-
 
 
 def _say(line: str) -> None:

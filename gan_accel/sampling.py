@@ -101,32 +101,25 @@ def iter_samples(G: nn.Module, num: int | None = None, label: int | None = None,
     """The samples of :func:`sample_images`, chunk by chunk: ``(images, labels)`` of at most a few hundred
     samples at a time, so any ``num`` up to :data:`MAX_SAMPLES` runs in the memory of one chunk. The latents are
     drawn on the CPU (the same numbers on any device), then moved to G's device."""
-    if seeds is not None:
-        yield from _iter_seeds(G, list(seeds), label, truncation)
-        return
     num_classes = classes_of(G)
-    num = 64 if num is None else num
-    check_sample_request(num_classes, num, label)
-    count = sample_count(num_classes, num, label)
+    if seeds is not None:  # one sample per seed, in the order given, CHUNK seeds at a time
+        seeds = list(seeds)
+        check_seeds(seeds, num_classes, label)
+        num, spans = len(seeds), [(start, min(start + CHUNK, len(seeds))) for start in range(0, len(seeds), CHUNK)]
+    else:
+        num = 64 if num is None else num
+        check_sample_request(num_classes, num, label)
+        spans = _chunks(sample_count(num_classes, num, label), G.z_dim)
     generator = torch.Generator().manual_seed(seed)
     device = next(G.parameters()).device
-    for start, stop in _chunks(count, G.z_dim):
-        z = truncate(torch.randn(stop - start, G.z_dim, generator=generator), truncation).to(device)
-        labels = sample_labels(num_classes, num, label, start, stop)
-        yield (G(z) if labels is None else G(z, labels.to(device))), labels
-
-
-def _iter_seeds(G: nn.Module, seeds: list[int], label: int | None,
-                truncation: float) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
-    """One sample per seed, in the order given, :data:`CHUNK` seeds at a time."""
-    num_classes = classes_of(G)
-    check_seeds(seeds, num_classes, label)
-    device = next(G.parameters()).device
-    for start in range(0, len(seeds), CHUNK):
-        part = seeds[start:start + CHUNK]
-        z = torch.cat([torch.randn(1, G.z_dim, generator=torch.Generator().manual_seed(s)) for s in part])
+    for start, stop in spans:
+        if seeds is None:
+            z = torch.randn(stop - start, G.z_dim, generator=generator)
+        else:  # each seed's own latent, whatever the other seeds
+            z = torch.cat([torch.randn(1, G.z_dim, generator=torch.Generator().manual_seed(s))
+                           for s in seeds[start:stop]])
         z = truncate(z, truncation).to(device)
-        labels = None if num_classes is None else torch.full((len(part),), label, dtype=torch.long)
+        labels = sample_labels(num_classes, num, label, start, stop)
         yield (G(z) if labels is None else G(z, labels.to(device))), labels
 
 

@@ -29,9 +29,7 @@ def resolve_trackers(log_with: Iterable[str]) -> tuple[list[str], list[str]]:
     available: list[str] = []
     missing: list[str] = []
     for requested in log_with:
-        names = [n for n in BUILTIN_TRACKERS if tracker_available(n)] if requested == "all" else [requested]
-        if requested == "all" and not names:
-            names = ["all"]
+        names = [requested] if requested != "all" else [n for n in BUILTIN_TRACKERS if tracker_available(n)] or ["all"]
         for name in names:
             if name not in available and name not in missing:
                 (available if name != "all" and tracker_available(name) else missing).append(name)

@@ -209,5 +209,4 @@ def assemble(builtins: Iterable[Any], user: Iterable[Any], disabled: Iterable[st
 
 
 def _name_of(callback: Any) -> str:
-    name = getattr(callback, "name", "") or type(callback).__name__
-    return str(name)
+    return str(getattr(callback, "name", "") or type(callback).__name__)

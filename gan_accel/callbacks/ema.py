@@ -160,5 +160,3 @@ class GeneratorEMA(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.ema.load_state_dict(state)
-
-

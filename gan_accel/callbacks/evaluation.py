@@ -163,4 +163,3 @@ class Evaluator(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best, self.history = state["best"], list(state["history"])
-

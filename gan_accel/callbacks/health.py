@@ -55,16 +55,13 @@ class HealthMonitor(Callback):
                                    ("early_samples", early_samples, 1), ("max_samples", max_samples, 2)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
+            setattr(self, name, value)
         for name, value in (("d_loss_fraction", d_loss_fraction), ("g_loss_factor", g_loss_factor),
                             ("diversity_drop", diversity_drop), ("diversity_floor", diversity_floor),
                             ("d_spread_floor", d_spread_floor), ("overfit_limit", overfit_limit)):
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0 (0 switches the rule off)")
-        self.patience, self.early_rows, self.early_samples, self.max_samples = patience, early_rows, early_samples, \
-            max_samples
-        self.d_loss_fraction, self.g_loss_factor = float(d_loss_fraction), float(g_loss_factor)
-        self.diversity_drop, self.diversity_floor = float(diversity_drop), float(diversity_floor)
-        self.d_spread_floor, self.overfit_limit = float(d_spread_floor), float(overfit_limit)
+            setattr(self, name, float(value))
         self.held_out, self.held_labels = _held_out(held_out, max_samples)
         self.d_chance: float | None = None  # D's loss with both logits at 0, from the run's loss
         self.real_diversity: float | None = None

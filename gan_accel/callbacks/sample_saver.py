@@ -8,6 +8,7 @@ older than the newest K, except the GIF's frames: a run's only deletions besides
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 from pathlib import Path
@@ -60,12 +61,8 @@ def scheduled_gif_steps(sample_every: int, max_steps: int, frames: int) -> set[i
 def _spread(first: int, last: int, frames: int, nearest: Callable[[float], int]) -> list[int]:
     if frames == 1:
         return [last]
-    chosen: list[int] = []
-    for index in range(frames):
-        step = nearest(first + (last - first) * index / (frames - 1))
-        if not chosen or chosen[-1] != step:
-            chosen.append(step)
-    return chosen
+    steps = (nearest(first + (last - first) * index / (frames - 1)) for index in range(frames))
+    return [step for step, _ in itertools.groupby(steps)]  # a step nearest to several targets, once
 
 
 def stamped_samples(folder: Path) -> dict[int, list[Path]]:

@@ -151,8 +151,7 @@ class TrackerLogger(Callback):
                   for key, value in row.items()
                   if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool)}
         for tracker in trainer.accelerator.trackers:
-            name = tracker_name(tracker)
-            tracker.log({metric_key(name, k): v for k, v in values.items()}, step=trainer.step)
+            tracker.log({metric_key(tracker_name(tracker), k): v for k, v in values.items()}, step=trainer.step)
 
     def on_sample(self, trainer: "GANTrainer") -> None:
         trackers = trainer.accelerator.trackers

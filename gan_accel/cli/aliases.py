@@ -101,10 +101,6 @@ SAME_NAME = {"--output_dir": "diffusers", "--mixed_precision": "diffusers", "--s
              "--data": "NVlabs", "--seeds": "NVlabs", "--trunc": "NVlabs"}
 
 
-def long_option(token: str) -> bool:
-    return token.startswith("--") and len(token) > 2
-
-
 def normalise(tokens: Sequence[str], known: Callable[[str], bool]) -> list[str]:
     """``tokens`` with ``_`` read as ``-`` in every long option's name (``--output_dir``, ``--x_y=v``), up to a bare
     ``--``; a name the parser ``known`` as written (a script's own ``--my_flag``) is left as it is."""
@@ -113,7 +109,7 @@ def normalise(tokens: Sequence[str], known: Callable[[str], bool]) -> list[str]:
         if token == "--":
             break
         name, equals, value = token.partition("=")
-        if long_option(name) and "_" in name and not known(name):
+        if name.startswith("--") and "_" in name and not known(name):
             out[index] = name.replace("_", "-") + equals + value
     return out
 

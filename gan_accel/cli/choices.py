@@ -8,6 +8,7 @@ tests/test_choices.py fails until docs/config.md and docs/cli.md list it too.
 from __future__ import annotations
 
 from collections import Counter
+from itertools import groupby
 from typing import Any, Sequence
 
 from ..models import FAMILIES
@@ -34,11 +35,6 @@ def family_sizes() -> str:
     return "; ".join(f"{spoken(names, 'and')} {spoken(sizes)} px" for sizes, names in by_sizes.items())
 
 
-def all_sizes() -> tuple[int, ...]:
-    """Every size some family makes, smallest first."""
-    return tuple(sorted({size for family in FAMILIES.values() for size in family.resolutions}))
-
-
 def z_defaults() -> str:
     """Each family's default latent size: ``dcgan 100, resnet 128, r3gan 64``."""
     return ", ".join(f"{name} {family.default_z_dim}" for name, family in FAMILIES.items())
@@ -55,13 +51,8 @@ def default_width(name: str) -> str:
 
 def recipe_families(gpu: bool) -> str:
     """The family the recipe picks at each size: ``dcgan at 28 to 64 px, resnet at 128 to 256 px``."""
-    runs: list[tuple[str, list[int]]] = []
-    for size in all_sizes():
-        family = family_for(size, gpu)
-        if runs and runs[-1][0] == family:
-            runs[-1][1].append(size)
-        else:
-            runs.append((family, [size]))
+    every_size = sorted({size for family in FAMILIES.values() for size in family.resolutions})
+    runs = [(family, list(sizes)) for family, sizes in groupby(every_size, lambda size: family_for(size, gpu))]
     return ", ".join(f"{family} at {sizes[0]} px" if len(sizes) == 1 else f"{family} at {sizes[0]} to {sizes[-1]} px"
                      for family, sizes in runs)
 

@@ -34,8 +34,9 @@ def dry_run(args: argparse.Namespace) -> int:
 
     before = {name: getattr(args, name) for name in RUN_RECORDS}
     recorded, recorded_data, family = settle_run(args)
-    sources = {name: source_of_record(name, recorded_data) for name in RUN_RECORDS
-               if before[name] is None and getattr(args, name) is not None}
+    # what settle_run filled in: from the resumed run's records, else the built-in crop and background
+    sources = {name: "resume" if name not in ("crop", "background") or (recorded_data or {}).get(name) else "default"
+               for name in RUN_RECORDS if before[name] is None and getattr(args, name) is not None}
     processes = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     log = processes.print
     log("gan_accel: dry run: the run as it would start; nothing is written")
@@ -96,13 +97,6 @@ def report(args: argparse.Namespace, run: SettledRun, data: str, on_cpu: bool, l
     return 0
 
 
-def source_of_record(name: str, recorded_data: dict[str, Any] | None) -> str:
-    """Where a run-record setting settled before the data came from: the resumed run, else the built-in default."""
-    if name in ("crop", "background"):
-        return "resume" if (recorded_data or {}).get(name) else "default"
-    return "resume"
-
-
 def describe(args: argparse.Namespace, data: str, run: SettledRun, sources: dict[str, str]) -> list[str]:
     """The dry run's lines: the data (``data``, said by the caller), the model, then every flag's value (the settled
     run's for a setting, else the command's) with its source (``sources``, by destination; a command flag given is
@@ -145,4 +139,3 @@ def show(value: Any) -> str:
 def count_parameters(module: Any) -> int:
     """The number of parameters of ``module`` (every tensor counted, trainable or not)."""
     return sum(p.numel() for p in module.parameters())
-

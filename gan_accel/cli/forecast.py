@@ -97,16 +97,12 @@ def expected_line(steps: int, seconds: float, max_time: float | None, warmup_ste
     """The run's expected time: ``steps`` of ``seconds`` each, and where the time limit stops it (and whether
     inside the warmup of the first ``warmup_steps``)."""
     total = steps * seconds
-    line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at "
-            f"{describe_step(seconds)} each, timed just now on a few steps of this model)")
+    step = f"{seconds:.2g} s" if seconds < 10 else describe_duration(seconds)  # 0.12 s, 2.6 s, 14 s
+    line = (f"expected time: about {describe_duration(total)} on this machine ({steps:,} steps at {step} each, timed "
+            "just now on a few steps of this model)")
     if max_time is not None and max_time < total:
         line += time_limit_clause(max_time, about(max(1, max_time / seconds)), warmup_steps)
     return line
-
-
-def describe_step(seconds: float) -> str:
-    """A step's time: ``0.12 s``, ``2.6 s``, ``14 s``."""
-    return f"{seconds:.2g} s" if seconds < 10 else describe_duration(seconds)
 
 
 def about(count: float) -> int:

@@ -60,8 +60,7 @@ def describe_run(run: Path) -> dict[str, Any]:
     steps = {"last_metrics_row": last.get("step") if last else None,
              "latest_checkpoint": checkpoint_step(checkpoints[-1]) if checkpoints else None,
              "exported": export["step"] if export else None}
-    known = [s for s in steps.values() if isinstance(s, int)]
-    done = max(known) if known else 0
+    done = max((s for s in steps.values() if isinstance(s, int)), default=0)
     if export:
         export.pop("config", None)
     max_steps = config.get("max_steps")
@@ -264,8 +263,7 @@ def format_report(report: dict[str, Any]) -> str:
     if report["history"]:
         lines.append("history:")
         lines += [f"  {_event_line(event)}" for event in report["history"]]
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
+    lines += [f"note: {note}" for note in report["notes"]]
     # The values come from the run's files: a terminal's control characters in them are shown as escapes,
     # and a newline inside a value cannot make a line of its own (--json escapes them as JSON does).
     return "\n".join(printable(line) for line in lines)

@@ -65,15 +65,14 @@ def resolve_label(text: str | None, G: nn.Module, log: Callable[[str], Any] | No
             return names.index(text[5:])
         raise CommandError(f"{flag} is not a class name of this run ({count} classes: {shown or 'it keeps no names'}): "
                            "pass one of them after name:")
+    number = text.strip()
     if text in names:
         index = names.index(text)
-        number = text.strip()
         if _NUMBER.fullmatch(number) and int(number) != index and int(number) < count and log is not None:
             log(printable(f"note: --label {text} is the class named {text!r} (index {index}), not the class at index "
                           f"{number} ({names[int(number)]!r}): pass index:{number} for that one"))
         return index
-    if _NUMBER.fullmatch(text.strip()):
-        number = text.strip()
+    if _NUMBER.fullmatch(number):
         if not names:
             return int(number)  # an index; one out of range is refused with the sampling request
         if int(number) >= count:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import zipfile
-from itertools import chain
+from itertools import chain, groupby
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from ..hub import load_generator
-from ..pictures.grids import png_grid
-from ..pictures.grids import write_gif
+from ..pictures.grids import png_grid, write_gif
 from ..sampling import (MAX_SAMPLES, MAX_STEPS, MAX_WALKS, check_sample_request, check_seeds, classes_of, interpolate,
                         iter_samples, sample_count, sample_labels, walk_count)
 from ..storage.files import write_new_folder
@@ -103,7 +102,7 @@ def output_format(out: Path, chosen: str | None, seeds: bool = False) -> str:
             raise CommandError(f"--out {out}: cannot tell the format from its ending; end it in .png (a grid) or .npz "
                               "(arrays), or pass --format png|npz|folder (folder: one PNG per sample)")
         return implied
-    if out.suffix.lower() in SUFFIXES and implied != chosen:
+    if implied is not None and implied != chosen:
         raise CommandError(f"--out {out} ends in {out.suffix} but --format is {chosen}: make them agree (e.g. "
                           f"--out {out.with_suffix('') if chosen == 'folder' else out.with_suffix('.' + chosen)})")
     return chosen
@@ -138,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         write_new_file_with(out, lambda handle: write_npz(handle, chunks, count,
                                                           lambda a, b: sample_labels(classes, num, args.label, a, b)))
     elif fmt == "folder":
-        names = None if args.seeds is None else [seed_file_name(seed) for seed in args.seeds]
+        names = None if args.seeds is None else [f"seed{seed:04d}.png" for seed in args.seeds]  # NVlabs' names
         write_new_folder(out, lambda folder: write_pngs(folder, chunks, count, names))
     else:
         images = torch.cat([images for images, _ in chunks])
@@ -186,13 +185,9 @@ def _check_seed_flags(args: argparse.Namespace) -> None:
 
 def describe_seeds(seeds: list[int]) -> str:
     """``0-35,40``: the seeds as ranges, in their order."""
-    runs: list[list[int]] = []
-    for seed in seeds:
-        if runs and seed == runs[-1][1] + 1:
-            runs[-1][1] = seed
-        else:
-            runs.append([seed, seed])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    # consecutive seeds keep seed - position constant: each such group is one range
+    runs = [[seed for _, seed in run] for _, run in groupby(enumerate(seeds), lambda item: item[1] - item[0])]
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def _walks(args: argparse.Namespace, G: torch.nn.Module, out: Path) -> int:
@@ -277,11 +272,6 @@ def sample_file_name(index: int, count: int, label: Any = None) -> str:
     """``000000.png``, ...; with a label ``000000_label3.png``: sorted by name, they keep the samples' order."""
     width = max(6, len(str(count - 1)))
     return f"{index:0{width}d}.png" if label is None else f"{index:0{width}d}_label{int(label)}.png"
-
-
-def seed_file_name(seed: int) -> str:
-    """``seed0040.png``: NVlabs' name for the image of a seed."""
-    return f"seed{seed:04d}.png"
 
 
 def write_pngs(folder: Path, chunks: Iterator[tuple[torch.Tensor, torch.Tensor | None]], count: int,

@@ -91,7 +91,6 @@ def add_parser(commands: Any) -> None:
                         ema_decay=None, augment=None)
 
 
-
 def add_data_flags(parser: argparse.ArgumentParser) -> None:
     """`gan-accel train`'s data flags: where the images are and how they become training batches."""
     data = parser.add_argument_group("data")
@@ -284,9 +283,9 @@ def _config_or_none(saved: Any) -> TrainConfig | None:
     return config if isinstance(config.model, dict) and "family" in config.model else None
 
 
-def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
-    """Before the data: the model flags that fit ``family`` (as spec keys), and the family makes
-    ``--resolution`` when it is given; one line for a flag that does not fit."""
+def check_model(args: argparse.Namespace, family: str) -> None:
+    """Before the data: the model flags fit ``family``, and the family makes ``--resolution`` when it is given;
+    one line for a flag that does not fit."""
     if not args.conditional and args.label_column is not None:
         raise ConfigError("--label-column is a setting of a class-conditional run: add --conditional (labels from "
                           "class subfolders or a class column), or leave it out")
@@ -295,7 +294,6 @@ def check_model(args: argparse.Namespace, family: str) -> dict[str, Any]:
     overrides = spec_overrides(given, family)
     if args.resolution is not None:
         default_spec(family, args.resolution, args.channels or 3, 2 if args.conditional else None, **overrides)
-    return overrides
 
 
 def default_resolution(family: str | None, sizes: list[tuple[int, int]]) -> tuple[int, str]:

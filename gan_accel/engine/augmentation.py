@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..augment import AdaptiveP, Augment, build_augment
 from ..config import Ramp, TrainConfig
+from .schedules import first_value
 
 
 class RunAugmentation:
@@ -28,7 +29,7 @@ class RunAugmentation:
         self.ramp = config.augment_p if isinstance(config.augment_p, Ramp) else None  # diffaugment's p (ada refuses)
         if config.augment == "none":
             return
-        options = {} if config.augment_p is None else {"p": config.augment_p.start if self.ramp else config.augment_p}
+        options = {} if config.augment_p is None else {"p": first_value(config.augment_p)}
         self.augment = build_augment(config.augment, **options)
         if config.augment == "ada" and config.ada_signal == "rt":  # "heldout": the OverfitSteering callback moves p
             # ticks count steps (the controller updates every `interval` of them, on every process alike)
@@ -71,4 +72,3 @@ class RunAugmentation:
 def augmented(augment: Augment | None, x: Tensor) -> Tensor:
     """``augment(x)``, or ``x`` itself without an augmentation."""
     return x if augment is None else augment(x)
-

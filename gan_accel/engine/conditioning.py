@@ -15,7 +15,7 @@ import torch
 
 from ..config import TrainConfig
 from ..errors import PreflightError
-from .latents import LabelSampler, LatentSampler, class_rows, draw_fixed_latents, leading_size, uniform_labels
+from .latents import LabelSampler, LatentSampler, draw_fixed_latents, leading_size, uniform_labels
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class Conditioning:
         return max(1, num_samples // self.num_classes) if self.conditional else num_samples
 
     def fixed_labels(self, num_samples: int) -> torch.Tensor | None:
-        """One row per class: the same on every process (no randomness)."""
-        return class_rows(self.num_classes, self.per_class(num_samples)) if self.conditional else None
+        """One row per class (``per_class`` of class 0, then of class 1, ...): the same on every process."""
+        return torch.arange(self.num_classes).repeat_interleave(self.per_class(num_samples)) if self.conditional \
+            else None
 
     def draw_fixed(self, sampler: LatentSampler, config: TrainConfig) -> tuple[Any, torch.Tensor | None]:
         """The progress samples' latents (from ``config.seed``) and labels (one grid row per class)."""

@@ -8,7 +8,8 @@ rest: which network is frozen, autocast, accumulation, DDP synchronisation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +23,19 @@ from .speed import eager_module
 
 if TYPE_CHECKING:
     from .phases import Phase
+
+
+@contextlib.contextmanager
+def frozen(params: Iterable[Tensor]) -> Iterator[None]:
+    """``params`` (those of the networks a phase does not train) take no gradient while the block runs."""
+    params = list(params)
+    for param in params:
+        param.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param in params:
+            param.requires_grad_(True)
 
 
 class MicroBatch:

@@ -32,11 +32,6 @@ def uniform_labels(num_classes: int) -> LabelSampler:
     return sample
 
 
-def class_rows(num_classes: int, per_class: int) -> torch.Tensor:
-    """Fixed labels for progress grids: ``per_class`` samples of class 0, then of class 1, ... (one row each)."""
-    return torch.arange(num_classes).repeat_interleave(per_class)
-
-
 def draw_fixed_latents(sampler: LatentSampler, num_samples: int, seed: int) -> Any:
     """The latents of the progress samples, drawn on CPU from ``seed`` with a forked RNG: identical on every
     process, and the training noise is not shifted."""
@@ -62,11 +57,7 @@ def leading_size(latents: Any) -> int | None:
     if isinstance(latents, torch.Tensor):
         return latents.shape[0] if latents.dim() > 0 else None
     items = latents.values() if isinstance(latents, dict) else latents if isinstance(latents, (tuple, list)) else ()
-    for item in items:
-        size = leading_size(item)
-        if size is not None:
-            return size
-    return None
+    return next((size for size in map(leading_size, items) if size is not None), None)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from ..errors import PreflightError, PreflightWarning
 from ..batch import LABEL_KEYS, split_batch
 from ..objectives.regularizers import LeCamAnchors
 from .conditioning import Conditioning
-from .context import MicroBatch, StepContext
+from .context import MicroBatch, StepContext, frozen
 from .latents import LatentSampler, leading_size, map_tensors
 from .phases import PhasePlan
 
@@ -136,8 +136,8 @@ def _check_networks(nets, micro: MicroBatch, conditional: bool, warn: bool) -> T
     except Exception as error:
         call = "G(latents, labels) (a conditional run: G must take the labels as its second argument)" \
             if conditional else "G(latents)"
-        raise PreflightError(f"{call} failed on latents {_describe(micro.latents)}: {type(error).__name__}: "
-                             f"{error}") from error
+        shapes = map_tensors(micro.latents, lambda t: f"Tensor{tuple(t.shape)}")
+        raise PreflightError(f"{call} failed on latents {shapes}: {type(error).__name__}: {error}") from error
     if not isinstance(fake, Tensor):
         raise PreflightError(f"G must return a tensor of samples, got {type(fake).__name__}")
     if tuple(fake.shape[1:]) != tuple(real.shape[1:]):
@@ -189,17 +189,12 @@ def _check_phases(nets, plan: PhasePlan, micro: MicroBatch, conditional: bool) -
     ctx = StepContext(nets, conditional=conditional, lecam=LeCamAnchors())  # scratch anchors, never moved
     for phase in {p.name: p for p in plan.phases}.values():
         ctx.phase, ctx.micro = phase, MicroBatch(micro.real, micro.real_labels, micro.latents, micro.fake_labels)
-        others = [p for name, params in trainable.items() if name != phase.net for p in params]
-        for p in others:
-            p.requires_grad_(False)
         try:
-            loss = phase.loss(ctx)
+            with frozen(p for name, params in trainable.items() if name != phase.net for p in params):
+                loss = phase.loss(ctx)
         except Exception as error:
             raise PreflightError(
                 f"phase {phase.name!r} failed on a 2-sample batch: {type(error).__name__}: {error}") from error
-        finally:
-            for p in others:
-                p.requires_grad_(True)
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
             raise PreflightError(f"phase {phase.name!r}: its loss must return a scalar tensor (the mean over the "
@@ -219,10 +214,6 @@ def _last_operation(output: Tensor) -> str | None:
         parents = [next_node for next_node, _ in node.next_functions if next_node is not None]
         node = parents[0] if len(parents) == 1 else None
     return None
-
-
-def _describe(latents: Any) -> str:
-    return str(map_tensors(latents, lambda t: f"Tensor{tuple(t.shape)}"))
 
 
 def _device_of(module: nn.Module) -> torch.device | None:

@@ -23,7 +23,7 @@ from ..storage.layout import HISTORY, checkpoint_root
 from ..storage.restart import clear_killed_attempt, killed_attempt, name_some
 from ..storage.run_folder import check_new_run, holds_run, log_event, output_dir_refusal, write_description
 from .phases import PhasePlan
-from .schedules import first_value, scheduler_ticks_per_optimizer_step, warmup_then_decay
+from .schedules import first_value, scheduler_ticks_per_optimizer_step, set_base_lr, set_betas, warmup_then_decay
 from .snapshot import restore_checked
 
 if TYPE_CHECKING:
@@ -212,13 +212,11 @@ def apply_schedule_changes(config: TrainConfig, saved: dict[str, Any], changes: 
     notes = []
     for name in sorted(built_from_config):
         lr, betas = (config.lr_D, config.betas_D) if name == "D" else (config.lr_G, config.betas_G)
-        lr, betas = first_value(lr), [first_value(beta) for beta in betas]  # Ramps: set anew before each step
-        scheduler = schedulers[name].scheduler
-        for index, group in enumerate(optimizers[name].param_groups):
-            scheduler.base_lrs[index] = group["initial_lr"] = lr
-            group["betas"] = tuple(betas)
-            group["lr"] = lr * scheduler.lr_lambdas[index](scheduler.last_epoch)
-        scheduler._last_lr = [group["lr"] for group in optimizers[name].param_groups]
+        scheduler, groups = schedulers[name].scheduler, optimizers[name].param_groups
+        for group in groups:  # a Ramp's first value: StepRamps sets it anew before each step
+            group["initial_lr"] = first_value(lr)
+        set_base_lr(first_value(lr), scheduler, groups)
+        set_betas(betas, 0, groups)
         if name in ("G", "D"):
             note = _schedule_jump(plan, name, saved, scheduler.last_epoch // ticks,
                                   scheduler.lr_lambdas[0](scheduler.last_epoch))
@@ -232,7 +230,7 @@ def _schedule_jump(plan: PhasePlan, name: str, saved: dict[str, Any], optimizer_
                    new_multiplier: float) -> str | None:
     """Say so when the schedule's multiplier at this step differs between the old and new schedule."""
     old_total = max(1, plan.scheduler_steps(name, int(saved["max_steps"])))
-    schedule = saved.get("lr_schedule", "linear") if name in ("G", "D") else "constant"
+    schedule = saved.get("lr_schedule", "linear")  # G's or D's: an extra network's schedule is constant
     old = warmup_then_decay(old_total, int(float(saved.get("warmup_ratio", 0.1)) * old_total), schedule)(optimizer_step)
     if abs(old - new_multiplier) < 1e-9:
         return None

@@ -29,7 +29,7 @@ from ..batch import RealBatch
 from ..objectives.regularizers import LeCamAnchors
 from .augmentation import RunAugmentation
 from .conditioning import Conditioning
-from .context import MicroBatch, StepContext
+from .context import MicroBatch, StepContext, frozen
 from .guard import BufferRestore, DivergenceGuard, Fp16Skips, SkipStep, inner_optimizer
 from .latents import LatentSampler
 from .phases import GENERATOR, Phase, PhasePlan
@@ -114,26 +114,23 @@ class PhaseRunner:
         self.ctx.phase = phase
         total = None
         others = [name for name in self.nets if name != phase.net]
-        self._set_trainable(others, False)
-        try:
-            with contextlib.ExitStack() as stack:
-                # Frozen: their DDP reducers must not expect gradients. (One process: Accelerate's no_sync
-                # is a nullcontext there, and entering it costs ~5 us a network.)
-                for name in others if self._distributed else ():
-                    stack.enter_context(acc.no_sync(self.nets[name]))
-                for index in range(self.k):
-                    if index == len(self.window):
-                        self.window.append(self._draw_micro_batch(False))
-                    self.ctx.micro = self.window[index]
-                    with acc.accumulate(net):
-                        with self._autocast():
-                            loss = phase.loss(self.ctx)
-                        self.accelerator.backward(loss if phase.gain == 1.0 else loss * phase.gain)
-                    loss = loss.detach()
-                    total = loss if total is None else total + loss
-                    self.means.add(f"loss/{phase.name}", loss)
-        finally:
-            self._set_trainable(others, True)
+        with contextlib.ExitStack() as stack:
+            # Frozen: their DDP reducers must not expect gradients. (One process: Accelerate's no_sync
+            # is a nullcontext there, and entering it costs ~5 us a network.)
+            stack.enter_context(frozen(p for name in others for p in self._trainable[name]))
+            for name in others if self._distributed else ():
+                stack.enter_context(acc.no_sync(self.nets[name]))
+            for index in range(self.k):
+                if index == len(self.window):
+                    self.window.append(self._draw_micro_batch(False))
+                self.ctx.micro = self.window[index]
+                with acc.accumulate(net):
+                    with self._autocast():
+                        loss = phase.loss(self.ctx)
+                    self.accelerator.backward(loss if phase.gain == 1.0 else loss * phase.gain)
+                loss = loss.detach()
+                total = loss if total is None else total + loss
+                self.means.add(f"loss/{phase.name}", loss)
         self._update(phase, net, optimizer, total)
 
     def _update(self, phase: Phase, net: nn.Module, optimizer: Any, window_loss: torch.Tensor) -> None:
@@ -197,11 +194,6 @@ class PhaseRunner:
                 micro.fake = self.ctx.generate(latents, fake_labels)
             micro.fake_version, micro.fake_has_graph = self.updates[GENERATOR], True
         return micro
-
-    def _set_trainable(self, names: list[str], flag: bool) -> None:
-        for name in names:
-            for param in self._trainable[name]:
-                param.requires_grad_(flag)
 
     # -- checkpoint -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -32,17 +32,12 @@ class RunningMeans:
             value = value.detach().float()  # a graph's output (a loss) is never changed in place: no copy
         else:
             value = value.detach().clone()  # a buffer or parameter may be changed in place after this call
-        pending = self._pending.get(key)
-        if pending is None:
-            pending = self._pending[key] = []
+        pending = self._pending.setdefault(key, [])
         pending.append(value)
         self._counts[key] = self._counts.get(key, 0) + count
         if len(pending) >= FOLD:
-            self._fold(key)
-
-    def _fold(self, key: str) -> None:
-        self._sums[key] = self._total(key)
-        self._pending[key].clear()
+            self._sums[key] = self._total(key)
+            pending.clear()
 
     def _total(self, key: str) -> torch.Tensor:
         """The folded sum plus the pending observations' sum (in that order: a fold and a read add alike)."""
@@ -58,7 +53,7 @@ class RunningMeans:
         state = {}
         for key in self._counts:
             folded, pending = self._sums.get(key), self._pending.get(key) or []
-            state[key] = (None if folded is None else folded.cpu(), _host(self._counts[key]),
+            state[key] = (None if folded is None else folded.cpu(), int(self._counts[key]),  # a count tensor read here
                           torch.stack(pending).cpu() if pending else torch.zeros(0))
         return state
 
@@ -82,7 +77,3 @@ class RunningMeans:
         self._pending.clear()
         self._counts.clear()
         return dict(zip(keys, means))
-
-
-def _host(count: int | torch.Tensor) -> int:
-    return int(count.item()) if isinstance(count, torch.Tensor) else count

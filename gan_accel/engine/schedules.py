@@ -105,9 +105,9 @@ class StepRamps:
             opt = optimizers[name]  # read its param_groups when setting: loading a checkpoint replaces the list
             if isinstance(lr, Ramp):
                 self.setters.append(lambda n, lr=lr, s=getattr(schedulers[name], "scheduler", schedulers[name]),
-                                    opt=opt: _set_lr(lr(n), s, opt.param_groups))
+                                    opt=opt: set_base_lr(lr(n), s, opt.param_groups))
             if any(isinstance(beta, Ramp) for beta in betas):
-                self.setters.append(lambda n, betas=betas, opt=opt: _set_betas(betas, n, opt.param_groups))
+                self.setters.append(lambda n, betas=betas, opt=opt: set_betas(betas, n, opt.param_groups))
 
     def apply(self, step: int) -> int:
         """Set this step's values; returns the training images seen before it (what every Ramp reads)."""
@@ -117,14 +117,16 @@ class StepRamps:
         return images
 
 
-def _set_lr(base: float, scheduler: LambdaLR, groups: list[dict[str, Any]]) -> None:
+def set_base_lr(base: float, scheduler: LambdaLR, groups: list[dict[str, Any]]) -> None:
+    """Make ``base`` the scheduler's base rate, and each group's rate what ``LambdaLR`` computes from it now."""
     for index, group in enumerate(groups):
         scheduler.base_lrs[index] = base
         group["lr"] = base * scheduler.lr_lambdas[index](scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in groups]
 
 
-def _set_betas(betas: tuple[Any, ...], images: int, groups: list[dict[str, Any]]) -> None:
+def set_betas(betas: tuple[Any, ...], images: int, groups: list[dict[str, Any]]) -> None:
+    """Set the betas (a Ramp's value after ``images`` training images) in every group."""
     values = tuple(beta(images) if isinstance(beta, Ramp) else beta for beta in betas)
     for group in groups:
         group["betas"] = values

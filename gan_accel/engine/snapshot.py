@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from torch import nn
-
 from ..errors import CheckpointError, GanAccelError
 
 if TYPE_CHECKING:
@@ -59,13 +57,6 @@ def restore_checked(trainer: "GANTrainer", state: Mapping[str, Any], checkpoint:
                               "it was damaged or written by something else; resume from another checkpoint") from error
 
 
-def restore_buffers(networks: Mapping[str, nn.Module], unwrap: Any, buffers: Mapping[str, Mapping[str, Any]]) -> None:
-    """Copy each network's saved buffers (BatchNorm statistics) into the unwrapped network, in place."""
-    for name, net in networks.items():
-        for key, buffer in unwrap(net).named_buffers():
-            buffer.copy_(buffers[name][key])
-
-
 def restore_snapshot(trainer: "GANTrainer", state: Mapping[str, Any]) -> None:
     """Put back :func:`take_snapshot`'s state (this process's), after checking it can continue this run."""
     check_restorable(state, trainer.accelerator.num_processes, trainer.callbacks.state_dict())
@@ -77,4 +68,6 @@ def restore_snapshot(trainer: "GANTrainer", state: Mapping[str, Any]) -> None:
         trainer.guard.load_state_dict(state["guard"])
     trainer.callbacks.load_state_dict(state["callbacks"])
     trainer.fixed_latents, trainer.fixed_labels = state["fixed_latents"], state.get("fixed_labels")
-    restore_buffers(trainer.networks, trainer.accelerator.unwrap_model, state["buffers"])
+    for name, net in trainer.networks.items():  # each network's buffers (BatchNorm statistics), in place
+        for key, buffer in trainer.accelerator.unwrap_model(net).named_buffers():
+            buffer.copy_(state["buffers"][name][key])

@@ -19,10 +19,11 @@ import torch
 from torch import nn
 
 from ..augment import build_augment
-from ..config import Ramp, TrainConfig
+from ..config import TrainConfig
 from ..objectives.regularizers import LeCamAnchors
-from .context import MicroBatch, StepContext
+from .context import MicroBatch, StepContext, frozen
 from .phases import GENERATOR, default_phases
+from .schedules import first_value
 from .speed import apply_memory_format
 
 FIRST_BATCH = 4  # the smallest batch timed: a run whose batch is too slow for the budget is timed on fewer images
@@ -109,12 +110,12 @@ class _StepLoop:
         self.nets = {"G": G.train(), "D": D.train()}
         apply_memory_format(self.nets, config)
         self.config = config
-        self.optimizers = {name: torch.optim.Adam(net.parameters(), betas=tuple(_start(b) for b in betas))
+        self.optimizers = {name: torch.optim.Adam(net.parameters(), betas=tuple(first_value(b) for b in betas))
                            for (name, net), betas in zip(self.nets.items(), (config.betas_G, config.betas_D))}
         self.phases = default_phases(config)
         self.lazy_every = max(phase.every for phase in self.phases)
         augment = None if config.augment == "none" else build_augment(
-            config.augment, **({} if config.augment_p is None else {"p": _start(config.augment_p)}))
+            config.augment, **({} if config.augment_p is None else {"p": first_value(config.augment_p)}))
         self.updates = {"G": 0, "D": 0}
         self.ctx = StepContext(self.nets, conditional=config.num_classes is not None, updates=self.updates,
                                augment=augment, lecam=LeCamAnchors() if config.lecam_weight else None)
@@ -132,19 +133,10 @@ class _StepLoop:
         self.ctx.micro = micro
         for phase in (p for p in self.phases if lazy or p.every == 1):
             self.ctx.phase = phase
-            frozen = [p for name, net in self.nets.items() if name != phase.net for p in net.parameters()]
-            for param in frozen:
-                param.requires_grad_(False)
-            # A bare backward on purpose: a throwaway fp32 copy timed on the CPU, outside Accelerate (no loss scaling
-            # or accumulation to honour); the run itself goes through accelerator.backward.
-            (phase.loss(self.ctx) * phase.gain).backward()
-            for param in frozen:
-                param.requires_grad_(True)
+            with frozen(p for name, net in self.nets.items() if name != phase.net for p in net.parameters()):
+                # A bare backward on purpose: a throwaway fp32 copy timed on the CPU, outside Accelerate (no loss
+                # scaling or accumulation to honour); the run itself goes through accelerator.backward.
+                (phase.loss(self.ctx) * phase.gain).backward()
             self.optimizers[phase.net].step()
             self.optimizers[phase.net].zero_grad(set_to_none=True)
             self.updates[phase.net] += 1
-
-
-def _start(value: float | Ramp) -> float:
-    """A setting's value at the start of the run (a Ramp's first)."""
-    return value.start if isinstance(value, Ramp) else value

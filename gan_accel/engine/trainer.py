@@ -340,9 +340,8 @@ def _remember(error: BaseException, trainer: GANTrainer) -> None:
     """``fit``: write on the error leaving it where the run was (the step, the last checkpoint), for the line."""
     if not hasattr(error, "gan_accel_progress"):
         started = trainer.fit_calls > 0 or trainer.step > 0
-        known = started or getattr(trainer, "last_checkpoint", None) is not None
         where = f"at step {trainer.step}" if started else "before training started"
-        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if known else \
+        note = trainer.checkpoint_note(not isinstance(error, GanAccelError)) if started else \
             "This launch wrote no checkpoint (the checkpoints of earlier launches, if any, are untouched)."
         error.gan_accel_progress = f"{where}; {note}"  # type: ignore[attr-defined]
         error.gan_accel_timeout = trainer.config.collective_timeout  # type: ignore[attr-defined]
