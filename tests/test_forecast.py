@@ -154,17 +154,3 @@ def test_the_progress_line_says_so_too_from_the_measured_rate():
     assert "stops it near step 14,100" in slow and "warmup (50,000 steps)" in slow and "--steps near 14,100" in slow
     fast = estimate(trainer, steps_per_second=10.0, time_left=7000.0)  # near 70,100: past the warmup
     assert "stops it near step 70,100" in fast and "warmup" not in fast
-
-
-def test_a_lecam_run_is_timed_and_trains_from_the_command_line(tmp_path, capsys, monkeypatch):
-    """The timing before the run builds the run's own phases: with --lecam, D's loss reads LeCam anchors there
-    too (the command once stopped at the timing with 'needs the run's LeCam anchors')."""
-    write_images(tmp_path / "photos", 16, size=(64, 64))
-    monkeypatch.setattr(forecast, "SAY_ABOVE", 0.0)  # the forecast's line forced, so its timing runs
-    out = tmp_path / "run"
-    code, stdout, err = gan_accel(["train", "--data", tmp_path / "photos", "--output-dir", out, "--steps", "3",
-                                   "--lecam", "0.3", "--log-every", "1", *TINY], capsys)
-    assert code == 0, err[-3000:]
-    assert "gan_accel: expected time: about" in stdout
-    rows = read_metrics(out / "metrics.jsonl")
-    assert len(rows) == 3 and all(row["penalty/LeCam"] > 0 for row in rows)

@@ -20,7 +20,6 @@ from torch import nn
 
 from ..augment import build_augment
 from ..config import TrainConfig
-from ..objectives.regularizers import LeCamAnchors
 from .context import MicroBatch, StepContext, frozen
 from .phases import GENERATOR, default_phases
 from .schedules import first_value
@@ -118,7 +117,7 @@ class _StepLoop:
             config.augment, **({} if config.augment_p is None else {"p": first_value(config.augment_p)}))
         self.updates = {"G": 0, "D": 0}
         self.ctx = StepContext(self.nets, conditional=config.num_classes is not None, updates=self.updates,
-                               augment=augment, lecam=LeCamAnchors() if config.lecam_weight else None)
+                               augment=augment)
         spec = config.model or {}
         self.shape = (spec.get("channels", 3), spec.get("image_size", 32), spec.get("image_size", 32))
 
