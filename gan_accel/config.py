@@ -99,7 +99,6 @@ class TrainConfig:
     r2_gamma: float | Ramp | None = None  # R2 penalty gamma/2 * E|grad D(G(z))|^2 on G's samples, with R1 (r1_every)
     r1_every: int = 16  # R1 runs every N-th D step, with its loss multiplied by N (StyleGAN2's lazy R1)
     gp_weight: float | None = None  # WGAN-GP: weight * E(|grad D(x_hat)| - 1)^2, added to every D step
-    lecam_weight: float | None = None  # LeCam: weight * (E(D(x) - alpha_F)^2 + E(D(G(z)) - alpha_R)^2) in every D step
     num_classes: int | None = None  # a class-conditional run: D(x, y), G(z, y); the data must carry labels
     label_distribution: str = "uniform"  # G's labels: "uniform" over classes, or "data" (the real batch's labels)
     class_loss_weight: float = 0.0  # > 0: auxiliary class loss on D(x, y, all_classes=True) (conditional runs)
@@ -174,7 +173,7 @@ class TrainConfig:
             if len(betas) != 2 or not all(_is_number(v) and 0.0 <= v < 1.0 for v in values):
                 raise ConfigError(f"{name}={betas!r} is invalid: expected two numbers in [0, 1) (or Ramps between "
                                   "such numbers), e.g. (0.5, 0.999)")
-        for name in ("clip_grad_norm_G", "clip_grad_norm_D", "r1_gamma", "r2_gamma", "gp_weight", "lecam_weight"):
+        for name in ("clip_grad_norm_G", "clip_grad_norm_D", "r1_gamma", "r2_gamma", "gp_weight"):
             if getattr(self, name) is not None:
                 what = "clipping" if name.startswith("clip") else "the penalty"
                 for label, value in _endpoints(name, getattr(self, name)):
@@ -340,8 +339,7 @@ FIXED_ON_RESUME = ("batch_size", "grad_accum_steps", "n_critic", "loss", "z_dim"
                    "ema_decay", "num_samples", "r1_every", "num_classes", "label_distribution", "model", "augment",
                    "ada_signal")
 NOT_COMPARED = ("output_dir",)  # where the run is, not what it trains
-# on or off is fixed (it adds or removes a phase, or state the checkpoint holds); the weight may change
-_PRESENCE = ("r1_gamma", "r2_gamma", "gp_weight", "ema_half_life", "lecam_weight")
+_PRESENCE = ("r1_gamma", "r2_gamma", "gp_weight", "ema_half_life")  # on or off is fixed (it adds or removes a phase); the weight may change
 
 
 def compare_configs(saved: dict[str, Any], requested: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:

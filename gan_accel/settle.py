@@ -65,7 +65,7 @@ FIELDS = {name: name for name in (
     "keep_checkpoints", "keep_samples", "gif_frames", "max_bad_updates", "collective_timeout", "max_time", "augment",
     "augment_p", "ada_target", "ada_signal", "num_samples", "label_distribution")}
 FIELDS.update(steps="max_steps", grad_accum="grad_accum_steps", lr_g="lr_G", lr_d="lr_D",
-              class_weight="class_loss_weight", lecam="lecam_weight")
+              class_weight="class_loss_weight")
 
 
 def settings_of(config: TrainConfig, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:

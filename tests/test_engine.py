@@ -88,10 +88,9 @@ def test_each_update_leaves_the_other_network_unchanged_and_gradient_free(tmp_pa
 
 
 # -- (b) accumulation == larger batch -----------------------------------------------------------
-@pytest.mark.parametrize("k, conditional, extra", [(2, False, {}), (4, False, {}), (2, True, {}),
-                                                    (2, True, {"class_loss_weight": 0.5}), (2, False, {"lecam_weight": 2.0})],
-                         ids=["k2", "k4", "k2-conditional", "k2-conditional-class-loss", "k2-lecam"])
-def test_accumulation_equals_larger_batch(tmp_path, k, conditional, extra):
+@pytest.mark.parametrize("k, conditional, class_weight", [(2, False, 0.0), (4, False, 0.0), (2, True, 0.0), (2, True, 0.5)],
+                         ids=["k2", "k4", "k2-conditional", "k2-conditional-class-loss"])
+def test_accumulation_equals_larger_batch(tmp_path, k, conditional, class_weight):
     """k micro-batches of b with accumulation k == one batch of k*b, for G and D, over several steps.
 
     float64 networks: the two runs differ only by summation order (a sum of k partial means versus
@@ -102,6 +101,7 @@ def test_accumulation_equals_larger_batch(tmp_path, k, conditional, extra):
     """
     b, steps = 4, 4
     images = make_images(k * b * steps * 2)
+    extra = {"class_loss_weight": class_weight} if class_weight else {}
     small = make_trainer(tmp_path / "small", batch_size=b, grad_accum_steps=k, max_steps=steps, images=images,
                          conditional=conditional, **extra)
     counts = count_optimizer_steps(small)
@@ -119,8 +119,6 @@ def test_accumulation_equals_larger_batch(tmp_path, k, conditional, extra):
     big.fit()
     assert_close_dicts(small_G, params(big.G), atol=1e-10)
     assert_close_dicts(small_D, params(big.D), atol=1e-10)
-    if "lecam_weight" in extra:  # the anchors moved by the whole window's means, once per step
-        torch.testing.assert_close(small.runner.lecam.anchors, big.runner.lecam.anchors, atol=1e-14, rtol=0)
 
 
 def test_accumulation_windows_cross_epoch_ends(tmp_path):

@@ -110,10 +110,6 @@ def add_model_flags(parser: argparse.ArgumentParser, width: int | None, z_dim: i
     model.add_argument("--r1-gamma", type=nonnegative_float, default=r1_gamma, help=r1_help)
     model.add_argument("--r2-gamma", type=nonnegative_float, default=None,
                        help="R2 penalty on G's samples, taken with R1 (R3GAN's pair: the same gamma); 0 disables")
-    model.add_argument("--lecam", type=positive_float, default=DEFAULTS["lecam"], metavar="WEIGHT",
-                       help="LeCam regularisation of D (Tseng et al. 2021) with this weight, e.g. 0.3: pulls D's logits "
-                            "towards moving averages of its logits on the other kind, against a D that memorises few "
-                            "images")
     model.add_argument("--r1-every", type=positive_int, default=DEFAULTS["r1_every"],
                        help="the penalties run every N-th D step, their loss times N (1: every step)")
     model.add_argument("--spectral-norm", action="store_true", help="spectral normalisation in D (no BatchNorm)")

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import PhaseError
-from ..objectives.regularizers import LeCamAnchors, scaled_input_gradients
+from ..objectives.regularizers import scaled_input_gradients
 from ..augment import Augment
 from .augmentation import augmented
 from .phases import DISCRIMINATOR, GENERATOR
@@ -62,20 +62,19 @@ class StepContext:
         step: steps completed before this one.
         images: training images seen before this step, over all processes (what a Ramp's value is read at).
         augment: the run's augmentation of every image D sees (None: none; see engine/augmentation.py).
-        lecam: the run's LeCam anchors, the same on every process (None without ``TrainConfig.lecam_weight``).
     """
 
     def __init__(self, nets: Mapping[str, nn.Module], *, conditional: bool = False,
                  log: Callable[[str, Tensor], None] | None = None, scaler: Any | None = None,
                  updates: Mapping[str, int] | None = None, augment: Augment | None = None,
-                 observe_real: Callable[[Tensor], None] | None = None, lecam: LeCamAnchors | None = None) -> None:
+                 observe_real: Callable[[Tensor], None] | None = None) -> None:
         self._nets = nets
         self._eager = {name: eager_module(net) for name, net in nets.items()}
         self.compiled = any(self._eager[name] is not net for name, net in nets.items())
         self.conditional = conditional
         self.scaler = scaler
         self._log = log
-        self.augment, self.lecam = augment, lecam
+        self.augment = augment
         self._observe_real = observe_real
         self._updates = updates if updates is not None else {name: 0 for name in nets}  # versions of the networks
         self.phase: Phase | None = None

@@ -80,11 +80,11 @@ def r1_phase(gamma: float | None, every: int = 16, name: str | None = None, r2_g
 
 
 def default_phases(config: "TrainConfig") -> list[Phase]:
-    """The phase list a :class:`~gan_accel.TrainConfig` describes: D ``n_critic`` times (with WGAN-GP, LeCam, and
-    R1/R2 from D's own forwards when ``r1_every=1``), a lazy R1/R2 phase after each D when ``r1_every > 1``, then G."""
+    """The phase list a :class:`~gan_accel.TrainConfig` describes: D ``n_critic`` times (with WGAN-GP, and R1/R2
+    from D's own forwards when ``r1_every=1``), a lazy R1/R2 phase after each D when ``r1_every > 1``, then G."""
     lazy = config.r1_every > 1 and bool(config.r1_gamma or config.r2_gamma)
     gammas = (0.0, 0.0) if config.r1_every > 1 else (config.r1_gamma or 0.0, config.r2_gamma or 0.0)
-    d_loss = discriminator_loss(config.loss_fn, config.class_loss_weight, *gammas, config.lecam_weight or 0.0)
+    d_loss = discriminator_loss(config.loss_fn, config.class_loss_weight, *gammas)
     if config.gp_weight:
         d_loss = sum_losses(d_loss, gradient_penalty(config.gp_weight))
     d_phase = Phase(DISCRIMINATOR, DISCRIMINATOR, d_loss, new_data=True,

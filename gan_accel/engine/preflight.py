@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader
 
 from ..errors import PreflightError, PreflightWarning
 from ..batch import LABEL_KEYS, split_batch
-from ..objectives.regularizers import LeCamAnchors
 from .conditioning import Conditioning
 from .context import MicroBatch, StepContext, frozen
 from .latents import LatentSampler, leading_size, map_tensors
@@ -186,7 +185,7 @@ def _warn_about_ranges(fake: Tensor, reference: Tensor) -> None:
 def _check_phases(nets, plan: PhasePlan, micro: MicroBatch, conditional: bool) -> None:
     """Each phase's loss once: it must run, return a scalar and depend on the network it trains."""
     trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in nets.items()}
-    ctx = StepContext(nets, conditional=conditional, lecam=LeCamAnchors())  # scratch anchors, never moved
+    ctx = StepContext(nets, conditional=conditional)
     for phase in {p.name: p for p in plan.phases}.values():
         ctx.phase, ctx.micro = phase, MicroBatch(micro.real, micro.real_labels, micro.latents, micro.fake_labels)
         try:

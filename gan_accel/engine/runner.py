@@ -26,7 +26,6 @@ from torch import nn
 
 from ..errors import PhaseError
 from ..batch import RealBatch
-from ..objectives.regularizers import LeCamAnchors
 from .augmentation import RunAugmentation
 from .conditioning import Conditioning
 from .context import MicroBatch, StepContext, frozen
@@ -44,7 +43,7 @@ class PhaseRunner:
                  schedulers: Mapping[str, Any], plan: PhasePlan, sample_latents: LatentSampler,
                  means: RunningMeans, *, clip_norms: Mapping[str, float | None], guard: DivergenceGuard | None,
                  conditioning: Conditioning = Conditioning(), augmentation: RunAugmentation | None = None,
-                 ramps: StepRamps | None = None, lecam: bool = False) -> None:
+                 ramps: StepRamps | None = None) -> None:
         self.accelerator = accelerator
         self.nets, self.optimizers, self.schedulers = dict(nets), dict(optimizers), dict(schedulers)
         self.plan = plan
@@ -74,14 +73,10 @@ class PhaseRunner:
         self._trainable = {name: [p for p in net.parameters() if p.requires_grad] for name, net in self.nets.items()}
         self.augmentation = augmentation  # of every image D sees (engine/augmentation.py)
         self.ramps = ramps  # the config's Ramps, set before each step from the images seen (engine/schedules.py)
-        # LeCam's anchors (TrainConfig.lecam_weight): read by D's loss, moved at each step's end by all its logits
-        self.lecam = LeCamAnchors(reduce=lambda t: accelerator.reduce(t, "sum"), device=accelerator.device) \
-            if lecam else None
         self.ctx = StepContext(self.nets, conditional=conditioning.conditional, log=means.add,
                                scaler=accelerator.scaler, updates=self.updates,
                                augment=augmentation.augment if augmentation is not None else None,
-                               observe_real=augmentation.observe_real if augmentation is not None else None,
-                               lecam=self.lecam)
+                               observe_real=augmentation.observe_real if augmentation is not None else None)
         self.batches: Iterator[RealBatch] | None = None
         self.window: list[MicroBatch] = []
 
@@ -99,8 +94,6 @@ class PhaseRunner:
             on_phase_end(phase)
         if self.augmentation is not None:
             self.augmentation.end_step()  # ADA: p moves every ada_interval steps, on every process alike
-        if self.lecam is not None:
-            self.lecam.update()  # a collective of 4 numbers: the anchors move alike on every process
 
     def _run_phase(self, phase: Phase, keep_graph: bool) -> None:
         acc = self.accelerator
@@ -200,8 +193,7 @@ class PhaseRunner:
         return {"plan": self.plan.state_dict(), "updates": dict(self.updates), "phase_runs": dict(self.phase_runs),
                 "lr_used": dict(self.lr_used), "images_seen": self.images_seen,
                 "augment": self.augmentation.state_dict() if self.augmentation is not None else None,
-                "fp16_skips": self.fp16_skips.state_dict(),
-                "lecam": self.lecam.state_dict() if self.lecam is not None else None}
+                "fp16_skips": self.fp16_skips.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.plan.load_state_dict(state["plan"])
@@ -212,8 +204,6 @@ class PhaseRunner:
         if self.augmentation is not None:
             self.augmentation.load_state_dict(state.get("augment"))
         self.fp16_skips.load_state_dict(state.get("fp16_skips"))
-        if self.lecam is not None and state.get("lecam") is not None:
-            self.lecam.load_state_dict(state["lecam"])
 
 
 def direct_stepper(accelerator: Any, optimizer: Any) -> Any:

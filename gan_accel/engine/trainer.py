@@ -75,7 +75,8 @@ class GANTrainer:
     Args:
         G: maps latents (from ``latent_sampler``) to samples shaped like the real data.
         D: maps samples to one logit per sample.
-        train_dataloader: yields real samples (see :func:`~gan_accel.batch.split_batch`); map-style or ``IterableDataset``.
+        train_dataloader: yields real samples (see :func:`~gan_accel.batch.split_batch`); map-style
+            or ``IterableDataset``.
         config: the run's :class:`TrainConfig`.
         accelerator: built from ``config`` when omitted (see :func:`~gan_accel.engine.launch.build_accelerator`).
         opt_G, opt_D: default to Adam with the config's learning rates and betas.
@@ -138,8 +139,7 @@ class GANTrainer:
         self.runner = PhaseRunner(accelerator, prepared.train_networks, self.optimizers, self.schedulers, plan,
                                   self.sample_latents, self.means, guard=self.guard, conditioning=self.conditioning,
                                   clip_norms={"G": config.clip_grad_norm_G, "D": config.clip_grad_norm_D},
-                                  augmentation=RunAugmentation(config, accelerator), ramps=prepared.ramps,
-                                  lecam=bool(config.lecam_weight))
+                                  augmentation=RunAugmentation(config, accelerator), ramps=prepared.ramps)
         self.last_metrics: dict[str, float] = {}
         self._next_row: dict[str, Any] = {}  # values the callbacks logged for the next metrics row
         self.lock = RunLock(self.output_dir)  # held by the main process while fit runs
@@ -237,7 +237,7 @@ class GANTrainer:
         row: dict[str, Any] = {"step": self.step, "d_step": self.d_step, "epoch": self.data.epoch}
         row.update(self.means.reduce(acc))
         row.update({**self.runner.lr_used, **loss_scale(acc), **self.runner.fp16_skips.metrics(),
-                    **self.runner.augmentation.metrics(), **(self.runner.lecam.metrics() if self.runner.lecam else {})})
+                    **self.runner.augmentation.metrics()})
         if self.guard is not None:  # the skip counters live on the device; past max_bad_updates this raises
             row.update(self.guard.check(self.step))
         row["images/s"] = (images - start_images) * acc.num_processes / max(now - start_time, 1e-9)

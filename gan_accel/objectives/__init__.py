@@ -1,10 +1,9 @@
 """What the networks minimise: adversarial losses (pure functions of logits), the phase losses built from
-them, the gradient penalties (R1, R2, WGAN-GP) and LeCam's anchors; nothing here knows about Accelerate or
-the models."""
+them, and the gradient penalties (R1, R2, WGAN-GP); nothing here knows about Accelerate or the models."""
 
 from .adversarial import discriminator_loss, generator_loss, sum_losses
 from .losses import LOSSES, GANLoss, get_loss
-from .regularizers import LeCamAnchors, gradient_penalty, r1_penalty, r2_penalty, scaled_input_gradients
+from .regularizers import gradient_penalty, r1_penalty, r2_penalty, scaled_input_gradients
 
 __all__ = [
     "GANLoss",
@@ -17,5 +16,4 @@ __all__ = [
     "r2_penalty",
     "gradient_penalty",
     "scaled_input_gradients",
-    "LeCamAnchors",
 ]

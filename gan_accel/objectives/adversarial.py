@@ -9,7 +9,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..errors import PhaseError
 from .losses import GANLoss
 from .regularizers import Gamma, PhaseLoss, zero_centred
 
@@ -18,14 +17,13 @@ if TYPE_CHECKING:  # the engine depends on objectives, never the other way round
 
 
 def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: Gamma = 0.0,
-                       r2_gamma: Gamma = 0.0, lecam_weight: float = 0.0) -> PhaseLoss:
+                       r2_gamma: Gamma = 0.0) -> PhaseLoss:
     """D's adversarial loss on real images and G's (detached) images; logs the mean logits.
 
     ``class_weight > 0`` adds the cross-entropy of D's class logits on the *real* images (AC-GAN, trained on
     real data only). ``r1_gamma`` / ``r2_gamma`` (numbers or Ramps) add the zero-centred penalties on the real /
     fake images, from the same two forwards of D (R3GAN's D step), so every parameter of D gets its gradient (as
-    DDP needs). ``lecam_weight > 0`` adds LeCam's ``weight * (E (D(x) - alpha_F)^2 + E (D(G(z)) - alpha_R)^2)``
-    with the run's anchors (``ctx.lecam``, kept by the engine when ``TrainConfig.lecam_weight`` is set).
+    DDP needs).
     """
 
     def adversarial_d(ctx: "StepContext") -> Tensor:
@@ -48,18 +46,10 @@ def discriminator_loss(loss: GANLoss, class_weight: float = 0.0, r1_gamma: Gamma
                 penalty = zero_centred(ctx, logits, x, gamma)
                 ctx.log(f"penalty/{key}", penalty.detach())
                 total = total + penalty
-        if lecam_weight:
-            if ctx.lecam is None:
-                raise PhaseError("discriminator_loss(lecam_weight=...) needs the run's LeCam anchors: set "
-                                 "TrainConfig.lecam_weight, and the engine keeps them")
-            ctx.lecam.observe(real_logits, fake_logits)
-            penalty = lecam_weight * ctx.lecam.penalty(real_logits, fake_logits)
-            ctx.log("penalty/LeCam", penalty.detach())
-            total = total + penalty
         return total
 
     terms = [f"class {class_weight}" * bool(class_weight), f"R1 {r1_gamma:g}" * bool(r1_gamma),
-             f"R2 {r2_gamma:g}" * bool(r2_gamma), f"LeCam {lecam_weight:g}" * bool(lecam_weight)]
+             f"R2 {r2_gamma:g}" * bool(r2_gamma)]
     adversarial_d.__qualname__ = f"discriminator_loss({', '.join([loss.name] + [t for t in terms if t])})"
     return adversarial_d
 

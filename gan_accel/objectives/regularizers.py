@@ -1,5 +1,4 @@
-"""Gradient penalties on D's input: R1 and R2 (Mescheder et al. 2018) and WGAN-GP (Gulrajani et al. 2017);
-and LeCam's anchors of D's logits (Tseng et al. 2021).
+"""Gradient penalties on D's input: R1 and R2 (Mescheder et al. 2018) and WGAN-GP (Gulrajani et al. 2017).
 
 * **Accumulation**: a mean of per-sample terms, so k micro-batches of b give the penalty of one batch of k*b.
 * **fp16**: the input gradient is taken of the *scaled* output, then unscaled (:func:`scaled_input_gradients`):
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
 
 PhaseLoss = Callable[["StepContext"], Tensor]
 EpsilonSampler = Callable[[int, Tensor], Tensor]
-Reduce = Callable[[Tensor], Tensor]
 Gamma = Union[float, Callable[[int], float]]  # a number, or a function of the training images seen (a Ramp)
 
 
@@ -96,56 +94,3 @@ def gradient_penalty(weight: float = 10.0, epsilon: EpsilonSampler | None = None
 
     gp.__qualname__ = f"gradient_penalty(weight={weight:g})"
     return gp
-
-
-LECAM_DECAY = 0.99  # the paper's decay of the anchors' moving averages, per step
-
-
-class LeCamAnchors:
-    """LeCam's anchors (Tseng et al. 2021): ``alpha_R``, ``alpha_F``, moving averages of D's mean logits on real
-    and on generated images, in float64 on the device and the same on every process.
-
-    :meth:`observe` adds a micro-batch's logits to the step's sums (no host read; non-finite logits count as
-    nothing); :meth:`update`, once per step on every process (a collective with ``reduce``, which sums over
-    processes), folds the step's means over every micro-batch and process into the anchors. The penalty reads the
-    anchors of the step's start, so k micro-batches of b equal one batch of k*b, and N processes equal one.
-    """
-
-    def __init__(self, decay: float = LECAM_DECAY, reduce: Reduce | None = None, device: Any = None) -> None:
-        self.decay, self.reduce = decay, reduce
-        self.anchors = torch.zeros(2, dtype=torch.float64, device=device)  # (alpha_R, alpha_F)
-        self._sums: Tensor | None = None  # this step's (sum real, sum fake, count real, count fake)
-
-    def observe(self, real_logits: Tensor, fake_logits: Tensor) -> None:
-        """Add a micro-batch's logits to this step's sums (on the device, in float64)."""
-        finite = [logits.detach().isfinite() for logits in (real_logits, fake_logits)]
-        sums = [torch.where(ok, logits.detach(), 0).sum(dtype=torch.float64)
-                for ok, logits in zip(finite, (real_logits, fake_logits))]
-        stats = torch.stack(sums + [ok.sum(dtype=torch.float64) for ok in finite])
-        self._sums = stats if self._sums is None else self._sums + stats
-
-    def penalty(self, real_logits: Tensor, fake_logits: Tensor) -> Tensor:
-        """``E (D(x) - alpha_F)^2 + E (D(G(z)) - alpha_R)^2``, the anchors held constant (at least float32)."""
-        dtype = torch.promote_types(real_logits.dtype, torch.float32)
-        real_anchor, fake_anchor = self.anchors.to(dtype)
-        return (real_logits.to(dtype) - fake_anchor).square().mean() + \
-            (fake_logits.to(dtype) - real_anchor).square().mean()
-
-    def update(self) -> None:
-        """Move the anchors by the step's means over every process (a collective: call on every process)."""
-        local = self._sums if self._sums is not None else self.anchors.new_zeros(4)
-        total = self.reduce(local) if self.reduce is not None else local
-        self._sums, seen = None, total[2:] > 0
-        moved = self.decay * self.anchors + (1 - self.decay) * (total[:2] / total[2:].clamp(min=1))
-        self.anchors = torch.where(seen, moved, self.anchors)
-
-    def metrics(self) -> dict[str, float]:
-        """``lecam/alpha_R`` and ``lecam/alpha_F`` for the metrics row (a host read)."""
-        real, fake = self.anchors.tolist()
-        return {"lecam/alpha_R": real, "lecam/alpha_F": fake}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"anchors": self.anchors.tolist()}  # float64 to Python floats and back: exact
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.anchors = torch.tensor(state["anchors"], dtype=torch.float64, device=self.anchors.device)
