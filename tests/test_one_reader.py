@@ -27,7 +27,6 @@ READER = "storage/reading.py"
 # Reads that are not of a run's, a checkpoint's, an export's or a cache's file, each with why it may stay.
 ALLOWED = {
     ("callbacks/trackers.py", "Image.open"): "a picture this call just drew into its own temporary folder",
-    ("storage/files.py", "open"): "/proc/<pid>/stat: the kernel's record of a process, not a file of the run",
     ("data/image_decode.py", "Image.open"): "the user's images, on a file already opened by open_regular (bounded)",
     ("pictures/grids.py", "Image.open"): "a GIF frame: a path is opened through the reader first, a file object "
                                          "is the caller's",
