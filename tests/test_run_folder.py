@@ -155,6 +155,21 @@ def test_the_lock_works_without_fcntl_and_pread_as_on_windows(tmp_path, monkeypa
     assert (out / ".lock").read_text() == "", "a holder that ended as planned leaves no record"
 
 
+
+def test_the_files_a_run_reads_and_writes_are_opened_as_bytes_on_windows():
+    """Windows' os.open defaults to text mode (CRLF for LF, and a read stops at a Ctrl-Z byte): every descriptor
+    through which storage reads or writes a file's content asks for O_BINARY (0 elsewhere)."""
+    import ast
+    import inspect
+
+    from gan_accel.storage import files, reading
+
+    for module in (files, reading):
+        for call in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "os.open":
+                assert "BINARY" in ast.unparse(call.args[1]), (module.__name__, ast.unparse(call))
+
+
 # -- a new run only in an absent or empty folder ----------------------------------------------------------
 def test_a_new_run_in_a_folder_that_holds_anything_is_refused_in_one_line(finished_run, tmp_path):
     run = copy_run(finished_run, tmp_path / "runs" / "x")

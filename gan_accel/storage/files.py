@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import psutil
 
 from ..errors import ConfigError, RunFolderError
-from .reading import CLOSE_ON_EXEC, NON_BLOCKING  # opening a FIFO must not wait for a writer
+from .reading import BINARY, CLOSE_ON_EXEC, NON_BLOCKING  # opening a FIFO must not wait for a writer
 
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # 0 on Windows, whose links need privileges to make
 
@@ -97,7 +97,7 @@ def rename_new(src: Path, dst: Path) -> None:
 def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
     """A descriptor of a file created at ``path`` for writing; refused (``FileExistsError``) when anything, a link
     included, stands there. The mode is ``mode`` less the umask, as for any file the user creates."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | CLOSE_ON_EXEC, mode)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | CLOSE_ON_EXEC | BINARY, mode)
 
 
 def open_kept_file(path: str | os.PathLike, flags: int, what: str) -> int:
@@ -105,7 +105,7 @@ def open_kept_file(path: str | os.PathLike, flags: int, what: str) -> int:
     A link, a FIFO, a device or a folder there is refused with :class:`RunFolderError` in one line: writing through
     it would change a file outside the run (or wait forever on a FIFO)."""
     try:
-        fd = os.open(path, flags | os.O_CREAT | NO_FOLLOW | NON_BLOCKING | CLOSE_ON_EXEC, 0o666)
+        fd = os.open(path, flags | os.O_CREAT | NO_FOLLOW | NON_BLOCKING | CLOSE_ON_EXEC | BINARY, 0o666)
     except OSError as error:
         if error.errno == errno.ELOOP or os.path.islink(path):
             raise RunFolderError(f"{path} is a symbolic link, and gan_accel never writes {what} through a link (it "

@@ -28,6 +28,7 @@ MAX_TENSOR_BYTES = 64 << 30  # weights, checkpoint states, cached arrays and fea
 NON_BLOCKING = getattr(os, "O_NONBLOCK", 0)
 NO_TERMINAL = getattr(os, "O_NOCTTY", 0)  # opening a terminal device must not make it this process's terminal
 CLOSE_ON_EXEC = getattr(os, "O_CLOEXEC", 0)
+BINARY = getattr(os, "O_BINARY", 0)  # Windows: the bytes as they are, not text mode (which stops at a Ctrl-Z)
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
@@ -58,7 +59,7 @@ def open_checked(path: str | os.PathLike, limit: int, what: str = "such a file")
             raise RefusedFile(reason)
 
     check(os.stat(path))
-    fd = os.open(path, os.O_RDONLY | NON_BLOCKING | NO_TERMINAL | CLOSE_ON_EXEC)  # a FIFO swapped in: no hang
+    fd = os.open(path, os.O_RDONLY | NON_BLOCKING | NO_TERMINAL | CLOSE_ON_EXEC | BINARY)  # a FIFO swapped in: no hang
     try:
         check(os.fstat(fd))
     except RefusedFile:
