@@ -345,6 +345,8 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":  # Windows opens no folder as a file; NTFS journals the rename itself
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
