@@ -12,7 +12,10 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from conftest import IMAGE_SHAPE, Z_DIM, make_images, make_loader, make_models, reset_accelerate_state
+from conftest import (IMAGE_SHAPE, NUM_CLASSES, Z_DIM, make_images, make_labels, make_loader, make_models,
+                      reset_accelerate_state)
+
+IMAGE_NUMEL = math.prod(IMAGE_SHAPE)
 from gan_accel import GANTrainer, TrainConfig, default_phases
 from gan_accel.callbacks import HealthMonitor, ProgressBar
 from gan_accel.callbacks.d_probe import OVERFIT_MIN_GAP, probe_statistics
@@ -23,14 +26,14 @@ WARNING = "gan_accel: warning:"
 
 
 def run(tmp_path, name="run", G=None, images=None, phases=None, accelerator=None, stop_at_step=None,
-        resume=False, D=None, callbacks=(), disable=(), **overrides):
+        resume=False, D=None, callbacks=(), disable=(), images_labels=None, **overrides):
     """A tiny float32 run (4x4 images, MLP G and D); returns (trainer, metrics rows)."""
     settings = dict(max_steps=40, batch_size=8, z_dim=Z_DIM, log_every=2, sample_every=4, checkpoint_every=1000,
                     num_samples=16, output_dir=str(tmp_path / name), progress_bar=False)
     config = TrainConfig(**{**settings, **overrides})
     g, d = make_models(dtype=torch.float32)
     images = make_images(256, dtype=torch.float32) if images is None else images
-    trainer = GANTrainer(G or g, D or d, make_loader(images, 8), config, accelerator=accelerator,
+    trainer = GANTrainer(G or g, D or d, make_loader(images, 8, images_labels), config, accelerator=accelerator,
                          phases=phases(config) if phases else None, callbacks=callbacks,
                          disable_callbacks=disable)
     trainer.fit(resume_from="latest" if resume else None, stop_at_step=stop_at_step)
@@ -177,6 +180,38 @@ def test_a_generator_with_constant_output_warns_of_collapse_once_past_the_early_
     assert len(lines) == 1, lines  # one episode: the samples never recover
     # measured every 4 steps; the floor applies from the 4th measurement (after early_samples=3)
     assert "at step 16" in lines[0] and "below 0.1 x the real data's 3.07" in lines[0]
+
+
+
+class OneImagePerClassG(nn.Module):
+    """A conditional G that ignores its latents: one image per class, different classes far apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images = nn.Parameter(torch.linspace(-1, 1, NUM_CLASSES)[:, None].expand(NUM_CLASSES, IMAGE_NUMEL)
+                                   .clone())
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.images[y].reshape(-1, *IMAGE_SHAPE) + 0 * z.sum()
+
+
+def test_a_conditional_generator_that_ignores_its_latents_warns_of_collapse_within_its_classes(tmp_path, capsys):
+    """Across classes its samples differ (the diversity of all of them together is large); within a class
+    they are one image: the diversity is measured within each class of the fixed labels."""
+    labels = make_labels(256)
+    _, D = make_models(dtype=torch.float32, conditional=True)
+    config = dict(num_classes=NUM_CLASSES, num_samples=16)
+    trainer, rows = run(tmp_path, G=OneImagePerClassG(), D=D, images_labels=labels, **config)
+    fixed = trainer.generate()
+    assert mean_pairwise_distance(fixed) > 1, "the samples of all classes together are far apart"
+    assert all(r["health/diversity"] == 0 for r in rows if "health/diversity" in r)
+    lines = warnings_about(capsys.readouterr().out, "sample diversity collapsed")
+    assert len(lines) == 1 and "apart on average within a class" in lines[0], lines
+    reals, real_labels = trainer.reference_samples, trainer.reference_labels  # the floor: reals within a class
+    expected = [float(torch.pdist(reals[real_labels == c].flatten(1)).mean()) for c in real_labels.unique().tolist()
+                if int((real_labels == c).sum()) > 1]
+    monitor = trainer.callbacks.get("health_monitor")
+    assert monitor.real_diversity == pytest.approx(sum(expected) / len(expected), rel=1e-6)
 
 
 def test_a_short_run_of_an_untrained_generator_does_not_warn_of_collapse(tmp_path, capsys):

@@ -35,6 +35,18 @@ def mean_pairwise_distance(samples: torch.Tensor, limit: int | None = None) -> f
     return float(torch.pdist(flat).mean()) if len(flat) > 1 else math.nan
 
 
+def sample_diversity(samples: torch.Tensor, labels: torch.Tensor | None, limit: int | None = None) -> float:
+    """:func:`mean_pairwise_distance`, or with ``labels`` its mean over the classes with two samples or more: a
+    conditional G that ignores its latents draws one image per class, which the classes' differences would hide."""
+    if labels is not None:
+        labels = labels.detach().cpu()[:limit]
+        within = [mean_pairwise_distance(samples[:limit][labels == c]) for c in labels.unique().tolist()
+                  if int((labels == c).sum()) > 1]
+        if within:
+            return sum(within) / len(within)
+    return mean_pairwise_distance(samples, limit)
+
+
 class HealthMonitor(Callback):
     """Warns once per episode when D wins outright, D is dead, D overfits its training images, G's loss
     explodes or the samples' diversity collapses; logs ``health/diversity`` and D's probe (``health/d_spread``,
@@ -82,7 +94,8 @@ class HealthMonitor(Callback):
         self.d_chance = float(trainer.config.loss_fn.d_loss(zeros, zeros))
         reference = getattr(trainer, "reference_samples", None)
         if isinstance(reference, torch.Tensor) and reference.is_floating_point():
-            self.real_diversity = mean_pairwise_distance(reference, self.max_samples)
+            self.real_diversity = sample_diversity(reference, self._classes(trainer, "reference_labels"),
+                                                   self.max_samples)
             # The first batch of an unseeded shuffling loader differs from run to run, a resumed one included:
             # the checkpoint keeps the probe's reals (at most PROBE_REALS of them) so the probe goes on alike.
             labels = getattr(trainer, "reference_labels", None)
@@ -102,7 +115,8 @@ class HealthMonitor(Callback):
         cfg = trainer.config
         if trainer.step % cfg.sample_every and trainer.step != cfg.max_steps:
             return
-        value = mean_pairwise_distance(trainer.generate(), self.max_samples)  # every process: the same weights
+        value = sample_diversity(trainer.generate(), self._classes(trainer, "fixed_labels"),  # every process alike
+                                 self.max_samples)
         self.unlogged = {DIVERSITY: value, **self._probe_d(trainer)}
         trainer.control.log(dict(self.unlogged))
         self._check_diversity(trainer, value)
@@ -142,6 +156,12 @@ class HealthMonitor(Callback):
         self.d_probe = {"step": trainer.step, **values}
         return values
 
+    @staticmethod
+    def _classes(trainer: "GANTrainer", name: str) -> torch.Tensor | None:
+        """The class labels ``trainer.<name>`` of a conditional run (diversity is then measured within a class)."""
+        labels = getattr(trainer, name, None)
+        return labels if trainer.conditioning.conditional and isinstance(labels, torch.Tensor) else None
+
     # -- the rules -------------------------------------------------------------------------------
     def _check_diversity(self, trainer: "GANTrainer", value: float) -> None:
         earlier = [v for _, v in self.diversity[:self.early_samples]]
@@ -154,9 +174,10 @@ class HealthMonitor(Callback):
         if self.real_diversity is not None and len(earlier) >= self.early_samples and \
                 value < self.diversity_floor * self.real_diversity:
             below.append(f"{self.diversity_floor:g} x the real data's {self.real_diversity:.3g}")
+        within = " within a class" if trainer.conditioning.conditional else ""
         self._episode(trainer, "diversity", bool(below), 1, trainer.step, lambda: (
             f"{PREFIX} sample diversity collapsed at step {trainer.step}: G's samples of the fixed latents are "
-            f"{value:.3g} apart on average, below {' and '.join(below)}: G is producing near-identical samples "
+            f"{value:.3g} apart on average{within}, below {' and '.join(below)}: G is producing near-identical samples "
             "(mode collapse). Try R1 (r1_gamma), a lower lr_G or a higher lr_D, n_critic > 1, the hinge loss, "
             "or resume from a checkpoint before the collapse."))
 
