@@ -143,7 +143,7 @@ def settle(given: Mapping[str, Any], data: DataFacts, *, gpu: bool = False, proc
     check_given(given, bool(data.classes))
     if isinstance(recorded, Mapping):
         recorded = TrainConfig.from_dict(dict(recorded))
-    row = default_recipe(data.side, data.count, gpu) if recipe else None
+    row = default_recipe(data.side, data.count, gpu, data.classes) if recipe else None
     values, sources, chosen = _choose(_layers(given, recorded, defaults), row, data, gpu)
     trained = data.count if data.trained is None else data.trained
     values["steps"] = steps_for(values, trained // values["batch_size"] // processes, processes)

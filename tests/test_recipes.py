@@ -41,6 +41,20 @@ def test_augmentation_is_on_for_small_sets_only():
         default_recipe(32, 0)
 
 
+
+def test_a_conditional_run_with_few_images_a_class_takes_diffaugment():
+    """The rule is per class: a conditional D judges each class on that class's images alone."""
+    for images, classes in ((531, 9), (FEW_IMAGES * 3, 3), (40, 4)):  # 59, 200 and 10 a class
+        assert default_recipe(32, images, classes=classes).augment == "diffaugment", (images, classes)
+    assert default_recipe(32, FEW_IMAGES * 3 + 3, classes=3).augment == "none"  # 201 a class
+    assert default_recipe(28, 60_000, classes=10).augment == "none"  # MNIST's 6,000 a class
+    assert default_recipe(32, 531).augment == "none"  # the same icons unconditional: the unconditional rule
+    run = settle({"steps": 10}, DataFacts(32, 531, classes=9))
+    assert run.config.augment == "diffaugment" and run.sources["augment"] == "recipe"
+    assert "augment diffaugment" in " ".join(run.notes)
+    assert settle({"steps": 10, "augment": "none"}, DataFacts(32, 531, classes=9)).config.augment == "none"
+
+
 def test_the_published_row_ramps_over_the_runs_images_and_leaves_given_flags_alone():
     recipe = default_recipe(256, 5_000, gpu=True)
     ramps = recipe.ramps(1_000_000, given=set())
