@@ -187,15 +187,20 @@ def train_parser() -> argparse.ArgumentParser:
     return commands.choices["train"]
 
 
-def check_train_flags(args: list[str], line: str) -> None:
-    """``gan-accel train``'s own parser accepts these flags."""
+def check_parses(parser: argparse.ArgumentParser, args: list[str], line: str, refusal: str) -> None:
+    """``parser`` accepts ``args`` (the doc's ``line``); else the test fails naming ``refusal`` and argparse's words."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            train_parser().parse_args(args)
+            parser.parse_args(args)
     except SystemExit as exit_:
         if exit_.code:
-            pytest.fail(f"{line!r}: gan-accel train refuses its flags {args}: {stderr.getvalue().strip()}")
+            pytest.fail(f"{line!r}: {refusal} {args}: {stderr.getvalue().strip()}")
+
+
+def check_train_flags(args: list[str], line: str) -> None:
+    """``gan-accel train``'s own parser accepts these flags."""
+    check_parses(train_parser(), args, line, "gan-accel train refuses its flags")
 
 
 def small_train_args(args: list[str], line: str) -> list[str]:

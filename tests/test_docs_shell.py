@@ -82,9 +82,9 @@ import pytest
 from conftest import free_port
 import tomllib
 
-from doc_commands import (TEACH, Command, _environment, _mnist, check_script_flags, check_train_flags,
-                          docs_shell_commands, run_in_process, scale_checkpoint_paths, shell_commands,
-                          small_script_args, small_train_args)
+from doc_commands import (TEACH, Command, _environment, _mnist, check_parses, check_script_flags,
+                          check_train_flags, docs_shell_commands, run_in_process, scale_checkpoint_paths,
+                          shell_commands, small_script_args, small_train_args)
 from doc_pages import ROOT
 
 EVAL_NUM_MAX = 200
@@ -261,13 +261,7 @@ def _check_push(args: list[str], line: str) -> None:
     """``gan-accel export ... --push-to-hub REPO``: the command's parser accepts it."""
     from gan_accel.cli import build_parser
 
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(args)
-    except SystemExit as exit_:
-        if exit_.code:
-            pytest.fail(f"{line!r}: gan-accel refuses {args}: {stderr.getvalue().strip()}")
+    check_parses(build_parser(), args, line, "gan-accel refuses")
 
 
 def _launch_module(command: Command, launch: argparse.Namespace, launch_flags: list[str], args: list[str],
