@@ -136,7 +136,6 @@ def reset_spectral_norm(module: nn.Module) -> None:
             layer.reset_estimate()
 
 
-@torch.compiler.disable
 def refresh_spectral_norms(module: nn.Module, args: Any = None) -> None:
     """Forward-pre-hook: in training mode, one power iteration for each layer whose weight was updated."""
     if module.training:
@@ -145,6 +144,13 @@ def refresh_spectral_norms(module: nn.Module, args: Any = None) -> None:
                 layer.refresh()
 
 
+@functools.cache
+def _uncompiled_refresh() -> Any:
+    """The hook, left out of torch.compile's graphs. Wrapped on first use, not at import: wrapping imports
+    torch._dynamo, which costs every process that imports gan_accel about a second."""
+    return torch.compiler.disable(refresh_spectral_norms)
+
+
 def install_spectral_refresh(module: nn.Module) -> None:
     """Refresh the spectral norms of ``module``'s layers at the start of each of its forwards."""
-    module.register_forward_pre_hook(refresh_spectral_norms)
+    module.register_forward_pre_hook(_uncompiled_refresh())
