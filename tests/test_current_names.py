@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +19,6 @@ from gan_accel import TrainConfig, build_accelerator
 from gan_accel.engine import launch
 from gan_accel.engine.launch import ddp_kwargs, ddp_takes, describe_launch
 
-ROOT = Path(__file__).resolve().parents[1]
 DEPRECATED = ("broadcast_buffers", "forward_sync_buffers")
 
 
@@ -95,38 +93,3 @@ def test_the_launch_in_words(kind, n, backend, device, says):
     accelerator = SimpleNamespace(num_processes=n, distributed_type=kind, state=SimpleNamespace(backend=backend),
                                   device=torch.device(device))
     assert describe_launch(accelerator) == says
-
-
-# -- launches: no warning of ours, and the first line in words (the 2-process launch: test_example.py's
-# conditional example, whose processes show every FutureWarning and DeprecationWarning) ---------------------
-def test_the_quickstart_says_its_launch_in_words_and_refuses_a_poisoned_resume(digits_run, tmp_path, monkeypatch,
-                                                                              capsys):
-    """examples/dcgan_mnist.py: the first line names the launch for people; --resume latest of a checkpoint with
-    a payload in an optimizer file ends with one error line naming it (exit 2), and the payload never ran."""
-    import shutil
-
-    from conftest import reset_accelerate_state
-    from test_safe_loading import plant
-
-    line = digits_run.stdout.splitlines()[0]
-    assert "; 1 process on cpu; " in line and "NO on" not in line, line
-    assert not any(name in digits_run.stderr for name in DEPRECATED), digits_run.stderr[-2000:]
-    out, marker = tmp_path / "run", tmp_path / "PAYLOAD_RAN"
-    shutil.copytree(digits_run.out, out)
-    victim = out / "checkpoints" / "checkpoint_00000004" / "optimizer.bin"
-    plant(victim, marker)
-    monkeypatch.syspath_prepend(str(ROOT / "examples"))
-    monkeypatch.setenv("GAN_ACCEL_CACHE", str(digits_run.cache))
-    import dcgan_mnist
-
-    reset_accelerate_state()
-    capsys.readouterr()
-    code = dcgan_mnist.main(["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
-                             "--steps", "6", "--batch-size", "8", "--width", "8", "--sample-every", "2", "--log-every",
-                             "2", "--no-progress", "--ema-decay", "0.9", "--eval-every", "2", "--eval-samples", "60",
-                             "--resume", "latest"])
-    stderr = capsys.readouterr().err
-    errors = [row for row in stderr.splitlines() if row.strip()]
-    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: "), stderr[-3000:]
-    assert str(victim) in errors[0] and "could run code" in errors[0]
-    assert not marker.exists()

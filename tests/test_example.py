@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from conftest import mnist_dir, free_port
+from test_current_names import DEPRECATED
 from gan_accel.callbacks.metrics_log import read_metrics
 from gan_accel.storage.run_folder import read_fixed_latents
 
@@ -229,6 +230,41 @@ def test_evaluation_during_training_and_gan_accel_eval_on_the_offline_digits(dig
     again = gan_accel_command(["eval", str(out), "--out", str(scores)], capsys)
     assert again.returncode == 2 and again.stderr.startswith("error:") and "exists" in again.stderr
     assert json.loads(scores.read_text()) == report
+
+
+# The first line in words and no DDP deprecation warning of ours (tests/test_current_names.py has the rest;
+# this test shares the digits_run fixture with the tests above, so it runs beside them on one test worker).
+def test_the_quickstart_says_its_launch_in_words_and_refuses_a_poisoned_resume(digits_run, tmp_path, monkeypatch,
+                                                                              capsys):
+    """examples/dcgan_mnist.py: the first line names the launch for people; --resume latest of a checkpoint with
+    a payload in an optimizer file ends with one error line naming it (exit 2), and the payload never ran."""
+    import shutil
+
+    from conftest import reset_accelerate_state
+    from test_safe_loading import plant
+
+    line = digits_run.stdout.splitlines()[0]
+    assert "; 1 process on cpu; " in line and "NO on" not in line, line
+    assert not any(name in digits_run.stderr for name in DEPRECATED), digits_run.stderr[-2000:]
+    out, marker = tmp_path / "run", tmp_path / "PAYLOAD_RAN"
+    shutil.copytree(digits_run.out, out)
+    victim = out / "checkpoints" / "checkpoint_00000004" / "optimizer.bin"
+    plant(victim, marker)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.setenv("GAN_ACCEL_CACHE", str(digits_run.cache))
+    import dcgan_mnist
+
+    reset_accelerate_state()
+    capsys.readouterr()
+    code = dcgan_mnist.main(["--dataset", "digits", "--data-dir", str(tmp_path / "nodata"), "--output-dir", str(out),
+                             "--steps", "6", "--batch-size", "8", "--width", "8", "--sample-every", "2", "--log-every",
+                             "2", "--no-progress", "--ema-decay", "0.9", "--eval-every", "2", "--eval-samples", "60",
+                             "--resume", "latest"])
+    stderr = capsys.readouterr().err
+    errors = [row for row in stderr.splitlines() if row.strip()]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: "), stderr[-3000:]
+    assert str(victim) in errors[0] and "could run code" in errors[0]
+    assert not marker.exists()
 
 
 def test_a_resumed_example_keeps_the_settings_its_run_recorded(tmp_path, monkeypatch, capsys):
