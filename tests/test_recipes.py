@@ -24,6 +24,9 @@ def test_the_rows_by_side_and_device():
     assert default_recipe(64, 10_000, gpu=False).ramp_to == {}  # a CPU row keeps the measured constants
     # On a CPU the 64-px dcgan keeps width 32 (6,000 steps in minutes, not hours); resnet above keeps its own.
     assert [default_recipe(side, 10_000).width for side in (64, 128)] == [32, None]
+    # The CPU rows' gamma: the 32-px row's 0.1 up to 32 px; from 64 px R3GAN's 64-px value (measured on icons).
+    assert [default_recipe(side, 531).r1_gamma for side in (28, 32, 64, 128, 256)] == [0.1, 0.1, 2.0, 2.0, 2.0]
+    assert all(default_recipe(side, 531).r2_gamma == default_recipe(side, 531).r1_gamma for side in (32, 64, 256))
 
 
 def test_gamma_goes_through_the_published_values_and_grows_with_the_side():
