@@ -28,6 +28,7 @@ from .errors import ConfigError
 
 SMALL_SIDES = (28, 32)  # the measured rows; larger sides take the published recipe
 CPU_WIDTH_32_UP_TO = 64  # on a CPU, dcgan of width 32 up to this side (see default_recipe)
+CPU_GAMMA_FROM = 64  # on a CPU, rows of this side and above take its published gamma (measured there, on icons)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def default_recipe(side: int, images: int, gpu: bool = False, classes: int | Non
     augment = "diffaugment" if classes and images / classes <= FEW_IMAGES else "ada" if images <= FEW_IMAGES else "none"
     family = family_for(side, gpu)
     if family != "r3gan":
-        gamma = penalty_gamma(min(side, CPU_WIDTH_32_UP_TO))  # 0.1 up to 32 px, 2 from 64 px
+        gamma = penalty_gamma(min(side, CPU_GAMMA_FROM))  # 0.1 up to 32 px, 2 from 64 px
         # Width 32 up to 64 px: at 64 px it keeps the default 6,000 steps near 30 minutes on 2 cores (width 64:
         # about 4 hours), the time a CPU user can wait for a first model.
         return Recipe(model=family, width=32 if side <= CPU_WIDTH_32_UP_TO else None, loss="rpgan", r1_gamma=gamma,
